@@ -1,0 +1,1 @@
+"""GPU benchmarks (search op, training step)."""

@@ -1,0 +1,117 @@
+"""Config validation at start-up: a bad value fails in one line naming the key, the value and what is allowed,
+before any data is touched or any model is built."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+STAGES = ("layer1", "layer2", "layer3", "layer4")
+SEARCH_MODES = ("soft", "hard", "softmax", "roi", "none")
+BACKENDS = ("auto", "reference", "triton", "cuda")
+METHODS = ("scfs", "dino")
+OPTIMIZERS = ("sgd", "adamw", "lars")
+DATASETS = ("shapes", "folder", "cifar10", "imagenet")
+
+
+class ConfigError(ValueError):
+    """A config value is invalid; the message names the key, the value and what is allowed."""
+
+
+def _get(cfg: DictConfig, key: str, default: Any = None) -> Any:
+    node: Any = cfg
+    for part in key.split("."):
+        if node is None or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def _check(cfg: DictConfig, key: str, ok: Callable[[Any], bool], allowed: str, required: bool = True) -> None:
+    value = _get(cfg, key, default=...)
+    if value is ...:
+        if required:
+            raise ConfigError(f"config key {key} is missing: expected {allowed}")
+        return
+    try:
+        good = ok(value)
+    except (TypeError, ValueError):
+        good = False
+    if not good:
+        raise ConfigError(f"config key {key}={value!r} is invalid: expected {allowed}")
+
+
+def _pos(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+
+
+def _pos_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def _scale(v: Any) -> bool:
+    lo, hi = (float(x) for x in v)
+    return 0 < lo <= hi <= 1
+
+
+def _devices(cfg: DictConfig) -> int:
+    d = _get(cfg, "trainer.devices", 1)
+    if isinstance(d, int):
+        return max(d, 1)
+    if isinstance(d, str):
+        return 1 if d == "auto" else max(len([x for x in d.split(",") if x.strip()]), 1)
+    return max(len(list(d)), 1)
+
+
+def validate_config(cfg: DictConfig) -> None:
+    """Raise `ConfigError` on the first invalid value."""
+    _check(cfg, "method.name", lambda v: v in METHODS, f"one of {', '.join(METHODS)}")
+    _check(cfg, "search.mode", lambda v: v in SEARCH_MODES, f"one of {', '.join(SEARCH_MODES)}")
+    _check(cfg, "search.backend", lambda v: v in BACKENDS, f"one of {', '.join(BACKENDS)}", required=False)
+    _check(cfg, "search.stages", lambda v: len(v) > 0 and all(s in STAGES for s in v),
+           f"a non-empty list of stage names from {', '.join(STAGES)}")
+    _check(cfg, "search.topk", lambda v: 0 < v <= 1, "a fraction in (0, 1]", required=False)
+    _check(cfg, "search.temperature", _pos, "a number > 0", required=False)
+    _check(cfg, "search.roi_scale", _scale, "[lo, hi] with 0 < lo <= hi <= 1", required=False)
+    _check(cfg, "crops.global_size", _pos_int, "an integer > 0 (pixels)")
+    _check(cfg, "crops.local_size", _pos_int, "an integer > 0 (pixels)")
+    _check(cfg, "crops.n_local", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0")
+    _check(cfg, "crops.global_scale", _scale, "[lo, hi] with 0 < lo <= hi <= 1")
+    _check(cfg, "crops.local_scale", _scale, "[lo, hi] with 0 < lo <= hi <= 1")
+    if cfg.method.name == "scfs" and cfg.search.mode != "none" and cfg.crops.n_local < 1:
+        raise ConfigError(f"config key crops.n_local={cfg.crops.n_local} is invalid: search.mode={cfg.search.mode} "
+                          "needs at least 1 local crop (or use search=none / method=dino)")
+    for key in ("method.out_dim", "method.hidden_dim", "method.bottleneck_dim", "method.stage_out_dim",
+                "method.stage_hidden_dim", "method.stage_bottleneck_dim"):
+        _check(cfg, key, _pos_int, "an integer > 0")
+    for key in ("method.teacher_temp", "method.warmup_teacher_temp", "method.student_temp"):
+        _check(cfg, key, _pos, "a temperature > 0", required=key != "method.warmup_teacher_temp")
+    _check(cfg, "method.momentum_teacher", lambda v: 0 <= v <= 1, "a number in [0, 1]")
+    _check(cfg, "method.center_momentum", lambda v: 0 <= v <= 1, "a number in [0, 1]", required=False)
+    _check(cfg, "method.stage_weight", lambda v: v >= 0, "a number >= 0", required=False)
+    _check(cfg, "optim.name", lambda v: v in OPTIMIZERS, f"one of {', '.join(OPTIMIZERS)}")
+    _check(cfg, "optim.lr", _pos, "a learning rate > 0")
+    _check(cfg, "optim.weight_decay", lambda v: v >= 0, "a number >= 0", required=False)
+    _check(cfg, "optim.warmup_epochs", lambda v: v >= 0, "a number of epochs >= 0", required=False)
+    _check(cfg, "batch_size", _pos_int, "an integer > 0 (images per device)")
+    _check(cfg, "num_workers", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0", required=False)
+    _check(cfg, "trainer.max_epochs", lambda v: isinstance(v, int) and v >= 1, "an integer >= 1", required=False)
+    global_batch = _get(cfg, "global_batch_size")
+    if global_batch is not None and global_batch % _devices(cfg):
+        raise ConfigError(f"config key global_batch_size={global_batch} is invalid: it is not divisible across "
+                          f"{_devices(cfg)} devices; pick a multiple of the device count")
+    _check(cfg, "data.name", lambda v: v in DATASETS, f"one of {', '.join(DATASETS)}")
+    if cfg.data.name != "shapes":
+        root = _get(cfg, "data.root")
+        if root in (None, "???") or not Path(str(root)).exists():
+            hint = ("python -m scfs.data.prepare cifar10 --archive ../shared/data/cifar10-jpeg.tar.xz --out data/cifar10"
+                    if cfg.data.name == "cifar10" else "point data.root=... at an ImageFolder tree with train/ and val/")
+            raise ConfigError(f"config key data.root={root!r} is invalid: the folder does not exist; prepare it with: "
+                              f"{hint}")
+    else:
+        _check(cfg, "data.image_size", lambda v: _pos_int(v) and v >= 8, "an integer >= 8 (pixels)")
+        _check(cfg, "data.n_train", _pos_int, "an integer > 0")
+        _check(cfg, "data.n_val", _pos_int, "an integer > 0")

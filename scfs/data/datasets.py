@@ -1,0 +1,226 @@
+"""Datasets: shapes (generated), ImageFolder trees (folder / cifar10 / imagenet) and CIFAR-10 python batches.
+
+All return ``(transform(img), label)`` with ``img`` a uint8 CHW RGB tensor, and carry ``classes``,
+``num_classes`` and ``targets``. File-backed datasets decode lazily and survive unreadable files: the bad path
+is recorded and warned about, and a readable neighbour is returned instead, so one corrupt JPEG cannot kill a
+multi-hour run (``strict: true`` raises instead).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torchvision.transforms.v2.functional as F
+from PIL import Image, ImageOps
+from torch.utils.data import Dataset
+from torchvision.datasets import CIFAR10
+from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
+from torchvision.io import ImageReadMode, decode_image
+
+from scfs.data.shapes import ShapesSpec, ensure_shapes, load_shapes
+
+Transform = Callable[[torch.Tensor], Any] | None
+DATASETS = ("shapes", "folder", "cifar10", "imagenet")
+SHARED_CIFAR = "../shared/data/cifar10-jpeg.tar.xz"
+
+
+class ImageDecodeError(OSError):
+    """A file that neither torchvision nor PIL can decode."""
+
+
+def _pil_to_rgb(im: Image.Image) -> Image.Image:
+    """PIL image of any mode -> RGB; 16/32-bit integer grey is rescaled (PIL's convert would clip at 255)."""
+    im = ImageOps.exif_transpose(im)
+    if im.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
+        arr = np.asarray(im).astype(np.int64)
+        scale = 257 if arr.max(initial=0) > 255 else 1  # 16-bit data stored in 'I' mode too
+        im = Image.fromarray(np.clip(arr // scale, 0, 255).astype(np.uint8), "L")
+    elif im.mode == "F":
+        im = Image.fromarray(np.clip(np.asarray(im), 0, 255).astype(np.uint8), "L")
+    elif im.mode in ("P", "PA") and "transparency" in im.info:
+        im = im.convert("RGBA")  # PIL asks for this route for palette images with transparency
+    return im.convert("RGB")
+
+
+def decode_rgb(path: str | os.PathLike) -> torch.Tensor:
+    """Decode an image file to a uint8 (3,H,W) RGB tensor: torchvision first (fast), PIL as the fallback."""
+    try:
+        img = decode_image(str(path), mode=ImageReadMode.RGB, apply_exif_orientation=True)
+        if img.dtype != torch.uint8:  # 16-bit PNG
+            img = F.to_dtype(img, torch.uint8, scale=True)
+        if img.ndim == 3 and img.shape[0] == 3 and img.numel() > 0:
+            return img
+        tv_error: Exception = ValueError(f"unexpected decoded shape {tuple(img.shape)}")
+    except Exception as e:  # any decoder failure: try PIL
+        tv_error = e
+    try:
+        with Image.open(path) as im:
+            return F.pil_to_tensor(_pil_to_rgb(im))
+    except Exception as e:
+        raise ImageDecodeError(f"cannot decode {path}: torchvision: {tv_error}; PIL: {e}") from e
+
+
+def _missing(path: Path, name: str, root: Path, hint: str | None = None) -> FileNotFoundError:
+    prep = {
+        "cifar10": f"python -m scfs.data.prepare cifar10 --archive {SHARED_CIFAR} --out {root}",
+        "imagenet": f"python -m scfs.data.prepare extract --archive <imagenet-archive> --out {root}",
+        "folder": f"python -m scfs.data.prepare extract --archive <archive> --out {root}",
+    }[name]
+    return FileNotFoundError(
+        f"{name} dataset not found: {path} does not exist{hint or ''}; prepare it with: {prep}")
+
+
+class ImageFileDataset(Dataset):
+    """Image files with integer labels, decoded on access; unreadable files are skipped (see module doc)."""
+
+    MAX_SUBSTITUTE_TRIES = 100
+
+    def __init__(self, samples: list[tuple[str, int]], classes: list[str], transform: Transform = None,
+                 strict: bool = False) -> None:
+        if not samples:
+            raise FileNotFoundError("no image files found")
+        self.samples = samples
+        self.targets = [y for _, y in samples]
+        self.classes = list(classes)
+        self.num_classes = len(self.classes)
+        self.transform = transform
+        self.strict = strict
+        self.bad_files: dict[str, str] = {}  # path -> reason (per process: DataLoader workers keep their own)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def _load(self, index: int) -> tuple[torch.Tensor, int]:
+        path, label = self.samples[index]
+        return decode_rgb(path), label
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        n = len(self.samples)
+        for attempt in range(min(n, self.MAX_SUBSTITUTE_TRIES)):
+            i = (index + attempt) % n
+            path = self.samples[i][0]
+            if path in self.bad_files:
+                continue
+            try:
+                img, label = self._load(i)
+            except (OSError, ValueError, RuntimeError) as e:
+                if self.strict:
+                    raise ImageDecodeError(f"unreadable image {path} (strict mode): {e}") from e
+                self.bad_files[path] = str(e)
+                shown = ", ".join(list(self.bad_files)[:10]) + (" ..." if len(self.bad_files) > 10 else "")
+                warnings.warn(f"skipping unreadable image {path} and returning a neighbour instead; "
+                              f"{len(self.bad_files)} bad file(s) so far: {shown}", RuntimeWarning,
+                              stacklevel=2)
+                continue
+            return (self.transform(img) if self.transform is not None else img), label
+        tried = min(n, self.MAX_SUBSTITUTE_TRIES)
+        raise RuntimeError(f"no readable image among {tried} files from index {index}; "
+                           f"bad files: {list(self.bad_files)[:10]}")
+
+
+def image_folder(split_dir: Path, transform: Transform = None, strict: bool = False,
+                 classes_from: Path | None = None) -> ImageFileDataset:
+    """ImageFolder tree ``split_dir/<class>/<file>``; class indices from ``classes_from`` (the train split) so
+    train and val agree even if val lacks a class."""
+    classes, class_to_idx = find_classes(str(classes_from or split_dir))
+    extra = set(find_classes(str(split_dir))[0]) - set(classes)
+    if extra:
+        raise ValueError(f"{split_dir} has classes that {classes_from} lacks: {sorted(extra)[:10]}")
+    samples = make_dataset(str(split_dir), class_to_idx, extensions=IMG_EXTENSIONS, allow_empty=True)
+    if not samples:
+        raise FileNotFoundError(f"no image files ({', '.join(IMG_EXTENSIONS)}) under {split_dir}")
+    return ImageFileDataset(samples, classes, transform, strict)
+
+
+class ShapesDataset(Dataset):
+    """One split of the generated shapes data, held in memory (arrays also exposed for masks/boxes)."""
+
+    def __init__(self, folder: Path, split: str, transform: Transform = None, mmap: bool = False) -> None:
+        self.folder = Path(folder)
+        self.data = load_shapes(folder, split, mmap=mmap)
+        self.classes = list(self.data.classes)
+        self.num_classes = len(self.classes)
+        self.targets = self.data.labels.tolist()
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        img = torch.from_numpy(np.ascontiguousarray(self.data.images[index].transpose(2, 0, 1)))
+        label = int(self.data.labels[index])
+        return (self.transform(img) if self.transform is not None else img), label
+
+
+class CIFAR10Batches(Dataset):
+    """torchvision's ``cifar-10-batches-py`` (never downloads), as uint8 CHW tensors."""
+
+    def __init__(self, root: Path, train: bool, transform: Transform = None) -> None:
+        self.base = CIFAR10(str(root), train=train, download=False)
+        self.classes = list(self.base.classes)
+        self.num_classes = len(self.classes)
+        self.targets = list(self.base.targets)
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        img = torch.from_numpy(self.base.data[index]).permute(2, 0, 1).contiguous()
+        label = self.targets[index]
+        return (self.transform(img) if self.transform is not None else img), label
+
+
+def _split_dir(root: Path, name: str, candidates: tuple[str, ...]) -> Path:
+    for c in candidates:
+        if (root / c).is_dir():
+            return root / c
+    if not root.exists():
+        raise _missing(root, name, root)
+    raise _missing(root / candidates[0], name, root, f" (looked for {' or '.join(candidates)} in {root})")
+
+
+def build_dataset(cfg: Mapping[str, Any], split: str, transform: Transform = None) -> Dataset:
+    """Dataset named by ``cfg['name']`` for ``split`` in {train, val}; extra cfg keys are ignored.
+
+    shapes: root, image_size, n_train, n_val, num_classes, max_objects, seed (generated on first use).
+    folder / imagenet: root with ``train/`` and ``val/`` (folder also accepts ``test/``).
+    cifar10: root with ``train/`` and ``test/`` (an ImageFolder tree from ``scfs.data.prepare``) or
+    torchvision's ``cifar-10-batches-py`` (root may be that folder or its parent); val means test.
+    Optional: strict (raise on unreadable files instead of skipping them).
+    """
+    if split not in ("train", "val"):
+        raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+    name = cfg.get("name")
+    if name not in DATASETS:
+        raise ValueError(f"unknown dataset name {name!r}; expected one of {DATASETS}")
+    if cfg.get("root") is None:
+        raise ValueError(f"dataset {name!r} needs a 'root' entry in its config")
+    root = Path(os.path.expanduser(str(cfg["root"])))
+    strict = bool(cfg.get("strict", False))
+
+    if name == "shapes":
+        defaults = ShapesSpec()
+        spec = ShapesSpec(**{f: int(cfg.get(f, getattr(defaults, f))) for f in
+                             ("image_size", "n_train", "n_val", "num_classes", "max_objects", "seed")})
+        return ShapesDataset(ensure_shapes(root, spec), split, transform)
+
+    if name == "cifar10":
+        batches = root if root.name == "cifar-10-batches-py" else root / "cifar-10-batches-py"
+        if batches.is_dir():
+            return CIFAR10Batches(batches.parent, train=split == "train", transform=transform)
+        candidates = ("train",) if split == "train" else ("test", "val")
+    elif name == "imagenet":
+        candidates = ("train",) if split == "train" else ("val",)
+    else:
+        candidates = ("train",) if split == "train" else ("val", "test")
+
+    split_dir = _split_dir(root, name, candidates)
+    train_dir = root / "train"
+    return image_folder(split_dir, transform, strict, classes_from=train_dir if train_dir.is_dir() else None)

@@ -1,0 +1,1 @@
+"""Evaluation: kNN on faiss, linear probe, reports."""

@@ -1,0 +1,1 @@
+"""The training method: losses, EMA teacher, schedules and the SCFS / DINO LightningModule."""

@@ -1,0 +1,41 @@
+"""Lightning callbacks of the method: the online kNN monitor."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import lightning as L
+
+
+class KNNMonitor(L.Callback):
+    """kNN top-1 of the teacher backbone on the val split every `every_n_epochs` epochs (0 = never).
+
+    The curve is logged and also written as JSON so learning curves can be committed as records.
+    """
+
+    def __init__(self, every_n_epochs: int = 0, ks: Sequence[int] = (20,), temperature: float = 0.07,
+                 out_file: str | Path | None = None) -> None:
+        self.every, self.ks, self.temperature = every_n_epochs, list(ks), temperature
+        self.out_file = Path(out_file) if out_file else None
+        self.curve: list[dict] = []
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.every <= 0 or (trainer.current_epoch + 1) % self.every or not trainer.is_global_zero:
+            return
+        from scfs.eval.knn import evaluate_backbone_knn
+
+        bank, query = trainer.datamodule.knn_loaders()
+        acc = evaluate_backbone_knn(pl_module.backbone("teacher"), bank, query, self.ks, self.temperature,
+                                    device=pl_module.device)
+        pl_module.log_dict({f"knn/{k}": v for k, v in acc.items()}, rank_zero_only=True)
+        self.curve.append({"epoch": trainer.current_epoch + 1, "step": trainer.global_step, **acc})
+        if self.out_file:
+            self.out_file.write_text(json.dumps(self.curve, indent=2))
+
+    def state_dict(self) -> dict:
+        return {"curve": self.curve}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.curve = list(state_dict.get("curve", []))

@@ -1,0 +1,262 @@
+"""The SCFS LightningModule (and the DINO baseline, `method=dino`, with everything else identical)."""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import lightning as L
+import torch
+from torch import nn
+
+from scfs.method.ema import ema_update
+from scfs.method.losses import DINOLoss, sharpened_cross_entropy
+from scfs.method.schedules import cosine, linear_warmup
+from scfs.models import Backbone, DINOHead, StageHead
+
+SEARCH_MODES = ("soft", "hard", "softmax", "roi", "none")
+
+
+def _build_network(backbone_cfg: Mapping[str, Any], method_cfg: Mapping[str, Any], stages: Sequence[str]) -> nn.ModuleDict:
+    bcfg = dict(backbone_cfg)
+    name = bcfg.pop("name")
+    bcfg.pop("channels_last", None)
+    backbone = Backbone(name, stages=stages or ("layer4",), **bcfg)
+    net = nn.ModuleDict(
+        {
+            "backbone": backbone,
+            "head": DINOHead(
+                backbone.embed_dim,
+                out_dim=method_cfg["out_dim"],
+                hidden_dim=method_cfg["hidden_dim"],
+                bottleneck_dim=method_cfg["bottleneck_dim"],
+                nlayers=method_cfg.get("head_layers", 3),
+                use_bn=method_cfg.get("head_bn", False),
+                norm_last_layer=method_cfg.get("norm_last_layer", True),
+            ),
+        }
+    )
+    net["stage_heads"] = nn.ModuleDict(
+        {
+            s: StageHead(
+                backbone.channels[s],
+                out_dim=method_cfg["stage_out_dim"],
+                hidden_dim=method_cfg["stage_hidden_dim"],
+                bottleneck_dim=method_cfg["stage_bottleneck_dim"],
+                nlayers=method_cfg.get("head_layers", 3),
+                final_relu=method_cfg.get("stage_final_relu", False),
+            )
+            for s in stages
+        }
+    )
+    return net
+
+
+class SCFSModule(L.LightningModule):
+    """Student/EMA-teacher self-distillation with semantics-consistent feature search on backbone stages.
+
+    Loss = L_dino + sum_s w_s (L_global_s + L_local_s), w_s = `method.stage_weight` (0.5 published):
+    * L_dino: DINO loss of the final head, teacher on the 2 global views, student on all views;
+    * L_global_s: per-stage heads matched across the two global views (centred teacher);
+    * L_local_s: the student's per-stage head on local view n of image b is matched with the teacher's
+      per-stage head on the teacher's global-view-1 map *searched* with the student's pooled local feature
+      (teacher sharpened, not centred). `search.mode=roi` replaces the search by random RoI crops of that map
+      (the naive feature-level augmentation), `none` drops the local term.
+    `method.name=dino` drops every stage term: the plain DINO baseline on the same code path.
+    """
+
+    def __init__(
+        self,
+        backbone: Mapping[str, Any],
+        method: Mapping[str, Any],
+        search: Mapping[str, Any],
+        optim: Mapping[str, Any],
+        batch_size: int,
+        n_local: int,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.method_cfg, self.search_cfg, self.optim_cfg = dict(method), dict(search), dict(optim)
+        mode = self.search_cfg.get("mode", "soft")
+        if mode not in SEARCH_MODES:
+            raise ValueError(f"search.mode={mode!r} is not known: allowed are {', '.join(SEARCH_MODES)}")
+        self.use_stages = self.method_cfg["name"] == "scfs"
+        self.stages: tuple[str, ...] = tuple(self.search_cfg.get("stages", ())) if self.use_stages else ()
+        self.channels_last = bool(backbone.get("channels_last", False))
+        self.student = _build_network(backbone, self.method_cfg, self.stages)
+        self.teacher = copy.deepcopy(self.student)
+        for p in self.teacher.parameters():
+            p.requires_grad_(False)
+        st = self.method_cfg.get("student_temp", 0.1)
+        cm = self.method_cfg.get("center_momentum", 0.9)
+        self.dino_loss = DINOLoss(self.method_cfg["out_dim"], st, cm)
+        self.stage_losses = nn.ModuleDict({s: DINOLoss(self.method_cfg["stage_out_dim"], st, cm) for s in self.stages})
+        self.n_local = n_local
+        if self.use_stages and mode != "none" and n_local < 1:
+            raise ValueError(f"data.n_local={n_local}: search.mode={mode} needs at least one local crop (>= 1)")
+
+    # ---- schedules -------------------------------------------------------------------------------------
+    @property
+    def total_steps(self) -> int:
+        if self._trainer is None:
+            return 1
+        total = self.trainer.estimated_stepping_batches
+        return int(total) if math.isfinite(total) else 1
+
+    @property
+    def steps_per_epoch(self) -> float:
+        return self.total_steps / max(self.trainer.max_epochs or 1, 1) if self._trainer is not None else 1.0
+
+    def teacher_temp(self) -> float:
+        m = self.method_cfg
+        epoch = self.global_step / max(self.steps_per_epoch, 1.0)
+        return linear_warmup(epoch, m.get("warmup_teacher_temp_epochs", 0), m.get("warmup_teacher_temp", 0.04),
+                             m.get("teacher_temp", 0.04))
+
+    def teacher_momentum(self) -> float:
+        m = self.method_cfg
+        return cosine(self.global_step, self.total_steps, m.get("momentum_teacher", 0.996), 1.0)
+
+    def _lr_wd(self) -> tuple[float, float]:
+        o = self.optim_cfg
+        scale = self.hparams.batch_size * max(self.trainer.world_size, 1) / 256 if o.get("scale_lr", True) else 1.0
+        warm = int(o.get("warmup_epochs", 0) * self.steps_per_epoch)
+        lr = cosine(self.global_step, self.total_steps, o["lr"] * scale, o.get("min_lr", 0.0), warm)
+        wd = cosine(self.global_step, self.total_steps, o.get("weight_decay", 0.0),
+                    o.get("weight_decay_end", o.get("weight_decay", 0.0)))
+        return lr, wd
+
+    # ---- optimisation ----------------------------------------------------------------------------------
+    def configure_optimizers(self):
+        decay, no_decay = [], []
+        for name, p in self.student.named_parameters():
+            if not p.requires_grad:
+                continue
+            (no_decay if p.ndim <= 1 or name.endswith(".bias") else decay).append(p)
+        groups = [{"params": decay, "apply_wd": True}, {"params": no_decay, "apply_wd": False, "weight_decay": 0.0}]
+        o = self.optim_cfg
+        name = o.get("name", "sgd")
+        if name == "sgd":
+            return torch.optim.SGD(groups, lr=o["lr"], momentum=o.get("momentum", 0.9))
+        if name == "adamw":
+            return torch.optim.AdamW(groups, lr=o["lr"], betas=tuple(o.get("betas", (0.9, 0.999))))
+        if name == "lars":
+            from timm.optim import Lars
+
+            return Lars(groups, lr=o["lr"], momentum=o.get("momentum", 0.9))
+        raise ValueError(f"optim.name={name!r} is not known: allowed are sgd, adamw, lars")
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        lr, wd = self._lr_wd()
+        for g in self.optimizers().optimizer.param_groups:
+            g["lr"] = lr
+            if g.get("apply_wd", False):
+                g["weight_decay"] = wd
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.current_epoch < self.method_cfg.get("freeze_last_layer_epochs", 0):
+            for name, p in self.student.named_parameters():
+                if "last_layer" in name:
+                    p.grad = None
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        ema_update(self.teacher, self.student, self.teacher_momentum())
+
+    # ---- forward ---------------------------------------------------------------------------------------
+    def _maps(self, net: nn.ModuleDict, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return net["backbone"](x)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        sample = batch[0] if isinstance(batch, (list, tuple)) else batch
+        views: list[torch.Tensor] = sample["views"]
+        b = views[0].shape[0]
+        n_local = len(views) - 2
+        temp = self.teacher_temp()
+
+        g = torch.cat(views[:2])
+        s_g = self._maps(self.student, g)
+        s_l = self._maps(self.student, torch.cat(views[2:])) if n_local else {}
+        with torch.no_grad():
+            t_g = self._maps(self.teacher, g)
+            t_out = self.teacher["head"](Backbone.pool(t_g))
+        s_out = [self.student["head"](Backbone.pool(s_g))]
+        if n_local:
+            s_out.append(self.student["head"](Backbone.pool(s_l)))
+        loss_dino = self.dino_loss(torch.cat(s_out), t_out, temp)
+        logs: dict[str, torch.Tensor | float] = {"loss/dino": loss_dino}
+        loss = loss_dino
+        w = self.method_cfg.get("stage_weight", 0.5)
+        for s in self.stages:
+            sg_out = self.student["stage_heads"][s](s_g[s])
+            with torch.no_grad():
+                tg_out = self.teacher["stage_heads"][s](t_g[s])
+            loss_g = self.stage_losses[s](sg_out, tg_out, temp)
+            logs[f"loss/{s}_global"] = loss_g
+            stage_loss = loss_g
+            loss_l = self._local_term(s, s_l.get(s), t_g[s][:b], b, n_local, temp, logs)
+            if loss_l is not None:
+                logs[f"loss/{s}_local"] = loss_l
+                stage_loss = stage_loss + loss_l
+            loss = loss + w * stage_loss
+        logs.update({"loss/total": loss, "sched/teacher_temp": temp, "sched/momentum": self.teacher_momentum(),
+                     "sched/lr": self.optimizers().optimizer.param_groups[0]["lr"],
+                     "sched/wd": self.optimizers().optimizer.param_groups[0]["weight_decay"]})
+        self.log_dict(logs, on_step=True, on_epoch=False, batch_size=b)
+        self.log("loss", loss, prog_bar=True, on_step=True, on_epoch=True, batch_size=b)
+        if not torch.isfinite(loss):
+            bad = [k for k, v in logs.items() if isinstance(v, torch.Tensor) and not torch.isfinite(v).all()]
+            raise FloatingPointError(
+                f"non-finite loss at step {self.global_step}: offending term(s) {', '.join(bad) or 'loss/total'}; "
+                "the last good checkpoint is kept; lower optim.lr or enable gradient clipping (trainer.gradient_clip_val)"
+            )
+        return loss
+
+    def _local_term(self, stage: str, s_local: torch.Tensor | None, t_global1: torch.Tensor, b: int,
+                    n_local: int, temp: float, logs: dict) -> torch.Tensor | None:
+        mode = self.search_cfg.get("mode", "soft")
+        if mode == "none" or s_local is None:
+            return None
+        sl_out = self.student["stage_heads"][stage](s_local)
+        head = self.teacher["stage_heads"][stage]
+        with torch.no_grad():
+            if mode == "roi":
+                from scfs.search import random_feature_crops
+
+                size = max(s_local.shape[-1], 1)
+                crops = random_feature_crops(t_global1, n_local, out_size=size,
+                                             scale=tuple(self.search_cfg.get("roi_scale", (0.05, 0.25))))
+                tl_out = head(crops)
+            else:
+                queries = Backbone.pool({"layer4": s_local}).view(n_local, b, -1)
+                tl_out, found = head.forward_searched(
+                    t_global1, queries.to(t_global1.dtype), mode=mode, topk=self.search_cfg.get("topk", 0.25),
+                    temperature=self.search_cfg.get("temperature", 0.1),
+                    backend=self.search_cfg.get("backend", "auto"),
+                )
+                sim = found.similarity
+                p = found.weights.clamp_min(0).flatten(2)
+                p = p / p.sum(-1, keepdim=True).clamp_min(1e-12)
+                ent = -(p * p.clamp_min(1e-12).log()).sum(-1).mean() / math.log(max(p.shape[-1], 2))
+                logs[f"search/{stage}_sim_mean"] = sim.mean()
+                logs[f"search/{stage}_sim_max"] = sim.amax(dim=(2, 3)).mean()
+                logs[f"search/{stage}_weight_entropy"] = ent
+        return sharpened_cross_entropy(sl_out, tl_out, temp, self.method_cfg.get("student_temp", 0.1))
+
+    # ---- helpers for evaluation ------------------------------------------------------------------------
+    def backbone(self, which: str = "teacher") -> Backbone:
+        if which not in ("teacher", "student"):
+            raise ValueError(f"which={which!r}: allowed are teacher, student")
+        return getattr(self, which)["backbone"]
+
+    def uniform_loss(self) -> float:
+        """The loss value when every output is uniform (log of the head sizes): a stuck objective sits here."""
+        u = math.log(self.method_cfg["out_dim"])
+        if self.stages:
+            n_terms = 1 + (self.search_cfg.get("mode", "soft") != "none")
+            u += self.method_cfg.get("stage_weight", 0.5) * n_terms * len(self.stages) * math.log(
+                self.method_cfg["stage_out_dim"])
+        return u

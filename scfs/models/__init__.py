@@ -1,0 +1,6 @@
+"""Networks: the timm backbone wrapper, the DINO projection head and the per-stage search heads."""
+
+from scfs.models.backbone import STAGE_NAMES, Backbone
+from scfs.models.heads import DINOHead, StageHead
+
+__all__ = ["STAGE_NAMES", "Backbone", "DINOHead", "StageHead"]

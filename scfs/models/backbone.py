@@ -1,0 +1,77 @@
+"""timm CNN backbone exposing named stage maps, so the search can pick which stages it works on."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import timm
+import torch
+from torch import nn
+
+STAGE_NAMES = ("layer1", "layer2", "layer3", "layer4")
+
+
+def stage_index(name: str | int) -> int:
+    """Map `layer2` / `2` to timm's feature index (1..4)."""
+    if isinstance(name, int) or (isinstance(name, str) and name.isdigit()):
+        idx = int(name)
+    elif name in STAGE_NAMES:
+        idx = STAGE_NAMES.index(name) + 1
+    else:
+        raise ValueError(f"unknown backbone stage {name!r}: allowed are {', '.join(STAGE_NAMES)} (or 1..4)")
+    if not 1 <= idx <= 4:
+        raise ValueError(f"backbone stage index {idx} out of range: allowed are 1..4 ({', '.join(STAGE_NAMES)})")
+    return idx
+
+
+class Backbone(nn.Module):
+    """A timm CNN with `features_only=True`, returning `{stage_name: map}` for the stages asked for.
+
+    The last stage (`layer4`) is always computed: its global-average pool is the representation that kNN and
+    the linear probe evaluate. `cifar_stem=True` swaps the stride-4 stem for a 3x3 stride-1 conv without
+    max-pool, as is usual for 32-px images (otherwise layer4 of a 32-px image is 1x1 and the search is moot).
+    """
+
+    def __init__(
+        self,
+        name: str = "resnet18",
+        stages: Sequence[str | int] = ("layer2", "layer3", "layer4"),
+        cifar_stem: bool = False,
+        pretrained_path: str | None = None,
+        **timm_kwargs,
+    ) -> None:
+        super().__init__()
+        idx = sorted({stage_index(s) for s in stages} | {4})
+        self.stage_names = tuple(STAGE_NAMES[i - 1] for i in idx)
+        try:
+            self.body = timm.create_model(
+                name, pretrained=False, features_only=True, out_indices=tuple(idx), **timm_kwargs
+            )
+        except RuntimeError as err:  # timm: "Unknown model (...)"
+            raise ValueError(f"backbone.name={name!r} is not a timm model ({err}); see timm.list_models()") from err
+        if cifar_stem:
+            self._make_cifar_stem()
+        self.channels = dict(zip(self.stage_names, self.body.feature_info.channels()))
+        self.embed_dim = self.channels["layer4"]
+        if pretrained_path:
+            from scfs.models.checkpoint import load_state_dict_file
+
+            load_state_dict_file(self, pretrained_path)
+
+    def _make_cifar_stem(self) -> None:
+        stem_out = self.body.bn1.num_features
+        if not hasattr(self.body, "conv1") or not hasattr(self.body, "maxpool"):
+            raise ValueError("backbone.cifar_stem=true needs a ResNet-like model with conv1/maxpool")
+        self.body.conv1 = nn.Conv2d(3, stem_out, kernel_size=3, stride=1, padding=1, bias=False)
+        self.body.maxpool = nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        return dict(zip(self.stage_names, self.body(x)))
+
+    @staticmethod
+    def pool(maps: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Global-average pool of the last stage: the image representation."""
+        return maps["layer4"].mean(dim=(2, 3))
+
+    def pooled(self, x: torch.Tensor) -> torch.Tensor:
+        return self.pool(self(x))

@@ -1,0 +1,131 @@
+"""Projection heads: DINO's head on the pooled image feature, and SCFS's per-stage heads on region features."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils.parametrizations import weight_norm
+
+
+def _mlp(in_dim: int, hidden_dim: int, out_dim: int, nlayers: int, use_bn: bool) -> nn.Sequential:
+    if nlayers == 1:
+        return nn.Sequential(nn.Linear(in_dim, out_dim))
+    layers: list[nn.Module] = [nn.Linear(in_dim, hidden_dim)]
+    if use_bn:
+        layers.append(nn.BatchNorm1d(hidden_dim))
+    layers.append(nn.GELU())
+    for _ in range(nlayers - 2):
+        layers.append(nn.Linear(hidden_dim, hidden_dim))
+        if use_bn:
+            layers.append(nn.BatchNorm1d(hidden_dim))
+        layers.append(nn.GELU())
+    layers.append(nn.Linear(hidden_dim, out_dim))
+    return nn.Sequential(*layers)
+
+
+class DINOHead(nn.Module):
+    """DINO's head: MLP -> L2-normalised bottleneck -> weight-normalised prototypes (logits over out_dim).
+
+    The last layer's norm is fixed to 1 (`norm_last_layer`), which DINO found stabilises training; the method
+    freezes the last layer during the first epoch(s) (see `SCFSModule`).
+    """
+
+    def __init__(
+        self,
+        in_dim: int,
+        out_dim: int = 65536,
+        hidden_dim: int = 2048,
+        bottleneck_dim: int = 256,
+        nlayers: int = 3,
+        use_bn: bool = False,
+        norm_last_layer: bool = True,
+    ) -> None:
+        super().__init__()
+        self.mlp = _mlp(in_dim, hidden_dim, bottleneck_dim, max(nlayers, 1), use_bn)
+        self.apply(self._init_weights)
+        self.last_layer = weight_norm(nn.Linear(bottleneck_dim, out_dim, bias=False))
+        self.last_layer.parametrizations.weight.original0.data.fill_(1.0)
+        if norm_last_layer:
+            self.last_layer.parametrizations.weight.original0.requires_grad = False
+        self.out_dim = out_dim
+
+    @staticmethod
+    def _init_weights(m: nn.Module) -> None:
+        if isinstance(m, nn.Linear):
+            nn.init.trunc_normal_(m.weight, std=0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.normalize(self.mlp(x), dim=-1, eps=1e-6)
+        return self.last_layer(x)
+
+
+class StageHead(nn.Module):
+    """Per-stage SCFS head: residual 1x1-3x3-1x1 bottleneck on a region map, GAP, then a DINO head.
+
+    Applied to the student's local-view maps, to the teacher's searched features and to both sides' global
+    maps. The residual sum is *not* followed by a ReLU (the published head has one; `final_relu=True` restores
+    it). Without it, GAP(x + branch(x)) = GAP(x) + GAP(branch(x)), so `forward_searched` never materialises
+    the N full-width searched copies: the branch's bias-free first 1x1 conv is commuted in front of the
+    weighting (the search op's `weight` argument) and GAP(x) is one small batched matmul of the weights with
+    the map.
+    """
+
+    def __init__(
+        self,
+        channels: int,
+        out_dim: int = 4096,
+        hidden_dim: int = 2048,
+        bottleneck_dim: int = 256,
+        nlayers: int = 3,
+        reduction: int = 4,
+        final_relu: bool = False,
+    ) -> None:
+        super().__init__()
+        mid = max(channels // reduction, 8)
+        self.conv1 = nn.Conv2d(channels, mid, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(mid)
+        self.conv2 = nn.Conv2d(mid, mid, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(mid)
+        self.conv3 = nn.Conv2d(mid, channels, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(channels)
+        nn.init.zeros_(self.bn3.weight)  # start as identity: the residual branch is learnt on top of GAP(x)
+        self.final_relu = final_relu
+        self.proj = DINOHead(channels, out_dim, hidden_dim, bottleneck_dim, nlayers)
+
+    def _branch_after_conv1(self, y: torch.Tensor) -> torch.Tensor:
+        y = F.relu(self.bn1(y))
+        y = F.relu(self.bn2(self.conv2(y)))
+        return self.bn3(self.conv3(y))
+
+    def pool(self, x: torch.Tensor) -> torch.Tensor:
+        """The pooled (pre-MLP) feature of a map batch."""
+        y = x + self._branch_after_conv1(self.conv1(x))
+        if self.final_relu:
+            y = F.relu(y)
+        return y.mean(dim=(2, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.pool(x))
+
+    def forward_searched(self, feats: torch.Tensor, queries: torch.Tensor, **search_kwargs):
+        """Head output for the searched features of `feats` by `queries`, as `forward(search(...).features)`.
+
+        Returns `(logits (N*B, out_dim), SearchOutput)`; the SearchOutput's `features` are the *projected*
+        weighted maps when the commuted path is used.
+        """
+        from scfs.search import feature_search
+
+        if self.final_relu:
+            out = feature_search(feats, queries, **search_kwargs)
+            return self(out.features), out
+        out = feature_search(feats, queries, weight=self.conv1.weight.flatten(1), **search_kwargs)
+        n, b = queries.shape[:2]
+        h, w = feats.shape[-2:]
+        branch = self._branch_after_conv1(out.features).mean(dim=(2, 3))
+        # GAP of the searched map itself: mean_hw a[n,b,h,w] * feats[b,:,h,w]
+        a = out.weights.to(feats.dtype).flatten(2)  # (N,B,HW)
+        gap_x = torch.einsum("nbp,bcp->nbc", a, feats.flatten(2)).reshape(n * b, -1) / (h * w)
+        return self.proj(gap_x.to(branch.dtype) + branch), out

@@ -1,0 +1,220 @@
+"""Correctness harness: every available backend against a float64 reference, forward and all gradients.
+
+Fresh random inputs per run (seed printed), shapes/dtypes/modes swept, outputs NaN-poisoned before each call,
+bitwise-identical reruns, batch invariance, zero-norm pixels/queries, NaN propagation.
+Usage: ``python -m scfs.search.check [--quick] [--backends cuda,triton]``; exits non-zero on any failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from scfs.search import feature_search, kernel_fn
+from scfs.search.api import kernel_unavailable_reason
+
+TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 3e-3}
+
+
+@dataclass(frozen=True)
+class Case:
+    n: int
+    b: int
+    c: int
+    h: int
+    w: int
+    dtype: torch.dtype = torch.float32
+    mode: str = "soft"
+    proj: int = 0
+    channels_last: bool = False
+
+    def __str__(self) -> str:
+        dt = str(self.dtype).replace("torch.", "")
+        cl = ",cl" if self.channels_last else ""
+        return f"N{self.n} B{self.b} C{self.c} {self.h}x{self.w} {dt} {self.mode} proj{self.proj}{cl}"
+
+
+def gpu_cases() -> list[Case]:
+    """The GPU sweep: ResNet-50-like stages, non-tile sizes, N 1..32, C 16..2048, all modes/dtypes."""
+    cases = []
+    shapes = [
+        (8, 4, 512, 28, 28),
+        (8, 4, 1024, 14, 14),
+        (8, 4, 2048, 7, 7),
+        (3, 2, 48, 13, 7),
+        (1, 1, 16, 1, 1),
+        (32, 2, 64, 5, 9),
+        (17, 3, 200, 13, 13),
+        (2, 1, 96, 64, 64),
+    ]
+    for s in shapes:
+        for dt in (torch.float32, torch.bfloat16, torch.float16):
+            cases.append(Case(*s, dtype=dt))
+        for mode in ("hard", "softmax"):
+            cases.append(Case(*s, mode=mode))
+        cases.append(Case(*s, proj=64))
+        cases.append(Case(*s, dtype=torch.bfloat16, proj=256, mode="hard"))
+        cases.append(Case(*s, channels_last=True, dtype=torch.bfloat16))
+    return cases
+
+
+def cpu_cases() -> list[Case]:
+    """Small shapes for the Triton interpreter on the CPU."""
+    return [
+        Case(3, 2, 40, 5, 7),
+        Case(2, 1, 16, 1, 1),
+        Case(3, 2, 40, 5, 7, mode="hard", proj=24),
+        Case(2, 2, 33, 3, 5, mode="softmax", channels_last=True),
+        Case(3, 2, 40, 5, 7, dtype=torch.bfloat16),
+        Case(17, 1, 20, 2, 3, dtype=torch.float16, proj=8),
+    ]
+
+
+def make_inputs(case: Case, device: torch.device, gen: torch.Generator):
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen, device=device)
+
+    fmt = torch.channels_last if case.channels_last else torch.contiguous_format
+    feats = rnd(case.b, case.c, case.h, case.w).to(case.dtype).contiguous(memory_format=fmt)
+    queries = rnd(case.n, case.b, case.c).to(case.dtype)
+    weight = (rnd(case.proj, case.c) / case.c**0.5).to(case.dtype) if case.proj else None
+    return feats, queries, weight
+
+
+def _relerr(got: torch.Tensor, ref: torch.Tensor) -> float:
+    if not torch.isfinite(got).all():
+        return float("inf")
+    return ((got.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def _run(backend, feats, queries, weight, mode, grads):
+    ins = [t.detach().requires_grad_(True) if t is not None else None for t in (feats, queries, weight)]
+    out = feature_search(ins[0], ins[1], mode=mode, weight=ins[2], topk=0.3, temperature=0.5, backend=backend)
+    live = [t for t in ins if t is not None]
+    loss = sum((o.double() * g).sum() for o, g in zip(out, grads))
+    return out, torch.autograd.grad(loss, live)
+
+
+def check_case(backend: str, case: Case, device: torch.device, gen: torch.Generator) -> list[str]:
+    """All checks of one case; returns failure messages (empty when it passes)."""
+    feats, queries, weight = make_inputs(case, device, gen)
+    fails: list[str] = []
+    tol = TOL[case.dtype]
+    ref_in = [t.double() if t is not None else None for t in (feats, queries, weight)]
+    if case.channels_last:
+        ref_in[0] = ref_in[0].contiguous(memory_format=torch.channels_last)
+    probe = feature_search(ref_in[0], ref_in[1], mode=case.mode, weight=ref_in[2], backend="reference")
+    grads = [torch.randn(t.shape, generator=gen, device=device, dtype=torch.float64) for t in probe]
+    grads[0] = grads[0].to(case.dtype).double()
+    ref, ref_g = _run("reference", *ref_in, case.mode, grads)
+    kernel_fn.POISON = True
+    try:
+        out, out_g = _run(backend, feats, queries, weight, case.mode, grads)
+        out2, out2_g = _run(backend, feats, queries, weight, case.mode, grads)
+    finally:
+        kernel_fn.POISON = False
+    names = ("features", "similarity", "weights")
+    for name, got, want in zip(names, out, ref):
+        err = _relerr(got, want)
+        if not err <= tol:
+            fails.append(f"{name} rel err {err:.2e} > {tol:.0e}")
+    if out.features.dtype != case.dtype:
+        fails.append(f"features dtype {out.features.dtype}")
+    fmt = torch.channels_last if case.channels_last else torch.contiguous_format
+    if not out.features.is_contiguous(memory_format=fmt):
+        fails.append("features memory format differs from feats")
+    for name, got, want in zip(("d_feats", "d_queries", "d_weight"), out_g, ref_g):
+        err = _relerr(got, want)
+        if not err <= 2 * tol:
+            fails.append(f"{name} rel err {err:.2e} > {2 * tol:.0e}")
+    for name, a, b in zip((*names, "d_feats", "d_queries", "d_weight"), (*out, *out_g), (*out2, *out2_g)):
+        if not torch.equal(a, b):
+            fails.append(f"{name} not bitwise identical across runs")
+    if case.b > 1:  # batch invariance: image 1 alone gives what it gave inside the batch
+        one, one_g = _run(
+            backend,
+            feats[1:2],
+            queries[:, 1:2],
+            weight,
+            case.mode,
+            [grads[0].view(case.n, case.b, *grads[0].shape[1:])[:, 1], grads[1][:, 1:2], grads[2][:, 1:2]],
+        )
+        full = out.features.view(case.n, case.b, *out.features.shape[1:])[:, 1]
+        same = torch.equal(one.features, full) if not case.proj else _relerr(one.features, full.double()) <= tol
+        if not same:
+            fails.append("batch invariance: features of image 1 differ when run alone")
+        if _relerr(one_g[0], out_g[0][1:2].double()) > 1e-5:
+            fails.append("batch invariance: d_feats of image 1 differ when run alone")
+    return fails
+
+
+def check_special(backend: str, device: torch.device, gen: torch.Generator) -> list[str]:
+    """Zero-norm pixels/queries stay finite (outputs and gradients); NaN in gives NaN out."""
+    fails = []
+    for dtype in (torch.float32, torch.bfloat16):
+        feats, queries, _ = make_inputs(Case(3, 2, 40, 5, 7, dtype=dtype), device, gen)
+        feats[0, :, 1, 2] = 0
+        queries[1, 0] = 0
+        f = feats.clone().requires_grad_(True)
+        q = queries.clone().requires_grad_(True)
+        for mode in ("soft", "hard", "softmax"):
+            out = feature_search(f, q, mode=mode, backend=backend)
+            g = torch.autograd.grad(out.features.float().sum() + out.similarity.sum(), (f, q))
+            if not all(torch.isfinite(t).all() for t in (*out, *g)):
+                fails.append(f"{dtype} {mode}: zero-norm inputs gave non-finite values")
+        f2 = feats.clone()
+        f2[1, 3, 2, 4] = float("nan")
+        out = feature_search(f2, queries, backend=backend)
+        if not torch.isnan(out.features.view(3, 2, 40, 5, 7)[:, 1, :, 2, 4]).all():
+            fails.append(f"{dtype}: NaN in feats did not give NaN out at that pixel")
+        if torch.isnan(out.features.view(3, 2, 40, 5, 7)[:, 0]).any():
+            fails.append(f"{dtype}: NaN leaked into another image")
+    return fails
+
+
+def available(device: torch.device) -> list[str]:
+    probe = torch.zeros(1, 16, 1, 1, device=device)
+    qprobe = torch.zeros(1, 1, 16, device=device)
+    return [b for b in ("cuda", "triton") if kernel_unavailable_reason(b, probe, qprobe) is None]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--backends", default="", help="comma list (default: all available)")
+    ap.add_argument("--quick", action="store_true", help="first few cases only")
+    ap.add_argument("--seed", type=int, default=None)
+    args = ap.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
+    gen = torch.Generator(device=device).manual_seed(seed)
+    backends = args.backends.split(",") if args.backends else available(device)
+    cases = gpu_cases() if device.type == "cuda" else cpu_cases()
+    if args.quick:
+        cases = cases[:6]
+    print(f"seed={seed} device={device} backends={backends} cases={len(cases)}", flush=True)
+    n_fail = 0
+    for backend in backends:
+        for case in cases:
+            fails = check_case(backend, case, device, gen)
+            n_fail += bool(fails)
+            print(
+                f"{'FAIL' if fails else 'ok  '} {backend:7s} {case}"
+                + (": " + "; ".join(fails) if fails else ""),
+                flush=True,
+            )
+        fails = check_special(backend, device, gen)
+        n_fail += bool(fails)
+        print(
+            f"{'FAIL' if fails else 'ok  '} {backend:7s} zero-norm/NaN"
+            + (": " + "; ".join(fails) if fails else "")
+        )
+    print(f"{n_fail} failing checks", flush=True)
+    return 1 if n_fail else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,188 @@
+"""The autograd Function shared by the kernel backends (triton, cuda).
+
+Each backend provides three primitives over (B, C, P) strided views (P = H*W), all accumulating in float32:
+
+* ``fwd``: similarity (+ norms) and/or weighting; the soft mode runs both in one launch.
+* ``bwd_a``: da[n,b,p] = <dout[nB+b,:,p], g[b,:,p]> (per channel split) and dg[b,c,p] = sum_n a dout.
+* ``bwd_f``: df = normalise-backward(sum_n ds q̂) + dg_add, and per-pixel-tile partials of dq̂.
+
+Mode derivatives, the projection matmuls and the query-normalisation backward are small and run in torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+
+from scfs.search.reference import hard_mask
+
+
+class KernelOps(Protocol):
+    """Primitives a kernel backend implements (see module docstring)."""
+
+    def fwd(
+        self,
+        f3: torch.Tensor,
+        q: torch.Tensor,
+        g3: torch.Tensor,
+        out3: torch.Tensor | None,
+        sim: torch.Tensor,
+        a_out: torch.Tensor | None,
+        fnorm: torch.Tensor,
+        qnorm: torch.Tensor,
+        a_in: torch.Tensor | None,
+        eps: float,
+    ) -> None: ...
+
+    def bwd_a(
+        self, dout3: torch.Tensor, g3: torch.Tensor, a: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def bwd_f(
+        self,
+        f3: torch.Tensor,
+        fnorm: torch.Tensor,
+        qhat: torch.Tensor,
+        ds: torch.Tensor,
+        sim: torch.Tensor,
+        dg_add: torch.Tensor | None,
+        df3: torch.Tensor,
+        eps: float,
+    ) -> torch.Tensor: ...
+
+
+def _ops(backend: str) -> KernelOps:
+    if backend == "triton":
+        from scfs.search import triton_backend
+
+        return triton_backend.OPS
+    from scfs.search import cuda_backend
+
+    return cuda_backend.ops()
+
+
+def memory_format(x: torch.Tensor) -> torch.memory_format:
+    """channels_last when x is channels_last (and not also plain contiguous), else contiguous."""
+    if not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last):
+        return torch.channels_last
+    return torch.contiguous_format
+
+
+POISON = (
+    False  # check harness: fill kernel outputs with NaN before the launch, to prove every element is written
+)
+
+
+def alloc(
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    device: torch.device,
+    fmt: torch.memory_format = torch.contiguous_format,
+) -> torch.Tensor:
+    out = torch.empty(shape, dtype=dtype, device=device, memory_format=fmt)
+    return out.fill_(float("nan")) if POISON else out
+
+
+class _KernelSearch(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any,
+        feats: torch.Tensor,
+        queries: torch.Tensor,
+        weight: torch.Tensor | None,
+        mode: str,
+        topk: float,
+        temperature: float,
+        eps: float,
+        backend: str,
+    ):
+        ops = _ops(backend)
+        fmt = memory_format(feats)
+        if fmt == torch.contiguous_format and not feats.is_contiguous():
+            feats = feats.contiguous()
+        n = queries.shape[0]
+        b, c, h, w = feats.shape
+        p = h * w
+        f3 = feats.flatten(2)
+        g3 = f3 if weight is None else torch.matmul(weight.to(feats.dtype), f3)
+        cg = g3.shape[1]
+        dev = feats.device
+        out = alloc((n * b, cg, h, w), feats.dtype, dev, fmt)
+        out3 = out.flatten(2)
+        sim = alloc((n, b, p), torch.float32, dev)
+        fnorm = alloc((b, p), torch.float32, dev)
+        qnorm = alloc((n, b), torch.float32, dev)
+        mask = None
+        if mode == "soft":
+            a = alloc((n, b, p), torch.float32, dev)
+            ops.fwd(f3, queries, g3, out3, sim, a, fnorm, qnorm, None, eps)
+        else:
+            ops.fwd(f3, queries, g3, None, sim, None, fnorm, qnorm, None, eps)
+            if mode == "hard":
+                mask = hard_mask(sim.view(n, b, h, w), topk).view(n, b, p)
+                a = sim * mask
+            else:
+                a = p * torch.softmax(sim / temperature, dim=-1)
+            ops.fwd(f3, queries, g3, out3, sim, None, fnorm, qnorm, a, eps)
+        ctx.save_for_backward(
+            feats, queries, weight, g3 if weight is not None else None, sim, a, fnorm, qnorm, mask
+        )
+        ctx.cfg = (mode, temperature, eps, backend, fmt)
+        return out, sim.view(n, b, h, w), a.view(n, b, h, w)
+
+    @staticmethod
+    def backward(ctx: Any, d_out: torch.Tensor | None, d_sim: torch.Tensor | None, d_a: torch.Tensor | None):
+        feats, queries, weight, g3, sim, a, fnorm, qnorm, mask = ctx.saved_tensors
+        mode, temperature, eps, backend, fmt = ctx.cfg
+        ops = _ops(backend)
+        n, b = queries.shape[:2]
+        _, c, h, w = feats.shape
+        p = h * w
+        f3 = feats.flatten(2)
+        if g3 is None:
+            g3 = f3
+        if d_out is not None:
+            da, dg = ops.bwd_a(d_out.flatten(2), g3, a)
+        else:
+            da = torch.zeros_like(sim)
+            dg = torch.zeros(g3.shape, dtype=torch.float32, device=feats.device)
+        if d_a is not None:
+            da = da + d_a.reshape(n, b, p)
+        if mode == "hard":
+            ds = da * mask
+        elif mode == "softmax":
+            ds = a / temperature * (da - (da * a).sum(-1, keepdim=True) / p)
+        else:
+            ds = da
+        if d_sim is not None:
+            ds = ds + d_sim.reshape(n, b, p)
+        ds = ds.contiguous()
+        d_weight = None
+        if weight is not None:
+            f32 = f3.float()
+            d_weight = torch.einsum("bop,bcp->oc", dg, f32).to(weight.dtype)
+            dg = torch.matmul(weight.float().t(), dg)
+        qf = queries.float()
+        qinv = 1.0 / qnorm.clamp_min(eps)
+        qhat = (qf * qinv[..., None]).contiguous()
+        df = alloc((b, c, h, w), feats.dtype, feats.device, fmt)
+        dq_hat = ops.bwd_f(f3, fnorm, qhat, ds, sim, dg, df.flatten(2), eps).sum(0)
+        radial = (qhat * dq_hat).sum(-1, keepdim=True)
+        clamped = (qnorm <= eps)[..., None]
+        dq = torch.where(clamped, dq_hat / eps, (dq_hat - qhat * radial) * qinv[..., None]).to(queries.dtype)
+        return df, dq, d_weight, None, None, None, None, None
+
+
+def kernel_search(
+    backend: str,
+    feats: torch.Tensor,
+    queries: torch.Tensor,
+    mode: str,
+    weight: torch.Tensor | None,
+    topk: float,
+    temperature: float,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Run a kernel backend through the shared autograd Function."""
+    return _KernelSearch.apply(feats, queries, weight, mode, topk, temperature, eps, backend)

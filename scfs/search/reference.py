@@ -1,0 +1,88 @@
+"""Pure-PyTorch search: the vectorised reference (the CPU path, what the spine trains with), published loop.
+
+Autograd flows through plain torch ops here; the kernel backends implement their own backward and are checked
+against this module (run in float64).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Accumulation dtype: float64 stays float64 (for checks), everything else accumulates in float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def safe_normalize(x: torch.Tensor, dim: int, eps: float) -> torch.Tensor:
+    """x / max(||x||, eps) with finite gradients at ||x|| = 0 (clamp the squared norm, not the root)."""
+    sq = (x * x).sum(dim=dim, keepdim=True)
+    return x / sq.clamp_min(eps * eps).sqrt()
+
+
+def topk_count(topk: float, positions: int) -> int:
+    """Number of kept positions of the hard mode: ceil(topk * H * W), at least 1."""
+    return max(1, min(positions, math.ceil(topk * positions - 1e-9)))
+
+
+def hard_mask(sim: torch.Tensor, topk: float) -> torch.Tensor:
+    """Boolean mask (N,B,H,W) of the top ceil(topk*H*W) positions of each (n, b) map."""
+    n, b, h, w = sim.shape
+    k = topk_count(topk, h * w)
+    flat = sim.detach().reshape(n, b, h * w)
+    idx = flat.topk(k, dim=-1).indices
+    mask = torch.zeros_like(flat, dtype=torch.bool).scatter_(-1, idx, True)
+    return mask.view(n, b, h, w)
+
+
+def apply_mode(sim: torch.Tensor, mode: str, topk: float, temperature: float) -> torch.Tensor:
+    """Weights a from the similarity map (N,B,H,W): soft, hard (top-k masked) or H*W-scaled softmax."""
+    if mode == "soft":
+        return sim
+    if mode == "hard":
+        return sim * hard_mask(sim, topk)
+    n, b, h, w = sim.shape
+    return (h * w) * torch.softmax(sim.reshape(n, b, h * w) / temperature, dim=-1).view_as(sim)
+
+
+def reference_search(
+    feats: torch.Tensor,
+    queries: torch.Tensor,
+    mode: str,
+    weight: torch.Tensor | None,
+    topk: float,
+    temperature: float,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Vectorised search, no loop over crops. Returns (features, similarity, weights)."""
+    n, b = queries.shape[:2]
+    _, c, h, w = feats.shape
+    cd = compute_dtype(feats.dtype)
+    f = feats.to(cd)
+    fn = safe_normalize(f, 1, eps)
+    qn = safe_normalize(queries.to(cd), -1, eps)
+    sim = torch.einsum("nbc,bchw->nbhw", qn, fn)
+    a = apply_mode(sim, mode, topk, temperature)
+    g = f if weight is None else torch.einsum("oc,bchw->bohw", weight.to(cd), f)
+    out = (a.unsqueeze(2) * g.unsqueeze(0)).reshape(n * b, g.shape[1], h, w).to(feats.dtype)
+    if feats.dim() == 4 and _is_channels_last(feats):
+        out = out.contiguous(memory_format=torch.channels_last)
+    return out, sim, a
+
+
+def _is_channels_last(x: torch.Tensor) -> bool:
+    return (not x.is_contiguous()) and x.is_contiguous(memory_format=torch.channels_last)
+
+
+def published_loop(feats: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
+    """The published SCFS search (soft mode, no projection): a Python loop over crops and a torch.cat."""
+    outs = []
+    fn = F.normalize(feats, dim=1)
+    for i in range(queries.shape[0]):
+        q = F.normalize(queries[i], dim=1)
+        attn = torch.einsum("bc,bchw->bhw", q, fn)
+        outs.append(attn.unsqueeze(1) * feats)
+    return torch.cat(outs, dim=0)

@@ -83,15 +83,18 @@ def build(cfg: DictConfig):
     from scfs.method.module import SCFSModule
 
     validate_config(cfg)
-    dm = SSLDataModule(OmegaConf.to_container(cfg.data, resolve=True), OmegaConf.to_container(cfg.crops, resolve=True),
-                       batch_size=cfg.batch_size, num_workers=cfg.num_workers)
+    crops = OmegaConf.to_container(cfg.crops, resolve=True)
+    batch_aug = bool(cfg.data.get("batch_aug", False))
+    dm = SSLDataModule(OmegaConf.to_container(cfg.data, resolve=True), crops, batch_size=cfg.batch_size,
+                       num_workers=cfg.num_workers, batch_aug=batch_aug, seed=cfg.seed)
     backbone_cfg = OmegaConf.to_container(cfg.backbone, resolve=True)
     for k in ("layers", "channels"):
         if k in backbone_cfg:
             backbone_cfg[k] = tuple(backbone_cfg[k])
     model = SCFSModule(backbone_cfg, OmegaConf.to_container(cfg.method, resolve=True),
                        OmegaConf.to_container(cfg.search, resolve=True), OmegaConf.to_container(cfg.optim, resolve=True),
-                       batch_size=cfg.batch_size, n_local=cfg.crops.n_local)
+                       batch_size=cfg.batch_size, n_local=cfg.crops.n_local, crops=crops if batch_aug else None,
+                       seed=cfg.seed)
     return dm, model
 
 

@@ -1,8 +1,8 @@
 """Search-op benchmark on a GPU: published loop, reference (eager, torch.compile), Triton, CUDA.
 
 ResNet-50 stages x {B=32, 64} x {fp32, bf16} x {no projection, projection to 256} x {fwd, fwd+bwd}; N=8.
-Median ms by triton.testing.do_bench (it flushes L2 between calls), GB/s over the floor bytes (read feats once,
-write N*B outputs; backward adds read dout + read feats + write dfeats), % of the device-to-device copy
+Median ms by triton.testing.do_bench (flushes L2 between calls), GB/s over the floor bytes (read feats
+once, write N*B outputs; backward adds read dout + read feats + write dfeats), % of the device-to-device copy
 bandwidth measured in the same run, speed-ups, peak memory, KernelBench fast_1/fast_2.
 Writes benchmarks/results/search-<gpu>-<date>.{json,md} and prints the table.
 Usage: python -m scfs.bench.search [--quick] [--no-compile] [--out DIR]
@@ -179,19 +179,26 @@ def run(quick: bool, use_compile: bool, out_dir: Path) -> dict:
                                 r["x_compile"] = comp / r["ms"] if comp else None
                         rows.append(row)
                         print(fmt_row(row), flush=True)
+                        save(
+                            dict(meta=meta, rows=rows, fast_p=fast_p(rows)), out_dir / f"search-{gpu}-{stamp}"
+                        )
                         del fns, feats, queries, weight
     result = dict(meta=meta, rows=rows, fast_p=fast_p(rows))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stem = out_dir / f"search-{gpu}-{stamp}"
-    stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
-    md = markdown(result)
-    stem.with_suffix(".md").write_text(md)
-    print(md)
+    print(save(result, out_dir / f"search-{gpu}-{stamp}"))
     return result
 
 
+def save(result: dict, stem: Path) -> str:
+    """Write <stem>.json and <stem>.md (after every row, so a run cut short still leaves its numbers)."""
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    md = markdown(result)
+    stem.with_suffix(".md").write_text(md)
+    return md
+
+
 def fast_p(rows: list[dict]) -> dict:
-    """KernelBench fast_p: share of suite cases where the impl is correct and > p times faster than baseline."""
+    """KernelBench fast_p: share of cases where the impl is correct and > p times faster than the baseline."""
     out = {}
     for impl in ("triton", "cuda", "compile"):
         for base in ("ref", "published"):
@@ -211,7 +218,8 @@ ORDER = ("published", "ref", "ref+conv", "compile", "triton", "cuda")
 
 def fmt_row(row: dict) -> str:
     parts = [
-        f"{row['stage']} B{row['B']} {row['dtype']} proj{row['proj']} {row['pass_']} floor {row['floor_ms']:.3f}"
+        f"{row['stage']} B{row['B']} {row['dtype']} proj{row['proj']} {row['pass_']} "
+        f"floor {row['floor_ms']:.3f}"
     ]
     for k in ORDER:
         r = row["impls"].get(k)
@@ -228,8 +236,8 @@ def markdown(result: dict) -> str:
         f"torch {m['torch']}; N={m['n_crops']}; copy bandwidth {m['copy_bw_TBps']:.2f} TB/s; {m['timer']}.",
         "Cells: median ms (% of copy bandwidth over the floor bytes). x = CUDA speed-up.",
         "",
-        "| stage | B | dtype | proj | pass | floor ms | published | ref eager | ref+conv | compile | triton | cuda "
-        "| cuda x pub | cuda x compile | cuda peak MiB | ok |",
+        "| stage | B | dtype | proj | pass | floor ms | published | ref eager | ref+conv | compile | triton "
+        "| cuda | cuda x pub | cuda x compile | cuda peak MiB | ok |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:

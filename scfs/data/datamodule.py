@@ -18,15 +18,21 @@ def _plain(v: Any) -> Any:
 
 
 class SSLDataModule(L.LightningDataModule):
-    """Builds the training set with the multi-crop transform and, for monitoring, train/val sets with the
-    evaluation transform (`knn_loaders`)."""
+    """Builds the training set and, for monitoring, train/val sets with the evaluation transform (`knn_loaders`).
+
+    With `batch_aug=True` (fixed-size in-memory data: shapes, CIFAR-10) the training loader yields raw uint8
+    image batches and the LightningModule makes all views of the batch at once on its device
+    (`scfs.data.batch_aug.BatchMultiCrop`); otherwise every sample goes through the per-sample `MultiCrop`
+    in the DataLoader workers.
+    """
 
     def __init__(self, data: Mapping[str, Any], crops: Mapping[str, Any], batch_size: int, num_workers: int = 0,
-                 eval_batch_size: int = 256) -> None:
+                 eval_batch_size: int = 256, batch_aug: bool = False, seed: int = 0) -> None:
         super().__init__()
         self.data_cfg = {k: _plain(v) for k, v in dict(data).items()}
         self.crops_cfg = {k: _plain(v) for k, v in dict(crops).items()}
         self.batch_size, self.num_workers, self.eval_batch_size = batch_size, num_workers, eval_batch_size
+        self.batch_aug, self.seed = batch_aug, seed
         self.train_set: Dataset | None = None
 
     def _loader_kwargs(self) -> dict[str, Any]:
@@ -40,7 +46,8 @@ class SSLDataModule(L.LightningDataModule):
         from scfs.data.multicrop import MultiCrop
 
         if self.train_set is None:
-            self.train_set = build_dataset(self.data_cfg, "train", MultiCrop(**self.crops_cfg))
+            transform = None if self.batch_aug else MultiCrop(**self.crops_cfg)
+            self.train_set = build_dataset(self.data_cfg, "train", transform)
             if len(self.train_set) < self.batch_size:
                 raise ValueError(
                     f"batch_size={self.batch_size} is larger than the training set ({len(self.train_set)} images) "
@@ -48,7 +55,10 @@ class SSLDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         self.setup()
-        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, drop_last=True,
+        from scfs.data.samplers import EpochSeededRandomSampler
+
+        sampler = EpochSeededRandomSampler(len(self.train_set), self.seed)
+        return DataLoader(self.train_set, batch_size=self.batch_size, sampler=sampler, drop_last=True,
                           **self._loader_kwargs())
 
     def eval_transform(self):

@@ -159,7 +159,7 @@ def extract_archive(archive: str | os.PathLike, out: str | os.PathLike, *, sha25
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     stripped = f" (stripped top folder {content.name}/)" if content != tmp else ""
-    log(f"extracted {n_members} members of {archive.name} into {out}{stripped}: {_summary(out)} "
+    log(f"extracted {n_members} member(s) of {archive.name} into {out}{stripped}: {_summary(out)} "
         f"in {time.perf_counter() - t0:.1f}s")
     if note:
         log(note)

@@ -47,6 +47,7 @@ def _build_network(backbone_cfg: Mapping[str, Any], method_cfg: Mapping[str, Any
                 bottleneck_dim=method_cfg["stage_bottleneck_dim"],
                 nlayers=method_cfg.get("head_layers", 3),
                 final_relu=method_cfg.get("stage_final_relu", False),
+                use_bn=method_cfg.get("head_bn", False),
             )
             for s in stages
         }
@@ -75,6 +76,8 @@ class SCFSModule(L.LightningModule):
         optim: Mapping[str, Any],
         batch_size: int,
         n_local: int,
+        crops: Mapping[str, Any] | None = None,
+        seed: int = 0,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -94,6 +97,14 @@ class SCFSModule(L.LightningModule):
         self.dino_loss = DINOLoss(self.method_cfg["out_dim"], st, cm)
         self.stage_losses = nn.ModuleDict({s: DINOLoss(self.method_cfg["stage_out_dim"], st, cm) for s in self.stages})
         self.n_local = n_local
+        self.seed = seed
+        self.batch_aug = None
+        if crops is not None:
+            from scfs.data.batch_aug import BatchMultiCrop
+
+            self.batch_aug = BatchMultiCrop(**{k: tuple(v) if isinstance(v, (list, tuple)) else v
+                                               for k, v in dict(crops).items()})
+        self._aug_gen: torch.Generator | None = None
         if self.use_stages and mode != "none" and n_local < 1:
             raise ValueError(f"data.n_local={n_local}: search.mode={mode} needs at least one local crop (>= 1)")
 
@@ -163,6 +174,23 @@ class SCFSModule(L.LightningModule):
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         ema_update(self.teacher, self.student, self.teacher_momentum())
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Raw uint8 image batches get their multi-crop views here, on the training device, in one go.
+
+        The generator is re-seeded from (seed, global step), so the views of a step do not depend on what
+        ran before it: a resumed run sees exactly the views of an uninterrupted one.
+        """
+        images = batch[0] if isinstance(batch, (list, tuple)) else batch
+        if not (self.training and isinstance(images, torch.Tensor) and images.dtype == torch.uint8):
+            return batch
+        if self.batch_aug is None:
+            raise RuntimeError("the loader yields raw images but the module has no crops config (batch_aug)")
+        if self._aug_gen is None or self._aug_gen.device != images.device:
+            self._aug_gen = torch.Generator(device=images.device)
+        self._aug_gen.manual_seed(self.seed * 1_000_003 + self.global_step)
+        sample = self.batch_aug(images, generator=self._aug_gen)
+        return (sample, *batch[1:]) if isinstance(batch, (list, tuple)) else sample
 
     # ---- forward ---------------------------------------------------------------------------------------
     def _maps(self, net: nn.ModuleDict, x: torch.Tensor) -> dict[str, torch.Tensor]:

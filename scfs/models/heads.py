@@ -82,6 +82,7 @@ class StageHead(nn.Module):
         nlayers: int = 3,
         reduction: int = 4,
         final_relu: bool = False,
+        use_bn: bool = False,
     ) -> None:
         super().__init__()
         mid = max(channels // reduction, 8)
@@ -93,7 +94,7 @@ class StageHead(nn.Module):
         self.bn3 = nn.BatchNorm2d(channels)
         nn.init.zeros_(self.bn3.weight)  # start as identity: the residual branch is learnt on top of GAP(x)
         self.final_relu = final_relu
-        self.proj = DINOHead(channels, out_dim, hidden_dim, bottleneck_dim, nlayers)
+        self.proj = DINOHead(channels, out_dim, hidden_dim, bottleneck_dim, nlayers, use_bn=use_bn)
 
     def _branch_after_conv1(self, y: torch.Tensor) -> torch.Tensor:
         y = F.relu(self.bn1(y))

@@ -144,7 +144,8 @@ def check_case(backend: str, case: Case, device: torch.device, gen: torch.Genera
             [grads[0].view(case.n, case.b, *grads[0].shape[1:])[:, 1], grads[1][:, 1:2], grads[2][:, 1:2]],
         )
         full = out.features.view(case.n, case.b, *out.features.shape[1:])[:, 1]
-        same = torch.equal(one.features, full) if not case.proj else _relerr(one.features, full.double()) <= tol
+        # batched cuBLAS may pick another algorithm for B=1, so projections get a tolerance, not bitwise
+        same = _relerr(one.features, full.double()) <= tol if case.proj else torch.equal(one.features, full)
         if not same:
             fails.append("batch invariance: features of image 1 differ when run alone")
         if _relerr(one_g[0], out_g[0][1:2].double()) > 1e-5:

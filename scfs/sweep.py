@@ -1,0 +1,100 @@
+"""`python -m scfs.sweep`: run several `scfs.train` configurations side by side and tabulate them.
+
+Each run is a subprocess (`python -m scfs.train <common> <overrides>`) in its own run folder; runs go
+`--parallel` at a time (one GPU can hold several small runs; `--gpus 0,1` spreads them over GPUs). The
+summaries and kNN curves are gathered into one JSON record and a markdown table, so that tuning and
+ablations are reproducible from one command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def _table(rows: list[dict], k: int) -> str:
+    key = f"top1_k{k}"
+    lines = ["| run | overrides | epochs | steps | time s | kNN init | kNN final | gain | loss / uniform |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        s = r.get("summary") or {}
+        if not s:
+            lines.append(f"| {r['label']} | `{r['overrides']}` | failed (rc {r['rc']}) | | | | | | |")
+            continue
+        init = s.get("knn_init", {}).get(key, float("nan"))
+        fin = s.get("knn", {}).get(key, float("nan"))
+        lines.append(f"| {r['label']} | `{r['overrides']}` | {s.get('epochs')} | {s.get('steps')} | {s.get('seconds')} | "
+                     f"{init:.1f} | {fin:.1f} | {fin - init:+.1f} | {s.get('loss', float('nan')):.3f} / "
+                     f"{s.get('uniform_loss', float('nan')):.3f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("runs", nargs="+", help="one quoted override string per run, e.g. 'method=dino' (label=... optional "
+                   "prefix 'LABEL:')")
+    p.add_argument("--common", default="", help="overrides applied to every run")
+    p.add_argument("--parallel", type=int, default=1)
+    p.add_argument("--gpus", default="", help="comma-separated GPU ids to spread runs over (round robin)")
+    p.add_argument("--out", required=True, help="output JSON path (a .md table is written beside it)")
+    p.add_argument("--root", default="runs/sweep", help="folder for the run folders")
+    p.add_argument("--k", type=int, default=20)
+    args = p.parse_args(argv)
+
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    gpus = [g for g in args.gpus.split(",") if g]
+    pending = []
+    for i, spec in enumerate(args.runs):
+        label, _, ov = spec.partition(":") if ":" in spec.split("=")[0] else (f"run{i}", "", spec)
+        run_dir = Path(args.root) / f"{stamp}-{i:02d}-{label}"
+        cmd = [sys.executable, "-m", "scfs.train", *shlex.split(args.common), *shlex.split(ov),
+               f"hydra.run.dir={run_dir}"]
+        env = dict(os.environ)
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = gpus[i % len(gpus)]
+        pending.append({"label": label, "overrides": ov, "run_dir": str(run_dir), "cmd": cmd, "env": env})
+
+    running: list[tuple[dict, subprocess.Popen, object]] = []
+    done: list[dict] = []
+    while pending or running:
+        while pending and len(running) < args.parallel:
+            r = pending.pop(0)
+            Path(r["run_dir"]).mkdir(parents=True, exist_ok=True)
+            logf = open(Path(r["run_dir"]) / "stdout.log", "w")  # noqa: SIM115
+            running.append((r, subprocess.Popen(r["cmd"], env=r["env"], stdout=logf, stderr=subprocess.STDOUT), logf))
+            print(f"[sweep] start {r['label']}: {r['overrides']}", flush=True)
+        time.sleep(2)
+        for item in list(running):
+            r, proc, logf = item
+            if proc.poll() is None:
+                continue
+            logf.close()
+            running.remove(item)
+            r["rc"] = proc.returncode
+            sj = Path(r["run_dir"]) / "summary.json"
+            r["summary"] = json.loads(sj.read_text()) if sj.exists() else None
+            cj = Path(r["run_dir"]) / "knn_curve.json"
+            r["knn_curve"] = json.loads(cj.read_text()) if cj.exists() else []
+            print(f"[sweep] done {r['label']} rc={proc.returncode}", flush=True)
+            done.append({k: v for k, v in r.items() if k not in ("env",)})
+    order = {s: i for i, s in enumerate(args.runs)}
+    done.sort(key=lambda r: [i for s, i in order.items() if r["overrides"] in s][0])
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    record = {"command": " ".join(shlex.quote(a) for a in [sys.executable, "-m", "scfs.sweep", *(argv or sys.argv[1:])]),
+              "common": args.common, "date": time.strftime("%Y-%m-%d %H:%M:%S"), "runs": done}
+    out.write_text(json.dumps(record, indent=2, default=str))
+    table = _table(done, args.k)
+    out.with_suffix(".md").write_text(f"Command: `{record['command']}`\n\n{table}\n")
+    print(table)
+    return 0 if all(r["rc"] == 0 for r in done) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

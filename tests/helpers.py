@@ -1,0 +1,25 @@
+"""Shared test helpers: compose the real Hydra config with tiny, fast overrides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+CONF = str(Path(__file__).resolve().parent.parent / "conf")
+
+TINY = [
+    "++data.n_train=48", "++data.n_val=24", "++data.image_size=32", "batch_size=16", "trainer.max_epochs=1",
+    "+trainer.limit_train_batches=2", "backbone.channels=[8,16,16,32]", "method.out_dim=64", "method.hidden_dim=32",
+    "method.bottleneck_dim=16", "method.stage_out_dim=32", "method.stage_hidden_dim=16",
+    "method.stage_bottleneck_dim=8", "logger=csv", "eval.figure=false", "trainer.enable_progress_bar=false",
+    "trainer.log_every_n_steps=1", "+trainer.enable_model_summary=false",
+]
+
+
+def compose_cfg(overrides: list[str] | None = None, data_root: str | Path | None = None,
+                config_name: str = "config") -> DictConfig:
+    extra = [f"data.root={data_root}"] if data_root else []
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        return compose(config_name=config_name, overrides=[*TINY, *extra, *(overrides or [])])

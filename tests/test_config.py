@@ -1,0 +1,89 @@
+"""Every experiment composes; every invalid value fails at start-up with one line naming key, value, allowed."""
+
+from pathlib import Path
+
+import pytest
+from helpers import CONF, compose_cfg
+from hydra import compose, initialize_config_dir
+
+from scfs.config import ConfigError, validate_config
+
+EXPERIMENTS = sorted(p.stem for p in (Path(CONF) / "experiment").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_composes(experiment):
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"+experiment={experiment}"])
+    assert cfg.method.name in ("scfs", "dino")
+    assert cfg.crops.n_local >= 1
+
+
+def test_imagenet_experiment_is_the_published_recipe():
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["+experiment=imagenet"])
+    assert cfg.backbone.name == "resnet50" and cfg.batch_size == 256
+    assert (cfg.optim.name, cfg.optim.lr, cfg.optim.min_lr, cfg.optim.weight_decay) == ("sgd", 0.1, 0.0048, 1e-4)
+    assert (cfg.method.warmup_teacher_temp, cfg.method.teacher_temp, cfg.method.warmup_teacher_temp_epochs) == (
+        0.04, 0.07, 50)
+    assert (cfg.crops.global_size, cfg.crops.local_size, cfg.crops.n_local) == (224, 96, 8)
+    assert list(cfg.crops.global_scale) == [0.25, 1.0] and list(cfg.crops.local_scale) == [0.05, 0.25]
+    assert cfg.trainer.max_epochs == 200 and "mixed" in cfg.trainer.precision
+
+
+def test_default_config_is_valid():
+    validate_config(compose_cfg())
+
+
+BAD = [
+    ("search.stages=[layer5]", "search.stages"),
+    ("search.stages=[]", "search.stages"),
+    ("search.mode=magic", "search.mode"),
+    ("search.backend=opencl", "search.backend"),
+    ("search.topk=1.5", "search.topk"),
+    ("search.temperature=0", "search.temperature"),
+    ("crops.n_local=0", "crops.n_local"),
+    ("crops.n_local=-1", "crops.n_local"),
+    ("crops.global_scale=[0.0,1.0]", "crops.global_scale"),
+    ("crops.local_scale=[0.2,1.5]", "crops.local_scale"),
+    ("crops.global_scale=[0.8,0.2]", "crops.global_scale"),
+    ("crops.global_size=0", "crops.global_size"),
+    ("method.teacher_temp=0", "method.teacher_temp"),
+    ("method.student_temp=-0.1", "method.student_temp"),
+    ("method.warmup_teacher_temp=0", "method.warmup_teacher_temp"),
+    ("method.momentum_teacher=1.5", "method.momentum_teacher"),
+    ("method.name=byol", "method.name"),
+    ("method.out_dim=0", "method.out_dim"),
+    ("optim.name=rmsprop", "optim.name"),
+    ("optim.lr=0", "optim.lr"),
+    ("optim.weight_decay=-1", "optim.weight_decay"),
+    ("batch_size=0", "batch_size"),
+    ("+global_batch_size=7 trainer.devices=2", "global_batch_size"),
+    ("data=folder data.root=/definitely/not/here", "data.root"),
+    ("data=cifar10 data.root=/definitely/not/here", "data.root"),
+    ("data.image_size=4", "data.image_size"),
+    ("trainer.max_epochs=0", "trainer.max_epochs"),
+]
+
+
+@pytest.mark.parametrize(("override", "key"), BAD, ids=[b[1] + ":" + b[0] for b in BAD])
+def test_invalid_values_name_key_value_and_allowed(override, key):
+    cfg = compose_cfg(override.split())
+    with pytest.raises(ConfigError) as err:
+        validate_config(cfg)
+    msg = str(err.value)
+    assert key in msg and ("expected" in msg or "invalid" in msg)
+    assert "\n" not in msg
+
+
+def test_missing_cifar_root_names_the_prepare_command():
+    cfg = compose_cfg(["data=cifar10", "data.root=/nope"])
+    with pytest.raises(ConfigError, match="scfs.data.prepare cifar10"):
+        validate_config(cfg)
+
+
+def test_unknown_experiment_is_a_hydra_error():
+    from hydra.errors import MissingConfigException
+
+    with pytest.raises(MissingConfigException, match="experiment"):
+        compose_cfg(["+experiment=does_not_exist"])

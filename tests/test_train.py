@@ -1,0 +1,67 @@
+"""End-to-end smoke tests of `python -m scfs.train` (in-process through `scfs.train.run`)."""
+
+import json
+
+import pytest
+import torch
+from helpers import compose_cfg
+
+from scfs.train import find_resume_checkpoint, run, summary_line
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [["method=scfs", "search=soft"], ["method=dino"], ["search=hard"], ["search=softmax"], ["search=roi"],
+     ["search=none"], ["data.batch_aug=false"]],
+    ids=["scfs-soft", "dino", "hard", "softmax", "roi", "none", "per-sample-aug"],
+)
+def test_two_step_training_smoke(tmp_path, shapes_root, overrides):
+    cfg = compose_cfg(overrides, data_root=shapes_root)
+    s = run(cfg, tmp_path)
+    assert s["steps"] == 2
+    assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
+    assert json.loads((tmp_path / "summary.json").read_text())["steps"] == 2
+    assert 0 <= s["knn"]["top1_k20"] <= 100 and 0 <= s["knn_init"]["top1_k20"] <= 100
+    assert s["loss"] == s["loss"]  # finite, not NaN
+    line = summary_line(s, 20)
+    assert "random init" in line and "uniform level" in line and "last.ckpt" in line
+
+
+def test_stage_terms_are_logged_for_scfs_only(tmp_path, shapes_root):
+    cfg = compose_cfg(["method=scfs"], data_root=shapes_root)
+    run(cfg, tmp_path / "scfs")
+    metrics = (tmp_path / "scfs" / "csv").rglob("metrics.csv").__next__().read_text().splitlines()[0]
+    for key in ("loss/dino", "loss/layer2_global", "loss/layer4_local", "search/layer3_weight_entropy",
+                "sched/teacher_temp", "sched/momentum", "sched/lr"):
+        assert key in metrics
+    cfg = compose_cfg(["method=dino"], data_root=shapes_root)
+    run(cfg, tmp_path / "dino")
+    metrics = (tmp_path / "dino" / "csv").rglob("metrics.csv").__next__().read_text().splitlines()[0]
+    assert "loss/dino" in metrics and "layer2" not in metrics
+
+
+def test_resume_continues_exactly(tmp_path, shapes_root):
+    """2 epochs straight == 1 epoch, stop, resume for the 2nd: same step, same teacher, student and centre."""
+    common = ["trainer.max_epochs=2", "+trainer.deterministic=true", "eval.knn_at_start=false"]
+    straight = run(compose_cfg(common, data_root=shapes_root), tmp_path / "a")
+    first = compose_cfg(["trainer.max_epochs=1", *common[1:]], data_root=shapes_root)
+    run(first, tmp_path / "b")
+    resumed = compose_cfg([*common, f"resume={tmp_path / 'b' / 'checkpoints' / 'last.ckpt'}"], data_root=shapes_root)
+    again = run(resumed, tmp_path / "c")
+    assert again["steps"] == straight["steps"] == 4
+    a = torch.load(tmp_path / "a" / "checkpoints" / "last.ckpt", weights_only=False, map_location="cpu")
+    c = torch.load(tmp_path / "c" / "checkpoints" / "last.ckpt", weights_only=False, map_location="cpu")
+    assert a["state_dict"].keys() == c["state_dict"].keys()
+    for k, v in a["state_dict"].items():
+        torch.testing.assert_close(c["state_dict"][k], v, rtol=0, atol=0, msg=k)
+    assert a["global_step"] == c["global_step"]
+
+
+def test_resume_auto_finds_latest_and_bad_path_is_clear(tmp_path):
+    assert find_resume_checkpoint("auto", "nothing-here", runs_root=tmp_path) is None
+    ck = tmp_path / "x" / "2026" / "checkpoints"
+    ck.mkdir(parents=True)
+    (ck / "last.ckpt").write_bytes(b"0")
+    assert find_resume_checkpoint("auto", "x", runs_root=tmp_path) == str(ck / "last.ckpt")
+    with pytest.raises(FileNotFoundError, match="resume="):
+        find_resume_checkpoint(str(tmp_path / "missing.ckpt"), "x")

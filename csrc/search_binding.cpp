@@ -45,6 +45,13 @@ void fwd(const torch::Tensor& f3, const torch::Tensor& q, const torch::Tensor& g
   p.fnorm = fnorm.data_ptr<float>(); p.qnorm = qnorm.data_ptr<float>();
   p.N = q.size(0); p.B = q.size(1); p.C = q.size(2); p.CG = g3.size(1); p.P = f3.size(2);
   p.splits = splits; p.c_per = c_per; p.eps = static_cast<float>(eps);
+  // 4-pixel vector writes: unit pixel stride, P and channel/batch strides multiples of 4, aligned bases
+  const int64_t align = 4 * f3.element_size();
+  auto ok = [&](const torch::Tensor& t) {
+    return t.stride(2) == 1 && t.stride(1) % 4 == 0 && t.stride(0) % 4 == 0 &&
+           reinterpret_cast<uintptr_t>(t.data_ptr()) % align == 0;
+  };
+  p.vec = out3.has_value() && p.P % 4 == 0 && ok(g3) && ok(*out3) ? 1 : 0;
   check(scfs::launch_fwd(p, dtype_of(f3), c10::cuda::getCurrentCUDAStream().stream()), "fwd");
 }
 

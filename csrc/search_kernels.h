@@ -21,6 +21,7 @@ struct FwdParams {
   const float* a_in;                        // (N, B, P) precomputed weights, or nullptr: fused soft mode
   float* fnorm; float* qnorm;               // (B, P) and (N, B) unclamped norms
   int N, B, C, CG, P, splits, c_per;
+  int vec;                                  // 1: 4-pixel vector writes are safe (host checked)
   float eps;
 };
 

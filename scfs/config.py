@@ -107,8 +107,11 @@ def validate_config(cfg: DictConfig) -> None:
     if cfg.data.name != "shapes":
         root = _get(cfg, "data.root")
         if root in (None, "???") or not Path(str(root)).exists():
-            hint = ("python -m scfs.data.prepare cifar10 --archive ../shared/data/cifar10-jpeg.tar.xz --out data/cifar10"
-                    if cfg.data.name == "cifar10" else "point data.root=... at an ImageFolder tree with train/ and val/")
+            hint = (
+                "python -m scfs.data.prepare cifar10 --archive ../shared/data/cifar10-jpeg.tar.xz --out data/cifar10"
+                if cfg.data.name == "cifar10"
+                else "point data.root=... at an ImageFolder tree with train/ and val/"
+            )
             raise ConfigError(f"config key data.root={root!r} is invalid: the folder does not exist; prepare it with: "
                               f"{hint}")
     else:

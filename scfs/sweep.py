@@ -29,7 +29,8 @@ def _table(rows: list[dict], k: int) -> str:
             continue
         init = s.get("knn_init", {}).get(key, float("nan"))
         fin = s.get("knn", {}).get(key, float("nan"))
-        lines.append(f"| {r['label']} | `{r['overrides']}` | {s.get('epochs')} | {s.get('steps')} | {s.get('seconds')} | "
+        lines.append(f"| {r['label']} | `{r['overrides']}` | {s.get('epochs')} | {s.get('steps')} | "
+                     f"{s.get('seconds')} | "
                      f"{init:.1f} | {fin:.1f} | {fin - init:+.1f} | {s.get('loss', float('nan')):.3f} / "
                      f"{s.get('uniform_loss', float('nan')):.3f} |")
     return "\n".join(lines)
@@ -87,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     done.sort(key=lambda r: [i for s, i in order.items() if r["overrides"] in s][0])
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    record = {"command": " ".join(shlex.quote(a) for a in [sys.executable, "-m", "scfs.sweep", *(argv or sys.argv[1:])]),
+    cmd = ["python", "-m", "scfs.sweep", *(argv or sys.argv[1:])]
+    record = {"command": " ".join(shlex.quote(a) for a in cmd),
               "common": args.common, "date": time.strftime("%Y-%m-%d %H:%M:%S"), "runs": done}
     out.write_text(json.dumps(record, indent=2, default=str))
     table = _table(done, args.k)

@@ -92,7 +92,8 @@ def build(cfg: DictConfig):
         if k in backbone_cfg:
             backbone_cfg[k] = tuple(backbone_cfg[k])
     model = SCFSModule(backbone_cfg, OmegaConf.to_container(cfg.method, resolve=True),
-                       OmegaConf.to_container(cfg.search, resolve=True), OmegaConf.to_container(cfg.optim, resolve=True),
+                       OmegaConf.to_container(cfg.search, resolve=True),
+                       OmegaConf.to_container(cfg.optim, resolve=True),
                        batch_size=cfg.batch_size, n_local=cfg.crops.n_local, crops=crops if batch_aug else None,
                        seed=cfg.seed)
     return dm, model
@@ -120,7 +121,8 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
                                "run_dir": str(run_dir)}
     bank, query = dm.knn_loaders()
     if cfg.eval.knn_at_start:
-        summary["knn_init"] = evaluate_backbone_knn(model.backbone("teacher"), bank, query, ks, cfg.eval.knn_temperature)
+        summary["knn_init"] = evaluate_backbone_knn(model.backbone("teacher"), bank, query, ks,
+                                                    cfg.eval.knn_temperature)
 
     logger = make_logger(cfg, run_dir)
     logger.log_hyperparams(scrub(OmegaConf.to_container(cfg, resolve=True)))
@@ -182,7 +184,8 @@ def _save_figure(model, dm, run_dir: Path, logger) -> str | None:
 def summary_line(s: dict[str, Any], k: int) -> str:
     key = f"top1_k{k}"
     trained = s["knn"][key]
-    parts = [f"{s['method'].upper()} ({s['search']}) done in {s['seconds']:.0f}s, {s['epochs']} epochs / {s['steps']} steps"]
+    parts = [f"{s['method'].upper()} ({s['search']}) done in {s['seconds']:.0f}s, "
+             f"{s['epochs']} epochs / {s['steps']} steps"]
     if "knn_init" in s:
         init = s["knn_init"][key]
         parts.append(f"kNN top-1 (k={k}, val): trained teacher {trained:.1f}% vs random init {init:.1f}% "

@@ -19,7 +19,9 @@ from scfs.models import Backbone, DINOHead, StageHead
 SEARCH_MODES = ("soft", "hard", "softmax", "roi", "none")
 
 
-def _build_network(backbone_cfg: Mapping[str, Any], method_cfg: Mapping[str, Any], stages: Sequence[str]) -> nn.ModuleDict:
+def _build_network(
+    backbone_cfg: Mapping[str, Any], method_cfg: Mapping[str, Any], stages: Sequence[str]
+) -> nn.ModuleDict:
     bcfg = dict(backbone_cfg)
     name = bcfg.pop("name")
     bcfg.pop("channels_last", None)
@@ -211,7 +213,11 @@ class SCFSModule(L.LightningModule):
         with torch.no_grad():
             t_g = self._maps(self.teacher, g)
             t_out = self.teacher["head"](Backbone.pool(t_g))
-        s_out = [self.student["head"](Backbone.pool(s_g))]
+        pooled_g = Backbone.pool(s_g)
+        # for online monitors (stop-gradient linear probe): student features of global view 1 and labels
+        self.last_features = pooled_g[:b].detach()
+        self.last_labels = batch[1] if isinstance(batch, (list, tuple)) and len(batch) > 1 else None
+        s_out = [self.student["head"](pooled_g)]
         if n_local:
             s_out.append(self.student["head"](Backbone.pool(s_l)))
         loss_dino = self.dino_loss(torch.cat(s_out), t_out, temp)
@@ -239,7 +245,8 @@ class SCFSModule(L.LightningModule):
             bad = [k for k, v in logs.items() if isinstance(v, torch.Tensor) and not torch.isfinite(v).all()]
             raise FloatingPointError(
                 f"non-finite loss at step {self.global_step}: offending term(s) {', '.join(bad) or 'loss/total'}; "
-                "the last good checkpoint is kept; lower optim.lr or enable gradient clipping (trainer.gradient_clip_val)"
+                "the last good checkpoint is kept; lower optim.lr or enable gradient clipping "
+                "(trainer.gradient_clip_val)"
             )
         return loss
 

@@ -29,7 +29,8 @@ class Backbone(nn.Module):
 
     The last stage (`layer4`) is always computed: its global-average pool is the representation that kNN and
     the linear probe evaluate. `cifar_stem=True` swaps the stride-4 stem for a 3x3 stride-1 conv without
-    max-pool, as is usual for 32-px images (otherwise layer4 of a 32-px image is 1x1 and the search is moot).
+    max-pool, as is usual for 32-px images (otherwise layer4 of a 32-px image is 1x1 and the search is moot);
+    `stem_stride=2` halves the resolution once (4x cheaper, for the CPU default).
     """
 
     def __init__(
@@ -37,6 +38,7 @@ class Backbone(nn.Module):
         name: str = "resnet18",
         stages: Sequence[str | int] = ("layer2", "layer3", "layer4"),
         cifar_stem: bool = False,
+        stem_stride: int = 1,
         pretrained_path: str | None = None,
         **timm_kwargs,
     ) -> None:
@@ -50,7 +52,7 @@ class Backbone(nn.Module):
         except RuntimeError as err:  # timm: "Unknown model (...)"
             raise ValueError(f"backbone.name={name!r} is not a timm model ({err}); see timm.list_models()") from err
         if cifar_stem:
-            self._make_cifar_stem()
+            self._make_cifar_stem(stem_stride)
         self.channels = dict(zip(self.stage_names, self.body.feature_info.channels()))
         self.embed_dim = self.channels["layer4"]
         if pretrained_path:
@@ -58,11 +60,11 @@ class Backbone(nn.Module):
 
             load_state_dict_file(self, pretrained_path)
 
-    def _make_cifar_stem(self) -> None:
+    def _make_cifar_stem(self, stride: int = 1) -> None:
         stem_out = self.body.bn1.num_features
         if not hasattr(self.body, "conv1") or not hasattr(self.body, "maxpool"):
             raise ValueError("backbone.cifar_stem=true needs a ResNet-like model with conv1/maxpool")
-        self.body.conv1 = nn.Conv2d(3, stem_out, kernel_size=3, stride=1, padding=1, bias=False)
+        self.body.conv1 = nn.Conv2d(3, stem_out, kernel_size=3, stride=stride, padding=1, bias=False)
         self.body.maxpool = nn.Identity()
 
     def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -68,10 +68,11 @@ def unavailable_reason(feats: torch.Tensor) -> str | None:
     return None
 
 
-def _split(b: int, c: int, p: int, dev: torch.device, tile: int, chunk: int = 8) -> tuple[int, int, int]:
+def _split(c: int, p: int, tile: int, chunk: int = 8) -> tuple[int, int, int]:
+    """(pixel tiles, channel splits, channels per split): about 16 blocks per image whatever B is, so that
+    small maps fill the GPU while every image's reduction order (and result) stays independent of B."""
     tiles = -(-p // tile)
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    splits = max(1, min(-(-4 * sms // (tiles * b)), -(-c // chunk)))
+    splits = max(1, min(-(-16 // tiles), -(-c // chunk)))
     c_per = -(-c // splits)
     c_per = -(-c_per // chunk) * chunk
     return tiles, -(-c // c_per), c_per
@@ -88,7 +89,7 @@ class _CudaOps:
         b, c, p = f3.shape
         cg = g3.shape[1]
         q = q.to(f3.dtype)
-        _, splits, c_per = _split(b, cg, p, f3.device, self.tile)
+        _, splits, c_per = _split(cg, p, self.tile)
         if out3 is None:
             splits, c_per = 1, cg
         self.ext.fwd(f3, q, g3, out3, sim, a_out, fnorm, qnorm, a_in, float(eps), splits, c_per)
@@ -96,7 +97,7 @@ class _CudaOps:
     def bwd_a(self, dout3, g3, a):
         n, b, p = a.shape
         cg = g3.shape[1]
-        _, splits, c_per = _split(b, cg, p, g3.device, self.tile)
+        _, splits, c_per = _split(cg, p, self.tile)
         da = alloc((splits, n, b, p), torch.float32, g3.device)
         dg = alloc((b, cg, p), torch.float32, g3.device)
         self.ext.bwd_a(dout3.to(g3.dtype), g3, a, da, dg, splits, c_per)
@@ -105,7 +106,7 @@ class _CudaOps:
     def bwd_f(self, f3, fnorm, qhat, ds, sim, dg_add, df3, eps):
         n, b, c = qhat.shape
         p = f3.shape[2]
-        tiles, splits, c_per = _split(b, c, p, f3.device, self.tile, chunk=64)
+        tiles, splits, c_per = _split(c, p, self.tile, chunk=64)
         dq = alloc((tiles, n, b, c), torch.float32, f3.device)
         add = dg_add.contiguous() if dg_add is not None else None
         self.ext.bwd_f(f3, fnorm, qhat, ds, sim, add, df3, dq, float(eps), splits, c_per)

@@ -1,0 +1,329 @@
+"""Batched DINO multi-crop: all views of a whole batch with a handful of tensor ops, on CPU or CUDA.
+
+Per-sample torchvision v2 transforms cost ~9 ms/sample on our CPUs (as much as the model step) and cap GPU
+training at ~2,500 img/s. ``BatchMultiCrop`` takes a uint8 (B,3,H,W) batch (say, collated raw images moved to
+the GPU) and returns the layout of ``default_collate`` over ``MultiCrop`` outputs, so the training code
+cannot tell them apart. Parameters are drawn per sample on the images' device from an optional generator.
+
+Semantics follow ``MultiCrop`` op by op (crop -> resize -> flip -> jitter -> grayscale -> blur -> solarize ->
+normalise), with these deliberate differences:
+
+* Resize is ``torchvision.ops.roi_align(aligned=True, sampling_ratio=-1)`` on the whole image instead of crop
+  then antialiased bilinear resize. Adaptive sampling takes ceil(box/out) bilinear samples per output bin
+  and axis: upscaling gets one sample at the bin centre (= bilinear, align_corners=False, what
+  ``F.resize`` does), downscaling averages ~scale x scale samples (a box prefilter of the bin's width,
+  slightly less smooth than torchvision's triangle antialias filter, but alias-free enough). A fixed
+  ``sampling_ratio=2`` would blur upscaled local crops and alias at large downscales (ImageNet -> 96 px).
+  Pixels next to the box edge interpolate with the true neighbours outside the box, not a clamped edge.
+* Colour jitter uses the fixed order brightness -> contrast -> saturation -> hue (torchvision draws a random
+  permutation per call; per-sample permutations would need 24 code paths or 4 gathers per op). The four
+  factors are drawn per sample from the same ranges as ``v2.ColorJitter``; each op uses torchvision's
+  functional float formula. Hue is a per-sample shift in HSV via a vectorised rgb->hsv->rgb (same formulas
+  as torchvision's, which follow Pillow) rather than a YIQ rotation, so hue shifts match torchvision.
+* Everything runs in float32 on [0, 1]: torchvision's uint8 path rounds/truncates to uint8 after the resize
+  and after every colour op (up to a few /255 of drift); here nothing is quantised. Solarize uses the
+  threshold 0.5, which equals uint8 ``>= 128`` on 8-bit values.
+* Blur is separable (two grouped conv1d-style passes, per-sample kernels, reflect padding) instead of
+  torchvision's 2-D kernel: same result up to float rounding.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as tnf
+from torchvision.ops import roi_align
+
+from scfs.data.multicrop import IMAGENET_MEAN, IMAGENET_STD, MultiCrop
+
+# Luma weights of torchvision's rgb_to_grayscale (ITU-R 601-2, as in Pillow).
+_LUMA = (0.2989, 0.587, 0.114)
+
+# Column layout of the per-(view, sample) uniform draws: one torch.rand call feeds every random decision.
+_N_TRIES = 10  # RandomResizedCrop.get_params tries 10 (area, ratio) candidates before its fallback
+_U_AREA, _U_RATIO = 0, _N_TRIES  # 10 columns each
+_U_TOP, _U_LEFT, _U_FLIP, _U_JIT, _U_GRAY, _U_BLUR, _U_SIGMA, _U_SOL = range(2 * _N_TRIES, 2 * _N_TRIES + 8)
+_U_FACT = 2 * _N_TRIES + 8  # 4 columns: brightness, contrast, saturation, hue
+_N_UNIFORM = _U_FACT + 4
+
+
+@dataclasses.dataclass
+class BatchAugParams:
+    """Per-(view, sample) parameters of one ``BatchMultiCrop`` call; every tensor is (V, B, ...).
+
+    Split from ``forward`` so tests can check each op against torchvision per sample, and so the same draw
+    can be replayed on another device.
+    """
+
+    boxes: torch.Tensor  # (V,B,4) int64 x0, y0, x1, y1 (x1/y1 exclusive), original pixels
+    flip: torch.Tensor  # (V,B) bool
+    jitter: torch.Tensor  # (V,B) bool: colour jitter applied
+    factors: torch.Tensor  # (V,B,4) float32 brightness, contrast, saturation, hue (identity when unused)
+    gray: torch.Tensor  # (V,B) bool
+    blur: torch.Tensor  # (V,B) bool
+    sigma: torch.Tensor  # (V,B) float32 blur sigma in output pixels
+    solarize: torch.Tensor  # (V,B) bool
+
+    def to(self, device: torch.device | str) -> BatchAugParams:
+        return BatchAugParams(**{f.name: getattr(self, f.name).to(device) for f in dataclasses.fields(self)})
+
+
+def _grayscale(x: torch.Tensor) -> torch.Tensor:
+    """(N,3,h,w) -> (N,1,h,w) luma, torchvision's weights, no rounding."""
+    r, g, b = x.unbind(1)
+    return (r * _LUMA[0] + g * _LUMA[1] + b * _LUMA[2]).unsqueeze(1)
+
+
+def _rgb_to_hsv(x: torch.Tensor) -> torch.Tensor:
+    """torchvision's (Pillow's) rgb->hsv on (N,3,h,w) floats in [0,1]; h in [0,1)."""
+    r, g, b = x.unbind(1)
+    maxc, minc = x.amax(1), x.amin(1)
+    span = maxc - minc
+    eq = span == 0
+    s = span / torch.where(eq, torch.ones_like(maxc), maxc)
+    span = torch.where(eq, torch.ones_like(span), span)
+    rc, gc, bc = (maxc - r) / span, (maxc - g) / span, (maxc - b) / span
+    is_r, is_g = maxc == r, maxc == g
+    h = torch.where(is_r, bc - gc, torch.where(is_g, 2.0 + rc - bc, 4.0 + gc - rc))
+    h = (h / 6.0 + 1.0).fmod(1.0)
+    return torch.stack((h, s, maxc), 1)
+
+
+def _hsv_to_rgb(x: torch.Tensor) -> torch.Tensor:
+    """hsv->rgb on (N,3,h,w), branch-free: channel n = v - v*s*clamp(min(k, 4-k), 0, 1), k = (n + 6h) mod 6
+    with n = 5, 3, 1 for r, g, b; equals the sextant table torchvision uses."""
+    h, s, v = x[:, 0:1], x[:, 1:2], x[:, 2:3]
+    n = torch.tensor([5.0, 3.0, 1.0], dtype=x.dtype, device=x.device).view(1, 3, 1, 1)
+    k = (n + h * 6.0).remainder(6.0)
+    return (v - v * s * torch.minimum(k, 4.0 - k).clamp(0.0, 1.0)).clamp(0.0, 1.0)
+
+
+def _gaussian_kernels(sigma: torch.Tensor, k: int, enabled: torch.Tensor) -> torch.Tensor:
+    """(N,k) 1-D Gaussian kernels exactly as torchvision's ``_get_gaussian_kernel1d`` (softmax over
+    -(x/sigma)^2 on linspace(+-(k-1)/(2 sqrt 2))); a delta for samples that are not blurred (exact no-op)."""
+    lim = (k - 1) / (2.0 * math.sqrt(2.0))
+    x = torch.linspace(-lim, lim, steps=k, dtype=torch.float32, device=sigma.device)
+    kern = torch.softmax(-(x / sigma[:, None]).pow(2), dim=1)
+    delta = torch.zeros(k, dtype=torch.float32, device=sigma.device)
+    delta[k // 2] = 1.0
+    return torch.where(enabled[:, None], kern, delta)
+
+
+def _blur(x: torch.Tensor, kern: torch.Tensor) -> torch.Tensor:
+    """Separable per-sample blur with reflect padding: (N,3,h,w) and (N,k) kernels -> (N,3,h,w).
+
+    The batch is folded into channels (1, N*3, h, w) so one grouped conv (groups=N*3) per axis applies every
+    sample's own kernel."""
+    n, c, h, w = x.shape
+    k = kern.shape[1]
+    p = k // 2
+    y = tnf.pad(x, (p, p, p, p), mode="reflect").reshape(1, n * c, h + 2 * p, w + 2 * p)
+    wk = kern.repeat_interleave(c, dim=0)  # (N*3, k)
+    y = tnf.conv2d(y, wk.view(n * c, 1, k, 1), groups=n * c)  # vertical
+    y = tnf.conv2d(y, wk.view(n * c, 1, 1, k), groups=n * c)  # horizontal
+    return y.view(n, c, h, w)
+
+
+class BatchMultiCrop(torch.nn.Module):
+    """Vectorised ``MultiCrop`` over a batch: two global + ``n_local`` local views, their boxes and flips.
+
+    ``forward(images uint8 (B,3,H,W) or (B,1,H,W), generator=None)`` -> ``dict(views=[(B,3,s,s)] * V,
+    boxes=(B,V,4) float32 (x0,y0,x1,y1) original pixels before flip, flips=(B,V) bool)``, i.e. the layout of
+    ``default_collate([MultiCrop(...)(img) for img in images])``, on the images' device. Arguments, defaults
+    and validation are ``MultiCrop``'s (validation is delegated to it); ``dtype`` is the views' dtype.
+    See the module docstring for the semantic differences.
+    """
+
+    def __init__(self, global_size: int = 64, local_size: int = 32, n_local: int = 6,
+                 global_scale: Sequence[float] = (0.25, 1.0), local_scale: Sequence[float] = (0.05, 0.25),
+                 ratio: Sequence[float] = (3 / 4, 4 / 3), flip_p: float = 0.5,
+                 jitter: Sequence[float] = (0.4, 0.4, 0.2, 0.1), jitter_p: float = 0.8, gray_p: float = 0.2,
+                 blur_p: Sequence[float] = (1.0, 0.1, 0.5), blur_sigma: Sequence[float] = (0.1, 2.0),
+                 blur_ref_size: int | None = 224, solarize_p: float = 0.2,
+                 mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,
+                 dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        # Delegate validation to MultiCrop: the same errors, ranges and blur kernels by construction.
+        spec = MultiCrop(global_size, local_size, n_local, global_scale, local_scale, ratio, flip_p, jitter,
+                         jitter_p, gray_p, blur_p, blur_sigma, blur_ref_size, solarize_p, mean, std)
+        if not dtype.is_floating_point:
+            raise ValueError(f"dtype must be a floating point dtype, got {dtype}")
+        self.global_size, self.local_size, self.n_local = spec.global_size, spec.local_size, spec.n_local
+        self.global_scale, self.local_scale, self.ratio = spec.global_scale, spec.local_scale, spec.ratio
+        self.flip_p, self.jitter_p, self.gray_p = spec.flip_p, spec.jitter_p, spec.gray_p
+        self.blur_p, self.solarize_p = spec.blur_p, spec.solarize_p
+        self.mean, self.std = spec.mean, spec.std
+        self.dtype = dtype
+        j = spec._jitter  # v2.ColorJitter: each range is None when that component is disabled
+        self.jitter_ranges: list[tuple[float, float] | None] = [
+            None if r is None else (float(r[0]), float(r[1]))
+            for r in (j.brightness, j.contrast, j.saturation, j.hue)
+        ]
+        # size -> (odd kernel size, (sigma_lo, sigma_hi)), as MultiCrop.blur_for_size picks them
+        self.blur_specs: dict[int, tuple[int, tuple[float, float]]] = {
+            s: (int(b.kernel_size[0]), (float(b.sigma[0]), float(b.sigma[1])))
+            for s, b in ((spec.global_size, spec._blur_global), (spec.local_size, spec._blur_local))
+        }
+
+    @property
+    def n_views(self) -> int:
+        return 2 + self.n_local
+
+    def _view_table(self) -> tuple[list[int], list[tuple[float, float]], list[float], list[float]]:
+        """Per view: output size, scale range, blur probability, solarize probability (MultiCrop's specs)."""
+        sizes = [self.global_size] * 2 + [self.local_size] * self.n_local
+        scales = [self.global_scale] * 2 + [self.local_scale] * self.n_local
+        blur_p = [self.blur_p[0], self.blur_p[1]] + [self.blur_p[2]] * self.n_local
+        sol_p = [0.0, self.solarize_p] + [0.0] * self.n_local
+        return sizes, scales, blur_p, sol_p
+
+    def sample_params(self, batch: int, height: int, width: int, device: torch.device | str = "cpu",
+                      generator: torch.Generator | None = None) -> BatchAugParams:
+        """Draw every view's parameters for ``batch`` images of ``height`` x ``width`` with one ``torch.rand``
+        on ``device`` (no host sync): crops follow ``RandomResizedCrop.get_params`` (10 candidates, first
+        valid one, else its centre-crop fallback)."""
+        device = torch.device(device)
+        sizes, scales, blur_p, sol_p = self._view_table()
+        v = len(sizes)
+        f64 = dict(dtype=torch.float64, device=device)
+        u = torch.rand((v, batch, _N_UNIFORM), generator=generator, **f64)
+
+        def col(values: Sequence[float]) -> torch.Tensor:  # per-view constant, broadcast over (V, B, ...)
+            return torch.tensor(values, **f64).view(v, 1, 1)
+
+        lo, hi = col([s[0] for s in scales]), col([s[1] for s in scales])
+        area = float(height * width)
+        target = area * (lo + (hi - lo) * u[..., _U_AREA:_U_AREA + _N_TRIES])
+        lr0, lr1 = math.log(self.ratio[0]), math.log(self.ratio[1])
+        aspect = torch.exp(lr0 + (lr1 - lr0) * u[..., _U_RATIO:_U_RATIO + _N_TRIES])
+        w_try = torch.round(torch.sqrt(target * aspect))  # round half to even, like Python's round()
+        h_try = torch.round(torch.sqrt(target / aspect))
+        ok = (w_try > 0) & (w_try <= width) & (h_try > 0) & (h_try <= height)
+        first = ok.to(torch.uint8).argmax(-1, keepdim=True)  # index of the first valid candidate
+        found = ok.any(-1)
+        fw, fh = self._fallback_size(height, width)
+        w = torch.where(found, w_try.gather(-1, first).squeeze(-1), float(fw))
+        h = torch.where(found, h_try.gather(-1, first).squeeze(-1), float(fh))
+        top = torch.minimum(torch.floor(u[..., _U_TOP] * (height - h + 1)), height - h)
+        left = torch.minimum(torch.floor(u[..., _U_LEFT] * (width - w + 1)), width - w)
+        top = torch.where(found, top, torch.div(height - h, 2, rounding_mode="floor"))
+        left = torch.where(found, left, torch.div(width - w, 2, rounding_mode="floor"))
+        boxes = torch.stack((left, top, left + w, top + h), -1).to(torch.int64)
+
+        jit = u[..., _U_JIT] < self.jitter_p
+        ident = (1.0, 1.0, 1.0, 0.0)
+        facts = []
+        for i, rng in enumerate(self.jitter_ranges):
+            uf = u[..., _U_FACT + i]
+            val = uf.new_full(uf.shape, ident[i]) if rng is None else rng[0] + (rng[1] - rng[0]) * uf
+            facts.append(torch.where(jit, val, ident[i]))
+        factors = torch.stack(facts, -1).to(torch.float32)
+
+        s_lo = col([self.blur_specs[s][1][0] for s in sizes])[..., 0]
+        s_hi = col([self.blur_specs[s][1][1] for s in sizes])[..., 0]
+        sigma = (s_lo + (s_hi - s_lo) * u[..., _U_SIGMA]).to(torch.float32)
+        return BatchAugParams(
+            boxes=boxes, flip=u[..., _U_FLIP] < self.flip_p, jitter=jit, factors=factors,
+            gray=u[..., _U_GRAY] < self.gray_p, blur=u[..., _U_BLUR] < col(blur_p)[..., 0], sigma=sigma,
+            solarize=u[..., _U_SOL] < col(sol_p)[..., 0],
+        )
+
+    def _fallback_size(self, height: int, width: int) -> tuple[int, int]:
+        """(w, h) of RandomResizedCrop's centre-crop fallback, clamped to the allowed aspect ratios."""
+        in_ratio = width / height
+        if in_ratio < min(self.ratio):
+            return width, int(round(width / min(self.ratio)))
+        if in_ratio > max(self.ratio):
+            return int(round(height * max(self.ratio))), height
+        return width, height
+
+    def _colour(self, x: torch.Tensor, p: BatchAugParams, sel: slice) -> torch.Tensor:
+        """Jitter (fixed order b -> c -> s -> h), grayscale, blur, solarize on the (n*B,3,s,s) stack of the
+        views ``sel`` (view-major); per-sample factors broadcast as (N,1,1,1)."""
+        def flat(t: torch.Tensor) -> torch.Tensor:
+            return t[sel].reshape(-1)
+
+        def bc(t: torch.Tensor) -> torch.Tensor:
+            return flat(t).view(-1, 1, 1, 1)
+
+        if self.jitter_p > 0:
+            fb, fc, fs, fh = (bc(p.factors[..., i]) for i in range(4))
+            if self.jitter_ranges[0] is not None:
+                x = (x * fb).clamp_(0.0, 1.0)
+            if self.jitter_ranges[1] is not None:
+                m = _grayscale(x).mean(dim=(1, 2, 3), keepdim=True)
+                x = (x * fc + m * (1.0 - fc)).clamp_(0.0, 1.0)
+            if self.jitter_ranges[2] is not None:
+                x = (x * fs + _grayscale(x) * (1.0 - fs)).clamp_(0.0, 1.0)
+            if self.jitter_ranges[3] is not None:
+                hsv = _rgb_to_hsv(x)
+                hsv = torch.cat(((hsv[:, :1] + fh).remainder(1.0), hsv[:, 1:]), 1)
+                x = torch.where(bc(p.jitter), _hsv_to_rgb(hsv), x)  # the hsv round trip is not bit-exact
+        if self.gray_p > 0:
+            x = torch.where(bc(p.gray), _grayscale(x).expand_as(x), x)
+        if max(self.blur_p) > 0:
+            k = self.blur_specs[x.shape[-1]][0]
+            on, sigma = flat(p.blur), flat(p.sigma)
+            if x.device.type == "cpu":  # blur only the chosen samples: saves ~half the conv work, and a
+                sub = on.nonzero().squeeze(1)  # data-dependent index costs no device sync on the CPU
+                x = x.index_copy(0, sub, _blur(x[sub], _gaussian_kernels(sigma[sub], k, on[sub])))
+            else:  # all samples, a delta kernel for the unchosen ones: no host sync, static shapes
+                x = _blur(x, _gaussian_kernels(sigma, k, on))
+        if self.solarize_p > 0:
+            x = torch.where(bc(p.solarize) & (x >= 0.5), 1.0 - x, x)
+        return x
+
+    def apply(self, images: torch.Tensor, params: BatchAugParams) -> dict[str, Any]:
+        """Render the views of ``params`` from a uint8 (B,C,H,W) batch: one roi_align per view size."""
+        x = _as_float_batch(images)
+        b = x.shape[0]
+        sizes = self._view_table()[0]
+        mean = torch.tensor(self.mean, dtype=torch.float32, device=x.device).view(1, 3, 1, 1)
+        std = torch.tensor(self.std, dtype=torch.float32, device=x.device).view(1, 3, 1, 1)
+        idx = torch.arange(b, dtype=torch.float32, device=x.device)
+        views: list[torch.Tensor | None] = [None] * len(sizes)
+        # Views of equal size are contiguous in MultiCrop's order (globals, then locals): one stack per run.
+        start = 0
+        while start < len(sizes):
+            stop = start
+            while stop < len(sizes) and sizes[stop] == sizes[start]:
+                stop += 1
+            s, sel, n = sizes[start], slice(start, stop), stop - start
+            rois = torch.cat((idx.repeat(n)[:, None], params.boxes[sel].reshape(-1, 4).to(torch.float32)), 1)
+            y = roi_align(x, rois, output_size=(s, s), spatial_scale=1.0, sampling_ratio=-1, aligned=True)
+            y = torch.where(params.flip[sel].reshape(-1, 1, 1, 1), y.flip(-1), y)
+            y = self._colour(y, params, sel)
+            y = ((y - mean) / std).to(self.dtype).contiguous()
+            views[start:stop] = list(y.view(n, b, 3, s, s).unbind(0))
+            start = stop
+        return {"views": views, "boxes": params.boxes.transpose(0, 1).to(torch.float32).contiguous(),
+                "flips": params.flip.transpose(0, 1).contiguous()}
+
+    def forward(self, images: torch.Tensor, generator: torch.Generator | None = None) -> dict[str, Any]:
+        """All views of a uint8 (B,3,H,W) batch; parameters drawn on the images' device from ``generator``."""
+        _check_batch(images)
+        b, _, h, w = images.shape
+        return self.apply(images, self.sample_params(b, h, w, images.device, generator))
+
+    def extra_repr(self) -> str:
+        return (f"global={self.global_size}x2 {self.global_scale}, local={self.local_size}x{self.n_local} "
+                f"{self.local_scale}, dtype={self.dtype}")
+
+
+def _check_batch(images: torch.Tensor) -> None:
+    if not isinstance(images, torch.Tensor) or images.ndim != 4 or images.shape[1] not in (1, 3):
+        raise ValueError(f"expected a (B,3,H,W) or (B,1,H,W) image batch, got {type(images).__name__} "
+                         f"{tuple(getattr(images, 'shape', ()))}")
+    if images.dtype != torch.uint8:
+        raise ValueError(f"expected a uint8 image batch, got {images.dtype}")
+
+
+def _as_float_batch(images: torch.Tensor) -> torch.Tensor:
+    """uint8 (B,C,H,W), any memory format -> contiguous float32 (B,3,H,W) in [0,1]: roi_align needs floats."""
+    _check_batch(images)
+    x = images.as_subclass(torch.Tensor).to(torch.float32).div_(255.0)
+    return (x.expand(-1, 3, -1, -1) if x.shape[1] == 1 else x).contiguous()

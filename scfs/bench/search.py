@@ -119,11 +119,7 @@ def run(quick: bool, use_compile: bool, out_dir: Path) -> dict:
                         gen = torch.Generator(device=dev).manual_seed(0)
                         feats = torch.randn(b, c, h, w, device=dev, generator=gen).to(dtype)
                         queries = torch.randn(N_CROPS, b, c, device=dev, generator=gen).to(dtype)
-                        weight = (
-                            (torch.randn(proj, c, device=dev, generator=gen) / c**0.5).to(dtype)
-                            if proj
-                            else None
-                        )
+                        weight = (torch.randn(proj, c, device=dev, generator=gen) / c**0.5).to(dtype) if proj else None
                         if backward:
                             for t in (feats, queries, weight):
                                 if t is not None:
@@ -179,9 +175,7 @@ def run(quick: bool, use_compile: bool, out_dir: Path) -> dict:
                                 r["x_compile"] = comp / r["ms"] if comp else None
                         rows.append(row)
                         print(fmt_row(row), flush=True)
-                        save(
-                            dict(meta=meta, rows=rows, fast_p=fast_p(rows)), out_dir / f"search-{gpu}-{stamp}"
-                        )
+                        save(dict(meta=meta, rows=rows, fast_p=fast_p(rows)), out_dir / f"search-{gpu}-{stamp}")
                         del fns, feats, queries, weight
     result = dict(meta=meta, rows=rows, fast_p=fast_p(rows))
     print(save(result, out_dir / f"search-{gpu}-{stamp}"))
@@ -217,10 +211,7 @@ ORDER = ("published", "ref", "ref+conv", "compile", "triton", "cuda")
 
 
 def fmt_row(row: dict) -> str:
-    parts = [
-        f"{row['stage']} B{row['B']} {row['dtype']} proj{row['proj']} {row['pass_']} "
-        f"floor {row['floor_ms']:.3f}"
-    ]
+    parts = [f"{row['stage']} B{row['B']} {row['dtype']} proj{row['proj']} {row['pass_']} floor {row['floor_ms']:.3f}"]
     for k in ORDER:
         r = row["impls"].get(k)
         if r:
@@ -244,9 +235,7 @@ def markdown(result: dict) -> str:
         cells = []
         for k in ORDER:
             x = r["impls"].get(k)
-            cells.append(
-                "-" if x is None else ("err" if "ms" not in x else f"{x['ms']:.3f} ({x['pct_copy']:.0f}%)")
-            )
+            cells.append("-" if x is None else ("err" if "ms" not in x else f"{x['ms']:.3f} ({x['pct_copy']:.0f}%)"))
         cu = r["impls"].get("cuda", {})
         ok = all(v.get("correct", False) for v in r["impls"].values())
         xp = f"{cu['x_published']:.1f}" if cu.get("x_published") else "-"

@@ -48,8 +48,7 @@ def _check(
         raise ValueError(f"feats must have B, C, H, W >= 1, got shape {tuple(feats.shape)}")
     if queries.shape[0] < 1 or queries.shape[1:] != (b, c):
         raise ValueError(
-            f"queries must be (N, B={b}, C={c}) with N >= 1 for feats {tuple(feats.shape)}, "
-            f"got {tuple(queries.shape)}"
+            f"queries must be (N, B={b}, C={c}) with N >= 1 for feats {tuple(feats.shape)}, got {tuple(queries.shape)}"
         )
     if feats.dtype not in REFERENCE_DTYPES:
         raise ValueError(f"feats dtype {feats.dtype} not supported; allowed: {REFERENCE_DTYPES}")
@@ -62,12 +61,7 @@ def _check(
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if weight is not None:
-        if (
-            not isinstance(weight, torch.Tensor)
-            or weight.dim() != 2
-            or weight.shape[1] != c
-            or weight.shape[0] < 1
-        ):
+        if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.shape[1] != c or weight.shape[0] < 1:
             shape = tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__
             raise ValueError(f"weight must be a (C_out, C={c}) tensor, got {shape}")
         if not weight.is_floating_point():

@@ -204,16 +204,12 @@ def main(argv: list[str] | None = None) -> int:
             fails = check_case(backend, case, device, gen)
             n_fail += bool(fails)
             print(
-                f"{'FAIL' if fails else 'ok  '} {backend:7s} {case}"
-                + (": " + "; ".join(fails) if fails else ""),
+                f"{'FAIL' if fails else 'ok  '} {backend:7s} {case}" + (": " + "; ".join(fails) if fails else ""),
                 flush=True,
             )
         fails = check_special(backend, device, gen)
         n_fail += bool(fails)
-        print(
-            f"{'FAIL' if fails else 'ok  '} {backend:7s} zero-norm/NaN"
-            + (": " + "; ".join(fails) if fails else "")
-        )
+        print(f"{'FAIL' if fails else 'ok  '} {backend:7s} zero-norm/NaN" + (": " + "; ".join(fails) if fails else ""))
     print(f"{n_fail} failing checks", flush=True)
     return 1 if n_fail else 0
 

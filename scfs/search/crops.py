@@ -42,7 +42,5 @@ def random_feature_crops(
     boxes = torch.stack([idx, x0, y0, x0 + bw, y0 + bh], dim=-1).reshape(n * b, 5)
     x = feats if feats.dtype in (torch.float32, torch.float64) else feats.float()
     boxes = boxes.to(device=feats.device, dtype=x.dtype)
-    out = roi_align(
-        x, boxes, output_size=(out_size, out_size), spatial_scale=1.0, sampling_ratio=2, aligned=True
-    )
+    out = roi_align(x, boxes, output_size=(out_size, out_size), spatial_scale=1.0, sampling_ratio=2, aligned=True)
     return out.to(feats.dtype)

@@ -35,9 +35,7 @@ class KernelOps(Protocol):
         eps: float,
     ) -> None: ...
 
-    def bwd_a(
-        self, dout3: torch.Tensor, g3: torch.Tensor, a: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def bwd_a(self, dout3: torch.Tensor, g3: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     def bwd_f(
         self,
@@ -69,9 +67,7 @@ def memory_format(x: torch.Tensor) -> torch.memory_format:
     return torch.contiguous_format
 
 
-POISON = (
-    False  # check harness: fill kernel outputs with NaN before the launch, to prove every element is written
-)
+POISON = False  # check harness: fill kernel outputs with NaN before the launch, to prove every element is written
 
 
 def alloc(
@@ -125,9 +121,7 @@ class _KernelSearch(torch.autograd.Function):
             else:
                 a = p * torch.softmax(sim / temperature, dim=-1)
             ops.fwd(f3, queries, g3, out3, sim, None, fnorm, qnorm, a, eps)
-        ctx.save_for_backward(
-            feats, queries, weight, g3 if weight is not None else None, sim, a, fnorm, qnorm, mask
-        )
+        ctx.save_for_backward(feats, queries, weight, g3 if weight is not None else None, sim, a, fnorm, qnorm, mask)
         ctx.cfg = (mode, temperature, eps, backend, fmt)
         return out, sim.view(n, b, h, w), a.view(n, b, h, w)
 

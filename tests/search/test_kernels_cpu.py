@@ -57,9 +57,7 @@ def test_cuda_source_compiles_standalone(tmp_path, arch):
     assert obj.stat().st_size > 0
 
 
-@pytest.mark.skipif(
-    shutil.which("hipcc") is None, reason="hipcc not installed (apt-get install hipcc libamdhip64-dev)"
-)
+@pytest.mark.skipif(shutil.which("hipcc") is None, reason="hipcc not installed (apt-get install hipcc libamdhip64-dev)")
 def test_hipified_source_compiles_for_gfx90a(tmp_path):
     from torch.utils.hipify import hipify_python
 

@@ -20,9 +20,7 @@ def _inputs(gen, n=3, b=2, c=5, h=4, w=3, dtype=torch.float64):
 def test_reference_matches_loop(gen, loop_search, mode, proj):
     feats, queries = _inputs(gen)
     weight = torch.randn(4, 5, generator=gen, dtype=torch.float64) if proj else None
-    out = feature_search(
-        feats, queries, mode=mode, weight=weight, topk=0.3, temperature=0.5, backend="reference"
-    )
+    out = feature_search(feats, queries, mode=mode, weight=weight, topk=0.3, temperature=0.5, backend="reference")
     assert isinstance(out, SearchOutput)
     ref = loop_search(feats, queries, mode=mode, weight=weight, topk=0.3, temperature=0.5)
     for got, want in zip(out, ref):

@@ -78,28 +78,24 @@ def _grayscale(x: torch.Tensor) -> torch.Tensor:
     return (r * _LUMA[0] + g * _LUMA[1] + b * _LUMA[2]).unsqueeze(1)
 
 
-def _rgb_to_hsv(x: torch.Tensor) -> torch.Tensor:
-    """torchvision's (Pillow's) rgb->hsv on (N,3,h,w) floats in [0,1]; h in [0,1)."""
+def _shift_hue(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """torchvision's ``adjust_hue`` (rgb -> hsv, h += shift mod 1, hsv -> rgb; Pillow's formulas) for
+    (N,3,h,w) floats in [0,1] with a per-sample (N,1,1,1) shift, in fewer passes.
+
+    A hue shift keeps v = max and the span max - min = v*s, so hsv -> rgb reduces to channel n =
+    v - span * clamp(min(k, 4 - k), 0, 1) with k = (n + 6h') mod 6, n = 5, 3, 1 for r, g, b: the branch-free
+    form of the sextant table torchvision gathers from. Equal to torchvision up to float rounding (~1e-6)."""
     r, g, b = x.unbind(1)
     maxc, minc = x.amax(1), x.amin(1)
     span = maxc - minc
-    eq = span == 0
-    s = span / torch.where(eq, torch.ones_like(maxc), maxc)
-    span = torch.where(eq, torch.ones_like(span), span)
-    rc, gc, bc = (maxc - r) / span, (maxc - g) / span, (maxc - b) / span
-    is_r, is_g = maxc == r, maxc == g
-    h = torch.where(is_r, bc - gc, torch.where(is_g, 2.0 + rc - bc, 4.0 + gc - rc))
-    h = (h / 6.0 + 1.0).fmod(1.0)
-    return torch.stack((h, s, maxc), 1)
-
-
-def _hsv_to_rgb(x: torch.Tensor) -> torch.Tensor:
-    """hsv->rgb on (N,3,h,w), branch-free: channel n = v - v*s*clamp(min(k, 4-k), 0, 1), k = (n + 6h) mod 6
-    with n = 5, 3, 1 for r, g, b; equals the sextant table torchvision uses."""
-    h, s, v = x[:, 0:1], x[:, 1:2], x[:, 2:3]
+    # 6h * span, with Pillow's precedence r > g > b for the max channel; span == 0 -> any h (grey stays grey)
+    h6 = torch.where(maxc == r, g - b, torch.where(maxc == g, (b - r).add_(span, alpha=2.0),
+                                                    (r - g).add_(span, alpha=4.0)))
+    h6 = h6.div_(torch.where(span == 0, torch.ones_like(span), span)).unsqueeze(1)
     n = torch.tensor([5.0, 3.0, 1.0], dtype=x.dtype, device=x.device).view(1, 3, 1, 1)
-    k = (n + h * 6.0).remainder(6.0)
-    return (v - v * s * torch.minimum(k, 4.0 - k).clamp(0.0, 1.0)).clamp(0.0, 1.0)
+    k = (h6 + n).add_(shift * 6.0).remainder_(6.0)
+    k = torch.minimum(k, 4.0 - k).clamp_(0.0, 1.0)
+    return (maxc.unsqueeze(1) - span.unsqueeze(1) * k).clamp_(0.0, 1.0)
 
 
 def _gaussian_kernels(sigma: torch.Tensor, k: int, enabled: torch.Tensor) -> torch.Tensor:
@@ -119,6 +115,8 @@ def _blur(x: torch.Tensor, kern: torch.Tensor) -> torch.Tensor:
     The batch is folded into channels (1, N*3, h, w) so one grouped conv (groups=N*3) per axis applies every
     sample's own kernel."""
     n, c, h, w = x.shape
+    if n == 0:
+        return x
     k = kern.shape[1]
     p = k // 2
     y = tnf.pad(x, (p, p, p, p), mode="reflect").reshape(1, n * c, h + 2 * p, w + 2 * p)
@@ -158,6 +156,7 @@ class BatchMultiCrop(torch.nn.Module):
         self.blur_p, self.solarize_p = spec.blur_p, spec.solarize_p
         self.mean, self.std = spec.mean, spec.std
         self.dtype = dtype
+        self.cpu_block = 2**18  # floats per block of per-pixel work on the CPU (1 MiB: about an L2)
         j = spec._jitter  # v2.ColorJitter: each range is None when that component is disabled
         self.jitter_ranges: list[tuple[float, float] | None] = [
             None if r is None else (float(r[0]), float(r[1]))
@@ -241,51 +240,54 @@ class BatchMultiCrop(torch.nn.Module):
             return int(round(height * max(self.ratio))), height
         return width, height
 
-    def _colour(self, x: torch.Tensor, p: BatchAugParams, sel: slice) -> torch.Tensor:
-        """Jitter (fixed order b -> c -> s -> h), grayscale, blur, solarize on the (n*B,3,s,s) stack of the
-        views ``sel`` (view-major); per-sample factors broadcast as (N,1,1,1)."""
-        def flat(t: torch.Tensor) -> torch.Tensor:
-            return t[sel].reshape(-1)
-
+    def _finish(self, y: torch.Tensor, q: dict[str, torch.Tensor], blur: bool, solarize: bool) -> torch.Tensor:
+        """Flip, jitter (fixed order b -> c -> s -> h), grayscale, blur and solarize the (N,3,s,s) crops ``y``
+        with per-sample parameters ``q`` (flat (N,...) tensors, broadcast as (N,1,1,1)). Ops the config
+        disables (probability 0, jitter component 0; blur/solarize for this view group) are skipped."""
         def bc(t: torch.Tensor) -> torch.Tensor:
-            return flat(t).view(-1, 1, 1, 1)
+            return t.view(-1, 1, 1, 1)
 
+        y = torch.where(bc(q["flip"]), y.flip(-1), y)
         if self.jitter_p > 0:
-            fb, fc, fs, fh = (bc(p.factors[..., i]) for i in range(4))
+            fb, fc, fs, fh = (bc(q["factors"][:, i]) for i in range(4))
             if self.jitter_ranges[0] is not None:
-                x = (x * fb).clamp_(0.0, 1.0)
+                y = (y * fb).clamp_(0.0, 1.0)
             if self.jitter_ranges[1] is not None:
-                m = _grayscale(x).mean(dim=(1, 2, 3), keepdim=True)
-                x = (x * fc + m * (1.0 - fc)).clamp_(0.0, 1.0)
+                m = _grayscale(y).mean(dim=(1, 2, 3), keepdim=True)
+                y = torch.lerp(m, y, fc).clamp_(0.0, 1.0)  # c*y + (1-c)*mean
             if self.jitter_ranges[2] is not None:
-                x = (x * fs + _grayscale(x) * (1.0 - fs)).clamp_(0.0, 1.0)
+                y = torch.lerp(_grayscale(y), y, fs).clamp_(0.0, 1.0)
             if self.jitter_ranges[3] is not None:
-                hsv = _rgb_to_hsv(x)
-                hsv = torch.cat(((hsv[:, :1] + fh).remainder(1.0), hsv[:, 1:]), 1)
-                x = torch.where(bc(p.jitter), _hsv_to_rgb(hsv), x)  # the hsv round trip is not bit-exact
+                y = torch.where(bc(q["jitter"]), _shift_hue(y, fh), y)  # the hsv round trip is not bit-exact
         if self.gray_p > 0:
-            x = torch.where(bc(p.gray), _grayscale(x).expand_as(x), x)
-        if max(self.blur_p) > 0:
-            k = self.blur_specs[x.shape[-1]][0]
-            on, sigma = flat(p.blur), flat(p.sigma)
-            if x.device.type == "cpu":  # blur only the chosen samples: saves ~half the conv work, and a
+            y = torch.where(bc(q["gray"]), _grayscale(y).expand_as(y), y)
+        if blur:
+            k = self.blur_specs[y.shape[-1]][0]
+            on, sigma = q["blur"], q["sigma"]
+            if y.device.type == "cpu":  # blur only the chosen samples: saves ~half the conv work, and a
                 sub = on.nonzero().squeeze(1)  # data-dependent index costs no device sync on the CPU
-                x = x.index_copy(0, sub, _blur(x[sub], _gaussian_kernels(sigma[sub], k, on[sub])))
+                y = y.index_copy(0, sub, _blur(y[sub], _gaussian_kernels(sigma[sub], k, on[sub])))
             else:  # all samples, a delta kernel for the unchosen ones: no host sync, static shapes
-                x = _blur(x, _gaussian_kernels(sigma, k, on))
-        if self.solarize_p > 0:
-            x = torch.where(bc(p.solarize) & (x >= 0.5), 1.0 - x, x)
-        return x
+                y = _blur(y, _gaussian_kernels(sigma, k, on))
+        if solarize:
+            y = torch.where(bc(q["solarize"]) & (y >= 0.5), 1.0 - y, y)
+        return y
 
     def apply(self, images: torch.Tensor, params: BatchAugParams) -> dict[str, Any]:
-        """Render the views of ``params`` from a uint8 (B,C,H,W) batch: one roi_align per view size."""
+        """Render the views of ``params`` from a uint8 (B,C,H,W) batch: one roi_align per view size, then
+        the per-pixel ops on the (n_views*B,3,s,s) stack of that size.
+
+        On the CPU the ~40 per-pixel passes run on blocks of ~``cpu_block`` floats so that they stay in
+        cache instead of streaming 100 MB float stacks (ImageNet sizes) from DRAM each time: 1.6x faster
+        at 224 px, neutral at 32 px. Elsewhere the whole stack is one block (fewest kernel launches)."""
         x = _as_float_batch(images)
         b = x.shape[0]
-        sizes = self._view_table()[0]
-        mean = torch.tensor(self.mean, dtype=torch.float32, device=x.device).view(1, 3, 1, 1)
+        sizes, _, blur_p, sol_p = self._view_table()
         std = torch.tensor(self.std, dtype=torch.float32, device=x.device).view(1, 3, 1, 1)
+        scale = 1.0 / std
+        shift = -torch.tensor(self.mean, dtype=torch.float32, device=x.device).view(1, 3, 1, 1) * scale
         idx = torch.arange(b, dtype=torch.float32, device=x.device)
-        views: list[torch.Tensor | None] = [None] * len(sizes)
+        views: list[torch.Tensor] = []
         # Views of equal size are contiguous in MultiCrop's order (globals, then locals): one stack per run.
         start = 0
         while start < len(sizes):
@@ -295,10 +297,16 @@ class BatchMultiCrop(torch.nn.Module):
             s, sel, n = sizes[start], slice(start, stop), stop - start
             rois = torch.cat((idx.repeat(n)[:, None], params.boxes[sel].reshape(-1, 4).to(torch.float32)), 1)
             y = roi_align(x, rois, output_size=(s, s), spatial_scale=1.0, sampling_ratio=-1, aligned=True)
-            y = torch.where(params.flip[sel].reshape(-1, 1, 1, 1), y.flip(-1), y)
-            y = self._colour(y, params, sel)
-            y = ((y - mean) / std).to(self.dtype).contiguous()
-            views[start:stop] = list(y.view(n, b, 3, s, s).unbind(0))
+            q = {f: getattr(params, f)[sel].flatten(0, 1)
+                 for f in ("flip", "jitter", "factors", "gray", "blur", "sigma", "solarize")}
+            out = torch.empty((n * b, 3, s, s), dtype=self.dtype, device=x.device)
+            step = max(1, self.cpu_block // (3 * s * s)) if x.device.type == "cpu" else n * b
+            for i in range(0, n * b, step):  # blocks of samples, not a loop over samples
+                blk = slice(i, i + step)
+                z = self._finish(y[blk], {k: v[blk] for k, v in q.items()}, blur=max(blur_p[sel]) > 0,
+                                 solarize=max(sol_p[sel]) > 0)
+                out[blk] = torch.addcmul(shift, z, scale)  # (z - mean) / std in one pass, cast to dtype
+            views += list(out.view(n, b, 3, s, s).unbind(0))
             start = stop
         return {"views": views, "boxes": params.boxes.transpose(0, 1).to(torch.float32).contiguous(),
                 "flips": params.flip.transpose(0, 1).contiguous()}

@@ -207,8 +207,11 @@ def build_dataset(cfg: Mapping[str, Any], split: str, transform: Transform = Non
 
     if name == "shapes":
         defaults = ShapesSpec()
-        spec = ShapesSpec(**{f: int(cfg.get(f, getattr(defaults, f))) for f in
-                             ("image_size", "n_train", "n_val", "num_classes", "max_objects", "seed")})
+        fields = {f: int(cfg.get(f, getattr(defaults, f))) for f in
+                  ("image_size", "n_train", "n_val", "num_classes", "max_objects", "seed")}
+        fields["clutter"] = float(cfg.get("clutter", defaults.clutter))
+        fields["object_scale"] = tuple(float(v) for v in cfg.get("object_scale", defaults.object_scale))
+        spec = ShapesSpec(**fields)
         return ShapesDataset(ensure_shapes(root, spec), split, transform)
 
     if name == "cifar10":

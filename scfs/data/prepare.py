@@ -144,6 +144,8 @@ def extract_archive(archive: str | os.PathLike, out: str | os.PathLike, *, sha25
             raise PrepareError(f"cannot read archive {archive}: {e}") from e
         content = _content_root(tmp, strip)
         note = check(content) if check is not None else None
+        if content == tmp:
+            tmp.chmod(0o755)  # mkdtemp makes it 0700
         if out.is_dir() and any(out.iterdir()):  # force: keep the old tree until the new one is in place
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
             os.rename(out, old / "tree")

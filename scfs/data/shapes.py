@@ -96,6 +96,8 @@ class ShapesSpec:
     num_classes: int = 10
     max_objects: int = 3
     seed: int = 0
+    clutter: float = 1.0  # background contrast multiplier (texture, blobs, lines); 0 = flat colour + noise
+    object_scale: tuple[float, float] = (0.22, 0.42)  # main object radius range, fraction of image size
 
     def __post_init__(self) -> None:
         if self.image_size < 16:
@@ -105,6 +107,11 @@ class ShapesSpec:
         if not 2 <= self.num_classes <= len(CLASS_NAMES):
             raise ValueError(
                 f"ShapesSpec.num_classes must be in [2, {len(CLASS_NAMES)}], got {self.num_classes}")
+        if self.clutter < 0:
+            raise ValueError(f"ShapesSpec.clutter must be >= 0, got {self.clutter}")
+        lo, hi = self.object_scale
+        if not 0 < lo <= hi <= 0.5:
+            raise ValueError(f"ShapesSpec.object_scale must be (lo, hi) with 0 < lo <= hi <= 0.5, got {self.object_scale}")
         if not 1 <= self.max_objects <= min(self.num_classes, 255):
             raise ValueError(
                 f"ShapesSpec.max_objects must be in [1, min(num_classes, 255)], got {self.max_objects}"
@@ -116,7 +123,12 @@ class ShapesSpec:
 
     def digest(self) -> str:
         """Short hash of the spec and generator version: the cache folder name."""
-        blob = json.dumps({**dataclasses.asdict(self), "version": GENERATOR_VERSION}, sort_keys=True)
+        fields = dataclasses.asdict(self)
+        # new fields at their defaults keep the digests (and caches) of specs made before they existed
+        for name, default in (("clutter", 1.0), ("object_scale", [0.22, 0.42])):
+            if list(fields[name]) == default if isinstance(default, list) else fields[name] == default:
+                fields.pop(name)
+        blob = json.dumps({**fields, "version": GENERATOR_VERSION}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -160,11 +172,12 @@ def _smooth_noise(rng: np.random.Generator, size: int, cells: int, channels: int
     return out if channels == 3 else out[..., None]
 
 
-def _background(rng: np.random.Generator, size: int, grid: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+def _background(rng: np.random.Generator, size: int, grid: tuple[np.ndarray, np.ndarray],
+                clutter: float = 1.0) -> np.ndarray:
     """Textured clutter: gradient / stripes / smooth noise, low-contrast blobs, thin lines (float HxWx3)."""
     xs, ys = grid
     c0 = rng.uniform(0, 255, 3)
-    c1 = np.clip(c0 + rng.uniform(-90, 90, 3), 0, 255)
+    c1 = np.clip(c0 + clutter * rng.uniform(-90, 90, 3), 0, 255)
     a = rng.uniform(0, np.pi)
     proj = (xs * np.cos(a) + ys * np.sin(a)) / size
     kind = rng.integers(3)
@@ -178,12 +191,12 @@ def _background(rng: np.random.Generator, size: int, grid: tuple[np.ndarray, np.
         t = _smooth_noise(rng, size, int(rng.integers(3, 9)), 1)
     bg = c0 * (1 - t) + c1 * t
     # low-contrast colour noise and gaussian blobs
-    bg += (_smooth_noise(rng, size, int(rng.integers(4, 12)), 3) - 0.5) * rng.uniform(10, 50)
+    bg += (_smooth_noise(rng, size, int(rng.integers(4, 12)), 3) - 0.5) * rng.uniform(10, 50) * clutter
     for _ in range(int(rng.integers(1, 6))):
         bx, by = rng.uniform(0, size, 2)
         sig = rng.uniform(0.04, 0.18) * size
         g = np.exp(-((xs - bx) ** 2 + (ys - by) ** 2) / (2 * sig * sig))
-        bg += g[..., None] * rng.uniform(-45, 45, 3)
+        bg += g[..., None] * rng.uniform(-45, 45, 3) * clutter
     # thin low-contrast lines: edges that are not objects
     n_lines = int(rng.integers(0, 5))
     if n_lines:
@@ -193,7 +206,7 @@ def _background(rng: np.random.Generator, size: int, grid: tuple[np.ndarray, np.
             draw.line([tuple(rng.uniform(0, size, 2)), tuple(rng.uniform(0, size, 2))], fill=255,
                       width=int(rng.integers(1, 3)))
         m = np.asarray(layer, dtype=bool)
-        bg[m] += rng.uniform(-50, 50, 3)
+        bg[m] += rng.uniform(-50, 50, 3) * clutter
     return bg
 
 
@@ -221,7 +234,7 @@ def _layout(rng: np.random.Generator, spec: ShapesSpec, label: int) -> tuple[lis
     n_obj = int(rng.integers(1, spec.max_objects + 1))
     others = np.setdiff1d(np.arange(spec.num_classes), [label])
     classes = [label, *rng.choice(others, n_obj - 1, replace=False).tolist()]
-    r_main = rng.uniform(0.22, 0.42) * size
+    r_main = rng.uniform(*spec.object_scale) * size
     objs = []
     for k, cls in enumerate(classes):
         r = r_main if k == 0 else rng.uniform(0.35, 0.6) * r_main
@@ -257,7 +270,7 @@ def _render(rng: np.random.Generator, spec: ShapesSpec, label: int,
     else:  # practically unreachable; a single main object always qualifies
         raise RuntimeError("shapes: could not place a visible main object")
     objs, inst = laid
-    img = _background(rng, size, grid)
+    img = _background(rng, size, grid, spec.clutter)
     xs, ys = grid
     annotations = []
     for k, o in enumerate(objs):
@@ -323,6 +336,7 @@ def ensure_shapes(root: str | os.PathLike, spec: ShapesSpec = ShapesSpec(), verb
         meta = {"spec": dataclasses.asdict(spec), "version": GENERATOR_VERSION, "classes": list(spec.classes),
                 "counts": counts, "generation_seconds": round(seconds, 3)}
         (tmp / "spec.json").write_text(json.dumps(meta, indent=1))
+        tmp.chmod(0o755)  # mkdtemp makes it 0700; the cache is meant to be shared
         try:
             os.rename(tmp, folder)
         except OSError:

@@ -1,1 +1,11 @@
-"""Evaluation: kNN on faiss, linear probe, reports."""
+"""Evaluation: kNN on faiss, linear probe, reports, compare.
+
+* `scfs.eval.knn`: DINO weighted kNN (also the core `knn_accuracy` / `evaluate_backbone_knn` used during training);
+  CLI `python -m scfs.eval.knn ckpt=<path|random>`.
+* `scfs.eval.linear`: linear probe on the frozen backbone (DINO protocol) or, `fast=true`, on cached features;
+  CLI `python -m scfs.eval.linear ckpt=<path|random>`.
+* `scfs.eval.features`: feature extraction with an on-disk cache keyed by checkpoint hash + dataset + transform.
+* `scfs.eval.report`: metrics.json / report.md / PNG figures and the W&B run of an evaluation.
+* `scfs.eval.compare`: `python -m scfs.eval.compare RUN...`, a side-by-side markdown table.
+* `scfs.eval.common`: config composition (`compose_eval_cfg`), the backbone under test, transforms.
+"""

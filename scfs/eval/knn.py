@@ -2,16 +2,25 @@
 
 Features are L2-normalised; the k nearest training features by cosine similarity vote for their class with
 weight exp(sim / T). This is the protocol of DINO's `eval_knn.py`, with faiss doing the search.
+
+CLI: `python -m scfs.eval.knn ckpt=<path|random> [data=cifar10] [which=student] [+experiment=imagenet]` (config
+`conf/eval/knn.yaml`): features are extracted once per (checkpoint, dataset, transform) and cached on disk, then
+top-1/top-5 for every k in `ks` are reported in `runs/eval/knn-<time>/` (report.md, metrics.json, figures, W&B).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import faiss
 import numpy as np
 import torch
 import torch.nn.functional as F
+from omegaconf import DictConfig
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -36,35 +45,98 @@ def extract_features(model: nn.Module, loader: DataLoader | Iterable, device: to
     return torch.cat(feats), torch.cat(labels).long()
 
 
+def _gpu_faiss() -> bool:
+    return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
+
+
+def knn_search(train_feats: torch.Tensor, test_feats: torch.Tensor, k: int,
+               use_gpu: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact k nearest neighbours by inner product (= cosine for L2-normalised features) on faiss `IndexFlatIP`.
+
+    Returns (similarities, indices), both (n_test, k), most similar first. GPU faiss is used when it is installed
+    and a GPU is visible (`use_gpu=None`), the CPU index otherwise.
+    """
+    if k < 1:
+        raise ValueError(f"k={k}: must be >= 1")
+    k = min(k, train_feats.shape[0])
+    index = faiss.IndexFlatIP(train_feats.shape[1])
+    if (_gpu_faiss() if use_gpu is None else use_gpu) and k <= 2048:  # GPU faiss caps k at 2048
+        res = faiss.StandardGpuResources()
+        index = faiss.index_cpu_to_gpu(res, torch.cuda.current_device() if torch.cuda.is_available() else 0, index)
+    index.add(np.ascontiguousarray(train_feats.detach().float().cpu().numpy()))
+    sims, idx = index.search(np.ascontiguousarray(test_feats.detach().float().cpu().numpy()), k)
+    return torch.from_numpy(sims), torch.from_numpy(idx).long()
+
+
+def knn_votes(sims: torch.Tensor, idx: torch.Tensor, train_labels: torch.Tensor, k: int, temperature: float,
+              num_classes: int) -> torch.Tensor:
+    """Class scores from the first `k` neighbours of a (sorted) search result: sum of exp(sim/T) per label."""
+    sims, idx = sims[:, :k], idx[:, :k]
+    votes = torch.zeros(sims.shape[0], num_classes)
+    votes.scatter_add_(1, train_labels.cpu().long()[idx], (sims / temperature).exp())
+    return votes
+
+
 def knn_predict_scores(train_feats: torch.Tensor, train_labels: torch.Tensor, test_feats: torch.Tensor,
                        k: int, temperature: float = 0.07, num_classes: int | None = None) -> torch.Tensor:
     """Class scores (n_test, num_classes): sum over the k nearest neighbours of exp(sim/T) one-hot(label)."""
-    if k < 1:
-        raise ValueError(f"k={k}: must be >= 1")
     num_classes = int(num_classes or int(train_labels.max()) + 1)
-    k = min(k, train_feats.shape[0])
-    index = faiss.IndexFlatIP(train_feats.shape[1])
-    index.add(np.ascontiguousarray(train_feats.float().numpy()))
-    sims, idx = index.search(np.ascontiguousarray(test_feats.float().numpy()), k)
-    sims, idx = torch.from_numpy(sims), torch.from_numpy(idx)
-    votes = torch.zeros(test_feats.shape[0], num_classes)
-    votes.scatter_add_(1, train_labels[idx], (sims / temperature).exp())
-    return votes
+    sims, idx = knn_search(train_feats, test_feats, k)
+    return knn_votes(sims, idx, train_labels, k, temperature, num_classes)
 
 
 def knn_accuracy(train_feats: torch.Tensor, train_labels: torch.Tensor, test_feats: torch.Tensor,
                  test_labels: torch.Tensor, ks: Sequence[int] = (20,), temperature: float = 0.07,
                  num_classes: int | None = None) -> dict[str, float]:
-    """Top-1 (and top-5 when there are more than 5 classes) accuracy in percent for each k."""
+    """Top-1 (and top-5 when there are more than 5 classes) accuracy in percent for each k (one search, max k)."""
+    return knn_evaluate(train_feats, train_labels, test_feats, test_labels, ks, temperature, num_classes).metrics
+
+
+@dataclass
+class KNNResult:
+    """Accuracies for every k (`top1_k20`, `top5_k20`, ...), the curve over k, and the scores at `report_k`."""
+
+    metrics: dict[str, float]
+    curve: list[dict[str, float]]
+    report_k: int
+    scores: torch.Tensor
+
+
+def knn_evaluate(train_feats: torch.Tensor, train_labels: torch.Tensor, test_feats: torch.Tensor,
+                 test_labels: torch.Tensor, ks: Sequence[int] = (10, 20, 100, 200), temperature: float = 0.07,
+                 num_classes: int | None = None, report_k: int | None = None) -> KNNResult:
+    """The DINO kNN protocol for several k from a single faiss search with the largest k.
+
+    Features must already be L2-normalised (see `normalize`). Neighbour lists of a smaller k are prefixes of the
+    largest k's (faiss returns them sorted), so the votes of every k are exact.
+    """
+    if not ks:
+        raise ValueError("ks is empty: give at least one k")
     num_classes = int(num_classes or int(max(train_labels.max(), test_labels.max())) + 1)
-    out: dict[str, float] = {}
-    for k in ks:
-        scores = knn_predict_scores(train_feats, train_labels, test_feats, k, temperature, num_classes)
+    report_k = int(report_k if report_k is not None else (20 if 20 in ks else ks[0]))
+    all_k = sorted({*map(int, ks), report_k})
+    sims, idx = knn_search(train_feats, test_feats, max(all_k))
+    test_labels = test_labels.cpu().long()
+    metrics: dict[str, float] = {}
+    curve: list[dict[str, float]] = []
+    report_scores = torch.empty(0)
+    for k in all_k:
+        scores = knn_votes(sims, idx, train_labels, k, temperature, num_classes)
         top = scores.topk(min(5, num_classes), dim=1).indices
-        out[f"top1_k{k}"] = 100.0 * (top[:, 0] == test_labels).float().mean().item()
+        row: dict[str, float] = {"k": k, "top1": 100.0 * (top[:, 0] == test_labels).double().mean().item()}
         if num_classes > 5:
-            out[f"top5_k{k}"] = 100.0 * (top == test_labels[:, None]).any(1).float().mean().item()
-    return out
+            row["top5"] = 100.0 * (top == test_labels[:, None]).any(1).double().mean().item()
+        if k in ks:
+            curve.append(row)
+            metrics.update({f"{m}_k{k}": v for m, v in row.items() if m != "k"})
+        if k == report_k:
+            report_scores = scores
+    return KNNResult(metrics, curve, report_k, report_scores)
+
+
+def normalize(features: torch.Tensor) -> torch.Tensor:
+    """L2-normalise rows (cosine similarity = inner product)."""
+    return F.normalize(features.float(), dim=1)
 
 
 def evaluate_backbone_knn(backbone: nn.Module, bank_loader: DataLoader, query_loader: DataLoader,
@@ -84,3 +156,92 @@ class _Pooled(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.backbone.pooled(x)
+
+
+# ---- CLI: python -m scfs.eval.knn ckpt=... --------------------------------------------------------------------
+def run_knn(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
+    """kNN evaluation of `cfg.ckpt` on `cfg.data` (train split = memory bank, val split = queries); writes the
+    report into `run_dir` and returns the metrics document (also `<run_dir>/metrics.json`)."""
+    from scfs.eval.common import (
+        build_split,
+        class_names,
+        eval_transform,
+        load_eval_backbone,
+        make_run_dir,
+        resolve_device,
+        to_plain,
+    )
+    from scfs.eval.features import cached_features, dataset_key
+    from scfs.eval.report import EvalLogger, EvalResult, confusion_matrix
+    from scfs.train import scrub
+
+    t0 = time.time()
+    run_dir = make_run_dir(cfg, run_dir)
+    device = resolve_device(cfg.get("device"))
+    backbone, info = load_eval_backbone(cfg)
+    backbone.to(device)
+    tf = eval_transform(cfg)
+    sets = {"train": build_split(cfg, "train", tf), "val": build_split(cfg, "val", tf)}
+    t_load = time.time()
+    feats = {split: cached_features(backbone, ds, model_id=info.model_id, data_key=dataset_key(to_plain(cfg.data),
+                                    split, ds), cache_dir=cfg.get("feature_cache"), device=device,
+                                    batch_size=int(cfg.batch_size), num_workers=int(cfg.num_workers),
+                                    progress=bool(cfg.get("progress", True)), desc=f"{split} features")
+             for split, ds in sets.items()}
+    t_feat = time.time()
+    tr, va = feats["train"], feats["val"]
+    num_classes = int(getattr(sets["train"], "num_classes", 0) or int(max(tr.labels.max(), va.labels.max())) + 1)
+    res = knn_evaluate(normalize(tr.features), tr.labels, normalize(va.features), va.labels, list(cfg.ks),
+                       float(cfg.temperature), num_classes, cfg.get("report_k"))
+    t_knn = time.time()
+    k = res.report_k
+    metrics = {"top1": res.metrics.get(f"top1_k{k}"), **({"top5": res.metrics[f"top5_k{k}"]}
+                                                           if f"top5_k{k}" in res.metrics else {}), **res.metrics}
+    cached = all(f.from_cache for f in feats.values())
+    result = EvalResult(
+        kind="knn", metrics={m: float(v) for m, v in metrics.items() if v is not None}, checkpoint=info.as_dict(),
+        data={"name": cfg.data.name, "root": str(cfg.data.get("root")), "n_train": len(sets["train"]),
+              "n_val": len(sets["val"]), "num_classes": num_classes, "transform": repr(tf)},
+        class_names=class_names(sets["train"], num_classes),
+        confusion=confusion_matrix(res.scores.argmax(1), va.labels, num_classes),
+        config=scrub(to_plain(cfg)), knn_curve=res.curve, extra={"report_k": k},
+        timings={"load_s": t_load - t0, "features_s": t_feat - t_load, "knn_s": t_knn - t_feat},
+        notes=[f"protocol: DINO weighted kNN, L2-normalised pooled {info.which} features, cosine similarity, "
+               f"T={cfg.temperature}, ks={list(cfg.ks)}; top1/top5 at k={k}",
+               f"features {'read from the cache' if cached else 'extracted'} ({cfg.get('feature_cache')})"])
+    with EvalLogger(run_dir, to_plain(cfg.get("logger")), f"knn-{info.label}", result.config) as elog:
+        result.timings["total_s"] = time.time() - t0
+        doc = elog.write(result)
+    doc["run_dir"] = str(run_dir)
+    print(summary_line(doc), flush=True)
+    return doc
+
+
+def summary_line(doc: dict[str, Any]) -> str:
+    """One line for the terminal: the headline numbers and where the report is."""
+    m, ck = doc["metrics"], doc["checkpoint"]
+    head = f"kNN {ck['which']} {ck['label']} on {doc['data']['name']}: top-1 {m['top1']:.2f}%"
+    if "top5" in m:
+        head += f", top-5 {m['top5']:.2f}%"
+    per_k = ", ".join(f"{r['k']}: {r['top1']:.1f}" for r in doc.get("knn_curve") or [])
+    return (f"{head} at k={doc.get('report_k')} (top-1 by k: {per_k}) | {doc['timings'].get('total_s', 0):.1f}s | "
+            f"report {doc['run_dir']}/report.md | wandb {doc.get('wandb_dir')}")
+
+
+def _main(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    run_knn(cfg, HydraConfig.get().runtime.output_dir)
+
+
+def main() -> None:
+    """`python -m scfs.eval.knn ckpt=<path|random> [data=...] [which=student] [+experiment=imagenet]`."""
+    import hydra
+
+    from scfs.eval.common import EVAL_CONF_DIR
+
+    hydra.main(version_base="1.3", config_path=EVAL_CONF_DIR, config_name="knn")(_main)()
+
+
+if __name__ == "__main__":
+    main()

@@ -37,6 +37,7 @@ def _build_network(
                 nlayers=method_cfg.get("head_layers", 3),
                 use_bn=method_cfg.get("head_bn", False),
                 norm_last_layer=method_cfg.get("norm_last_layer", True),
+                bottleneck_bn=method_cfg.get("bottleneck_bn", False),
             ),
         }
     )
@@ -50,6 +51,8 @@ def _build_network(
                 nlayers=method_cfg.get("head_layers", 3),
                 final_relu=method_cfg.get("stage_final_relu", False),
                 use_bn=method_cfg.get("head_bn", False),
+                bottleneck_bn=method_cfg.get("bottleneck_bn", False),
+                norm_last_layer=method_cfg.get("norm_last_layer", True),
             )
             for s in stages
         }

@@ -40,9 +40,14 @@ class DINOHead(nn.Module):
         nlayers: int = 3,
         use_bn: bool = False,
         norm_last_layer: bool = True,
+        bottleneck_bn: bool = False,
     ) -> None:
         super().__init__()
         self.mlp = _mlp(in_dim, hidden_dim, bottleneck_dim, max(nlayers, 1), use_bn)
+        # Optional non-affine BN on the bottleneck: removes the component shared by all images before the L2
+        # norm, so the teacher's prototype scores differ between images from the first step (a start-up aid
+        # against the uniform plateau; off in the published recipe).
+        self.bottleneck_norm = nn.BatchNorm1d(bottleneck_dim, affine=False) if bottleneck_bn else nn.Identity()
         self.apply(self._init_weights)
         self.last_layer = weight_norm(nn.Linear(bottleneck_dim, out_dim, bias=False))
         self.last_layer.parametrizations.weight.original0.data.fill_(1.0)
@@ -58,7 +63,7 @@ class DINOHead(nn.Module):
                 nn.init.zeros_(m.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.normalize(self.mlp(x), dim=-1, eps=1e-6)
+        x = F.normalize(self.bottleneck_norm(self.mlp(x)), dim=-1, eps=1e-6)
         return self.last_layer(x)
 
 
@@ -83,6 +88,8 @@ class StageHead(nn.Module):
         reduction: int = 4,
         final_relu: bool = False,
         use_bn: bool = False,
+        bottleneck_bn: bool = False,
+        norm_last_layer: bool = True,
     ) -> None:
         super().__init__()
         mid = max(channels // reduction, 8)
@@ -94,7 +101,8 @@ class StageHead(nn.Module):
         self.bn3 = nn.BatchNorm2d(channels)
         nn.init.zeros_(self.bn3.weight)  # start as identity: the residual branch is learnt on top of GAP(x)
         self.final_relu = final_relu
-        self.proj = DINOHead(channels, out_dim, hidden_dim, bottleneck_dim, nlayers, use_bn=use_bn)
+        self.proj = DINOHead(channels, out_dim, hidden_dim, bottleneck_dim, nlayers, use_bn=use_bn,
+                             norm_last_layer=norm_last_layer, bottleneck_bn=bottleneck_bn)
 
     def _branch_after_conv1(self, y: torch.Tensor) -> torch.Tensor:
         y = F.relu(self.bn1(y))

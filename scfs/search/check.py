@@ -148,7 +148,14 @@ def check_case(backend: str, case: Case, device: torch.device, gen: torch.Genera
         same = _relerr(one.features, full.double()) <= tol if case.proj else torch.equal(one.features, full)
         if not same:
             fails.append("batch invariance: features of image 1 differ when run alone")
-        g_same = _relerr(one_g[0], out_g[0][1:2].double()) <= tol if case.proj else torch.equal(one_g[0], out_g[0][1:2])
+        # kernels reduce in a B-independent order (bitwise); torch's row reductions (softmax backward) and
+        # batched cuBLAS (projection) may vectorise differently with B, so those get fp32-rounding tolerance
+        if case.proj:
+            g_same = _relerr(one_g[0], out_g[0][1:2].double()) <= tol
+        elif case.mode == "softmax":
+            g_same = _relerr(one_g[0], out_g[0][1:2].double()) <= 1e-6
+        else:
+            g_same = torch.equal(one_g[0], out_g[0][1:2])
         if not g_same:
             fails.append("batch invariance: d_feats of image 1 differ when run alone")
     return fails

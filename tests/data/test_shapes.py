@@ -44,6 +44,7 @@ def test_layout_dtypes_and_cache_name(small: Path) -> None:
     meta = json.loads((small / "spec.json").read_text())
     assert meta["spec"]["n_train"] == 64 and meta["classes"] == list(CLASS_NAMES)
     assert not [p for p in small.parent.iterdir() if p.name.startswith(".tmp")]
+    assert small.stat().st_mode & 0o777 == 0o755
 
 
 def test_deterministic_and_seed_dependent(small: Path, tmp_path: Path) -> None:

@@ -1,0 +1,355 @@
+"""Search precision: how much of what the search keeps lies on the object the local crop shows.
+
+For a local crop (the query) and the global view of the same image, the search gives a weight per position of
+the teacher's stage map. The crop covers some object: the one with the largest mask overlap with the crop's box
+(crops on background only are skipped). Search precision is the share of the positive weight mass that falls
+inside that object's mask, each feature cell counted by the fraction of its pixels inside the mask:
+
+    precision = sum_p w+(p) * inside(p) / sum_p w+(p),   w+ = max(weight, 0)
+
+averaged over the (image, crop) pairs of the shapes validation set. Uniform weights score the object's share of
+the image (`chance`); a search that finds the object the crop shows scores higher. Reported per stage and search
+mode for each backbone (SCFS-trained vs DINO-trained vs random init).
+
+CLI (writes precision.json, precision.md and precision.png into a run folder):
+
+    python -m scfs.eval.precision runs/scfs-shapes/<time>/checkpoints/last.ckpt \\
+        runs/dino-shapes/<time>/checkpoints/last.ckpt random [--modes soft hard softmax] [--n-val 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+log = logging.getLogger("scfs.eval.precision")
+REPO = Path(__file__).resolve().parent.parent.parent
+STAGES = ("layer2", "layer3", "layer4")
+MODES = ("soft", "hard", "softmax")
+
+
+# ---- the metric on one map ----------------------------------------------------------------------------------
+def covered_object(mask: np.ndarray, box: Sequence[float]) -> int:
+    """Instance id (1..K) of the object with the most mask pixels inside `box` (x0,y0,x1,y1, x1/y1 exclusive);
+    0 when the box holds background only."""
+    x0, y0, x1, y1 = (int(round(float(v))) for v in box)
+    region = np.asarray(mask)[max(y0, 0):max(y1, 0), max(x0, 0):max(x1, 0)]
+    counts = np.bincount(region.ravel().astype(np.int64), minlength=1)
+    counts[0] = 0
+    return int(counts.argmax()) if counts.max() > 0 else 0
+
+
+def inside_fraction(object_mask: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    """(..., H, W) bool mask -> (..., h, w): the fraction of each feature cell's pixels inside the object."""
+    lead = object_mask.shape[:-2]
+    m = object_mask.reshape(-1, 1, *object_mask.shape[-2:]).float()
+    return F.adaptive_avg_pool2d(m, grid).reshape(*lead, *grid)
+
+
+def mass_inside(weights: np.ndarray | torch.Tensor, object_mask: np.ndarray | torch.Tensor) -> float:
+    """Share of the positive weight mass of a (h,w) map inside a (H,W) object mask (NaN without positive mass)."""
+    w = torch.as_tensor(np.asarray(weights, dtype=np.float32)).clamp_min(0)
+    frac = inside_fraction(torch.as_tensor(np.asarray(object_mask, dtype=bool)), tuple(w.shape[-2:]))
+    total = w.sum()
+    return float((w * frac).sum() / total) if total > 0 else float("nan")
+
+
+def _batch_precision(weights: torch.Tensor, object_masks: torch.Tensor) -> torch.Tensor:
+    """(B,N,h,w) weights, (B,N,H,W) bool object masks -> (B,N) precision (NaN where there is no positive mass)."""
+    w = weights.clamp_min(0)
+    frac = inside_fraction(object_masks, tuple(w.shape[-2:]))
+    total = w.sum(dim=(-2, -1))
+    return torch.where(total > 0, (w * frac).sum(dim=(-2, -1)) / total.clamp_min(1e-30), torch.nan)
+
+
+# ---- over a dataset -----------------------------------------------------------------------------------------
+@dataclass
+class PrecisionScores:
+    """Per-(image, crop) values: precision[mode][stage] (I,N) (NaN = skipped), object ids (I,N) (0 = background
+    crop), chance (I,N) = object area share, labels (I,N) of the covered object (-1 when unknown)."""
+
+    precision: dict[str, dict[str, np.ndarray]]
+    objects: np.ndarray
+    chance: np.ndarray
+    labels: np.ndarray
+    boxes: np.ndarray
+
+    def mean(self, mode: str) -> dict[str, float]:
+        return {s: float(np.nanmean(v)) if np.isfinite(v).any() else float("nan")
+                for s, v in self.precision[mode].items()}
+
+    @property
+    def n_used(self) -> int:
+        return int((self.objects > 0).sum())
+
+    @property
+    def chance_mean(self) -> float:
+        ok = self.objects > 0
+        return float(self.chance[ok].mean()) if ok.any() else float("nan")
+
+
+def precision_scores(backbone: nn.Module, images: np.ndarray, masks: np.ndarray,
+                     objects: Sequence[Sequence[Mapping[str, Any]]] | None = None, crops: np.ndarray | None = None, *,
+                     stages: Sequence[str] = STAGES, modes: Sequence[str] = MODES, n_crops: int = 4,
+                     local_size: int = 16, scale: Sequence[float] = (0.1, 0.35), seed: int = 0, topk: float = 0.25,
+                     temperature: float = 0.1, batch_size: int = 128,
+                     query_backbone: nn.Module | None = None) -> PrecisionScores:
+    """Search precision of every (image, crop) pair, for several modes from one pass of the backbone."""
+    from scfs.viz.regions import eval_mode, resolve_backbones, sample_crop_boxes, search_batch
+
+    images, masks = np.asarray(images), np.asarray(masks)
+    if images.ndim != 4 or masks.shape != images.shape[:3]:
+        raise ValueError(f"images (N,H,W,3) and masks (N,H,W) must match, got {images.shape} and {masks.shape}")
+    n_img, h, w = images.shape[:3]
+    boxes = sample_crop_boxes(n_img, n_crops, h, w, scale, seed=seed) if crops is None else np.asarray(crops)
+    if boxes.shape[:1] != (n_img,) or boxes.ndim != 3:
+        raise ValueError(f"crops must be (N_images={n_img}, N_crops, 4), got {boxes.shape}")
+    obj = np.array([[covered_object(masks[i], b) for b in boxes[i]] for i in range(n_img)], dtype=np.int64)
+    areas = np.stack([np.bincount(m.ravel().astype(np.int64), minlength=256) for m in masks]) / float(h * w)
+    chance = np.take_along_axis(areas, obj, axis=1)
+    labels = np.full(obj.shape, -1, dtype=np.int64)
+    if objects is not None:
+        for i, row in enumerate(obj):
+            for n, k in enumerate(row):
+                if 0 < k <= len(objects[i]):
+                    labels[i, n] = int(objects[i][k - 1]["label"])
+    maps_bb, _ = resolve_backbones(backbone)
+    query_bb = query_backbone or maps_bb
+    out = {m: {s: np.full(obj.shape, np.nan, dtype=np.float64) for s in stages} for m in modes}
+    with eval_mode(maps_bb, query_bb):
+        for i in range(0, n_img, batch_size):
+            sl = slice(i, i + batch_size)
+            _, weights, _ = search_batch(maps_bb, images[sl], boxes[sl], stages, modes, local_size, query_bb, topk,
+                                         temperature)
+            ids = torch.as_tensor(obj[sl])
+            obj_masks = torch.as_tensor(masks[sl]).long()[:, None] == ids[:, :, None, None]
+            valid = (ids > 0).numpy()
+            for m in modes:
+                for s in stages:
+                    p = _batch_precision(weights[m][s], obj_masks).double().numpy()
+                    out[m][s][sl] = np.where(valid, p, np.nan)
+    return PrecisionScores(out, obj, chance, labels, boxes)
+
+
+def search_precision(backbone: nn.Module, images: np.ndarray, masks: np.ndarray,
+                     objects: Sequence[Sequence[Mapping[str, Any]]] | None = None, crops: np.ndarray | None = None, *,
+                     stages: Sequence[str] = STAGES, mode: str = "soft", **kwargs: Any) -> dict[str, float]:
+    """Mean search precision per stage, `{stage: value in [0, 1]}`, over the (image, crop) pairs whose crop covers
+    an object. `crops` (N_images, N_crops, 4) or sampled like training local crops (`n_crops`, `scale`, `seed`);
+    other keywords as in `precision_scores`."""
+    return precision_scores(backbone, images, masks, objects, crops, stages=stages, modes=(mode,), **kwargs).mean(mode)
+
+
+# ---- several backbones: table, plot, files ------------------------------------------------------------------
+@dataclass
+class PrecisionReport:
+    """Mean precision for each backbone x mode x stage, with the chance level and what was measured."""
+
+    values: dict[str, dict[str, dict[str, float]]]  # model -> mode -> stage -> precision
+    chance: float
+    n_pairs: int
+    n_images: int
+    stages: tuple[str, ...]
+    modes: tuple[str, ...]
+    settings: dict[str, Any] = field(default_factory=dict)
+    checkpoints: dict[str, str] = field(default_factory=dict)
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [{"model": mdl, "mode": m, **{s: v[s] for s in self.stages}}
+                for mdl, per_mode in self.values.items() for m, v in per_mode.items()]
+
+    def markdown(self) -> str:
+        head = "| model | mode | " + " | ".join(self.stages) + " |"
+        lines = [head, "|---|---|" + "---:|" * len(self.stages)]
+        for r in self.rows():
+            lines.append(f"| {r['model']} | {r['mode']} | " + " | ".join(f"{100 * r[s]:.1f}" for s in self.stages)
+                         + " |")
+        lines.append("| uniform weights (chance) | - | " + " | ".join(f"{100 * self.chance:.1f}" for _ in self.stages)
+                     + " |")
+        return "\n".join(lines)
+
+    def document(self) -> dict[str, Any]:
+        return {"metric": "search precision: share of the positive searched-weight mass inside the mask of the "
+                          "object the local crop covers (mean over image x crop pairs; percent in the table)",
+                "values": self.values, "chance": self.chance, "n_pairs": self.n_pairs, "n_images": self.n_images,
+                "stages": list(self.stages), "modes": list(self.modes), "settings": self.settings,
+                "checkpoints": self.checkpoints}
+
+    def figure(self, title: str | None = None):
+        """One panel per mode: precision (%) per stage, a line per backbone, chance dashed."""
+        from scfs.viz.draw import new_figure
+
+        fig = new_figure(3.4 * len(self.modes) + 0.6, 3.4)
+        axes = fig.subplots(1, len(self.modes), squeeze=False)[0]
+        x = np.arange(len(self.stages))
+        for ax, m in zip(axes, self.modes):
+            for mdl, per_mode in self.values.items():
+                ax.plot(x, [100 * per_mode[m][s] for s in self.stages], marker="o", label=mdl)
+            ax.axhline(100 * self.chance, color="grey", ls="--", lw=1, label="chance (uniform)")
+            ax.set_xticks(x, labels=list(self.stages))
+            ax.set_title(f"search = {m}", fontsize=10)
+            ax.set_ylabel("weight mass on the crop's object (%)", fontsize=8)
+            ax.grid(alpha=0.3)
+        axes[0].legend(fontsize=7, loc="best")
+        fig.suptitle(title or f"Search precision on shapes val ({self.n_pairs} crop x image pairs, "
+                              f"{self.n_images} images)", fontsize=10)
+        fig.tight_layout()
+        return fig
+
+    def save(self, run_dir: str | Path) -> dict[str, str]:
+        """precision.json, precision.md and precision.png in `run_dir`; returns their paths."""
+        run_dir = Path(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        paths = {"json": run_dir / "precision.json", "markdown": run_dir / "precision.md",
+                 "figure": run_dir / "precision.png"}
+        paths["json"].write_text(json.dumps(self.document(), indent=2))
+        md = ["# Search precision", "", self.document()["metric"] + ".", "",
+              f"{self.n_pairs} (image, crop) pairs on {self.n_images} images; settings: "
+              + ", ".join(f"{k}={v}" for k, v in self.settings.items()), "", self.markdown(), "",
+              "![search precision](precision.png)", ""]
+        md += [f"* {k}: `{v}`" for k, v in self.checkpoints.items()]
+        paths["markdown"].write_text("\n".join(md) + "\n")
+        self.figure().savefig(paths["figure"], dpi=110)
+        return {k: str(v) for k, v in paths.items()}
+
+
+def precision_report(backbones: Mapping[str, nn.Module], images: np.ndarray, masks: np.ndarray,
+                     objects: Sequence[Sequence[Mapping[str, Any]]] | None = None, crops: np.ndarray | None = None, *,
+                     stages: Sequence[str] = STAGES, modes: Sequence[str] = MODES, n_crops: int = 4,
+                     local_size: int = 16, scale: Sequence[float] = (0.1, 0.35), seed: int = 0, topk: float = 0.25,
+                     temperature: float = 0.1, batch_size: int = 128,
+                     checkpoints: Mapping[str, str] | None = None) -> PrecisionReport:
+    """`search_precision` of several backbones on the same crops, every mode, as one report."""
+    from scfs.viz.regions import sample_crop_boxes
+
+    images = np.asarray(images)
+    if crops is None:
+        crops = sample_crop_boxes(len(images), n_crops, images.shape[1], images.shape[2], scale, seed=seed)
+    values: dict[str, dict[str, dict[str, float]]] = {}
+    scores = None
+    for name, bb in backbones.items():
+        scores = precision_scores(bb, images, masks, objects, crops, stages=stages, modes=modes,
+                                  local_size=local_size, topk=topk, temperature=temperature, batch_size=batch_size)
+        values[name] = {m: scores.mean(m) for m in modes}
+    if scores is None:
+        raise ValueError("no backbones given")
+    settings = {"local_size": local_size, "n_crops": int(crops.shape[1]), "crop_scale": list(scale), "seed": seed,
+                "topk": topk, "temperature": temperature, "image_size": int(images.shape[1])}
+    return PrecisionReport(values, scores.chance_mean, scores.n_used, len(images), tuple(stages), tuple(modes),
+                           settings, dict(checkpoints or {}))
+
+
+# ---- CLI --------------------------------------------------------------------------------------------------------
+def _yaml(path: Path) -> dict[str, Any]:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.load(path), resolve=True)  # type: ignore[return-value]
+
+
+def _label(path: str, raw: Mapping[str, Any] | None, used: set[str]) -> str:
+    if path == "random":
+        base = "random init"
+    elif raw is not None and isinstance(raw.get("hyper_parameters"), Mapping):
+        hp = raw["hyper_parameters"]
+        method = (hp.get("method") or {}).get("name", "?")
+        base = method.upper() + (f" ({(hp.get('search') or {}).get('mode')})" if method == "scfs" else "")
+    else:
+        base = Path(path).stem
+    label, k = base, 2
+    while label in used:
+        label, k = f"{base} #{k}", k + 1
+    used.add(label)
+    return label
+
+
+def load_backbones(specs: Sequence[str], which: str = "teacher", backbone: str = "tiny",
+                   seed: int = 0) -> tuple[dict[str, nn.Module], dict[str, str]]:
+    """Backbones named on the command line: `PATH`, `LABEL=PATH`, or `random` (the random init, at `seed`, of the
+    first scfs checkpoint's backbone config, else of conf/backbone/<backbone>.yaml)."""
+    from scfs.models.checkpoint import backbone_config_from, is_lightning_checkpoint, load_backbone, safe_load
+
+    parsed = [(s.split("=", 1) if "=" in s and not Path(s).exists() else (None, s)) for s in specs]
+    raws = {p: safe_load(p) for _, p in parsed if p != "random"}
+    bcfg = next((backbone_config_from(r) for r in raws.values() if is_lightning_checkpoint(r)), None)
+    bcfg = bcfg or _yaml(REPO / "conf" / "backbone" / f"{backbone}.yaml")
+    used: set[str] = set()
+    out: dict[str, nn.Module] = {}
+    paths: dict[str, str] = {}
+    for label, path in parsed:
+        label = label or _label(path, raws.get(path), used)
+        if path == "random":
+            torch.manual_seed(seed)
+            out[label] = load_backbone("random", backbone_cfg=bcfg)
+        else:
+            out[label] = load_backbone(path, which)
+        paths[label] = str(Path(path).resolve()) if path != "random" else f"random ({bcfg.get('name')}, seed {seed})"
+    return out, paths
+
+
+def _parser() -> argparse.ArgumentParser:
+    data = _yaml(REPO / "conf" / "data" / "shapes.yaml")
+    crops = _yaml(REPO / "conf" / "crops" / "shapes.yaml")
+    p = argparse.ArgumentParser(prog="python -m scfs.eval.precision", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("ckpts", nargs="+", metavar="CKPT", help="checkpoint file, LABEL=file, or 'random'")
+    p.add_argument("--which", default="teacher", choices=("teacher", "student"))
+    p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    p.add_argument("--stages", nargs="+", default=list(STAGES))
+    p.add_argument("--backbone", default="tiny", help="conf/backbone/<name>.yaml for 'random' without a scfs ckpt")
+    g = p.add_argument_group("shapes data (defaults: conf/data/shapes.yaml)")
+    g.add_argument("--data-root", default=str(data["root"]))
+    g.add_argument("--image-size", type=int, default=int(data["image_size"]))
+    g.add_argument("--n-train", type=int, default=int(data["n_train"]))
+    g.add_argument("--n-val", type=int, default=int(data["n_val"]))
+    g.add_argument("--num-classes", type=int, default=int(data["num_classes"]))
+    g.add_argument("--max-objects", type=int, default=int(data.get("max_objects", 3)))
+    g.add_argument("--data-seed", type=int, default=int(data["seed"]))
+    g.add_argument("--limit", type=int, default=0, help="use only the first N validation images (0 = all)")
+    c = p.add_argument_group("local crops (defaults: conf/crops/shapes.yaml)")
+    c.add_argument("--n-crops", type=int, default=4)
+    c.add_argument("--local-size", type=int, default=int(crops["local_size"]))
+    c.add_argument("--local-scale", type=float, nargs=2, default=[float(v) for v in crops["local_scale"]])
+    c.add_argument("--topk", type=float, default=0.25)
+    c.add_argument("--temperature", type=float, default=0.1)
+    p.add_argument("--seed", type=int, default=0, help="crop sampling and random init")
+    p.add_argument("--out", type=Path, help="run folder (default runs/eval/precision-<time>)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """`python -m scfs.eval.precision CKPT [CKPT ...]`: the report files and a one-line summary per backbone."""
+    from scfs.data.shapes import ShapesSpec, ensure_shapes, load_shapes
+
+    args = _parser().parse_args(argv)
+    t0 = time.time()
+    spec = ShapesSpec(image_size=args.image_size, n_train=args.n_train, n_val=args.n_val,
+                      num_classes=args.num_classes, max_objects=args.max_objects, seed=args.data_seed)
+    val = load_shapes(ensure_shapes(args.data_root, spec), "val")
+    n = args.limit or len(val)
+    backbones, paths = load_backbones(args.ckpts, args.which, args.backbone, args.seed)
+    report = precision_report(backbones, val.images[:n], val.masks[:n], val.objects[:n], stages=args.stages,
+                              modes=args.modes, n_crops=args.n_crops, local_size=args.local_size,
+                              scale=args.local_scale, seed=args.seed, topk=args.topk, temperature=args.temperature,
+                              checkpoints=paths)
+    out = args.out or Path("runs") / "eval" / f"precision-{time.strftime('%Y-%m-%d_%H-%M-%S')}"
+    files = report.save(out)
+    print(report.markdown())
+    print(f"search precision of {len(backbones)} backbone(s) on {n} shapes val images in {time.time() - t0:.1f}s | "
+          f"report {files['markdown']}", flush=True)
+    return {**report.document(), "files": files}
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,217 @@
+"""Load backbone weights from the checkpoint formats we meet, without ever executing pickled code.
+
+Formats (detected from the keys, not the file name):
+* ours: a Lightning checkpoint, ``state_dict`` with ``teacher.backbone.body.*`` / ``student.backbone.body.*`` and
+  ``hyper_parameters.backbone`` (the Backbone config, so no config is needed to rebuild the network);
+* the published SCFS / DINO ResNet-50 checkpoints: top-level ``teacher`` / ``student`` dicts whose keys carry
+  ``module.`` (DDP), ``backbone.`` and torchextractor (``model.`` / ``_model.``) prefixes, plus head weights;
+* plain torchvision / timm ResNet state dicts (``fc.*`` is dropped) or anything wrapping one under
+  ``state_dict`` / ``model`` / ``module``.
+
+Every file goes through ``torch.load(weights_only=True)``: a file that would need pickle code execution is
+refused with an `UnsafeCheckpointError`. The only globals allowed beyond torch's own list are plain-data
+containers that published training scripts put in their checkpoints (``argparse.Namespace`` of DINO's ``args``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+log = logging.getLogger("scfs.checkpoint")
+
+# Globals that are data, not code: constructing them only sets attributes. Nothing callable goes here.
+SAFE_GLOBALS: tuple[type, ...] = (argparse.Namespace,)
+# Leading key components that wrap a backbone (DDP, our Backbone/Lightning layout, DINO, torchextractor).
+WRAPPER_PREFIXES = ("module", "backbone", "body", "model", "_model", "encoder", "base_encoder", "net")
+# Leading key components of heads that a backbone never has (classifier, DINO/SCFS projection heads, loss buffers).
+HEAD_PREFIXES = ("fc", "head", "heads", "stage_heads", "classifier", "dino_loss", "stage_losses", "projector",
+                 "predictor")
+SHOWN_KEYS = 8
+
+
+class UnsafeCheckpointError(RuntimeError):
+    """The file holds pickled objects whose loading would run code; we refuse to load it."""
+
+
+class CheckpointMismatchError(RuntimeError):
+    """The checkpoint's weights do not fit the backbone (missing / unexpected / mis-shaped keys)."""
+
+
+def safe_load(path: str | os.PathLike) -> Any:
+    """``torch.load(path, weights_only=True)`` with a clear refusal for files that need pickle code execution."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    try:
+        with torch.serialization.safe_globals(list(SAFE_GLOBALS)):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises pickle.UnpicklingError (sometimes wrapped) for disallowed globals
+        msg = str(err)
+        if "weights_only" not in msg.lower() and "unsupported global" not in msg.lower():
+            raise
+        code = [ln.strip() for ln in msg.splitlines() if re.search(r"GLOBAL|reduce", ln)]
+        if not code:  # not a pickle of allowed types at all (e.g. a text file, a truncated download)
+            detail = next((ln.strip() for ln in msg.splitlines() if "Unsupported" in ln), msg.splitlines()[0])
+            raise ValueError(f"{path} is not a readable PyTorch checkpoint ({detail})") from None
+        raise UnsafeCheckpointError(
+            f"refusing to load {path}: it contains pickled Python objects that would run code when loaded "
+            f"({'; '.join(dict.fromkeys(code))}). Only tensors, numbers, strings and containers are accepted "
+            "(torch.load weights_only=True). If you trust the file, re-save just its weights: "
+            "torch.save(torch.load(p, weights_only=False)['state_dict'], 'weights.pt')") from None
+
+
+def file_digest(path: str | os.PathLike, length: int = 16) -> str:
+    """sha256 of the file content (hex prefix): the checkpoint id used in reports and feature-cache keys."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()[:length]
+
+
+def is_lightning_checkpoint(ckpt: Any) -> bool:
+    """Ours: a Lightning checkpoint of `SCFSModule` (state_dict + hyper_parameters.backbone)."""
+    return (isinstance(ckpt, Mapping) and isinstance(ckpt.get("state_dict"), Mapping)
+            and isinstance(ckpt.get("hyper_parameters"), Mapping) and "backbone" in ckpt["hyper_parameters"])
+
+
+def select_state_dict(ckpt: Any, which: str = "teacher") -> dict[str, torch.Tensor]:
+    """The flat tensor dict of network `which` (teacher/student) from any of the supported layouts."""
+    if which not in ("teacher", "student"):
+        raise ValueError(f"which={which!r}: allowed are teacher, student")
+    if not isinstance(ckpt, Mapping):
+        raise TypeError(f"checkpoint content is a {type(ckpt).__name__}, expected a dict of tensors")
+    sd: Any = ckpt
+    for _ in range(4):  # unwrap {"state_dict": {...}}, {"model": {...}}, {"teacher": {...}} ...
+        if not isinstance(sd, Mapping):
+            break
+        if isinstance(sd.get(which), Mapping):  # published SCFS / DINO: {"teacher": {...}, "student": {...}}
+            sd = sd[which]
+            continue
+        inner = next((sd[k] for k in ("state_dict", "model", "module", "model_state_dict")
+                      if isinstance(sd.get(k), Mapping)), None)
+        if inner is None:
+            break
+        sd = inner
+    tensors = {str(k): v for k, v in sd.items() if isinstance(v, torch.Tensor)}
+    if not tensors:
+        raise ValueError(f"no tensors found in the checkpoint (top-level keys: {list(ckpt)[:SHOWN_KEYS]})")
+    prefixed = {k for k in tensors if k.split(".", 1)[0] in ("teacher", "student")}
+    if prefixed:  # ours: one state_dict holding both networks
+        tensors = {k.split(".", 1)[1]: v for k, v in tensors.items() if k.split(".", 1)[0] == which}
+        if not tensors:
+            raise ValueError(f"the checkpoint has no {which!r} network")
+    return tensors
+
+
+def normalize_keys(state: Mapping[str, torch.Tensor], target_keys: set[str] | None = None) -> dict[str, torch.Tensor]:
+    """Strip wrapper prefixes (``module.``, ``backbone.``, ``body.``, ``model.``, ``_model.`` ...) and drop head
+    weights, so the keys read like a bare timm/torchvision ResNet (``conv1.weight``, ``layer1.0.bn1.bias``)."""
+    out: dict[str, torch.Tensor] = {}
+    for key, value in state.items():
+        parts = key.split(".")
+        if not (target_keys and key in target_keys):
+            while len(parts) > 1 and parts[0] in WRAPPER_PREFIXES:
+                parts = parts[1:]
+                if target_keys and ".".join(parts) in target_keys:
+                    break
+        k = ".".join(parts)
+        if parts[0] in HEAD_PREFIXES and not (target_keys and k in target_keys):
+            continue
+        out[k] = value
+    return out
+
+
+def _listing(keys: list[str]) -> str:
+    shown = ", ".join(keys[:SHOWN_KEYS])
+    return f"{len(keys)} ({shown}{', ...' if len(keys) > SHOWN_KEYS else ''})"
+
+
+def load_into(module: nn.Module, state: Mapping[str, torch.Tensor], source: str = "checkpoint") -> None:
+    """Strictly load normalised `state` into `module`; a mismatch raises with the missing/unexpected keys.
+
+    Missing BatchNorm ``num_batches_tracked`` counters are tolerated (old torchvision files lack them; they do
+    not affect evaluation-mode outputs).
+    """
+    target = module.state_dict()
+    state = normalize_keys(state, set(target))
+    missing = sorted(k for k in target if k not in state and not k.endswith("num_batches_tracked"))
+    unexpected = sorted(k for k in state if k not in target)
+    shapes = sorted(f"{k}: {tuple(state[k].shape)} vs {tuple(target[k].shape)}" for k in state
+                    if k in target and state[k].shape != target[k].shape)
+    if missing or unexpected or shapes:
+        parts = [f"{source} does not match the backbone ({type(module).__name__}, {len(target)} tensors)"]
+        if missing:
+            parts.append(f"missing keys: {_listing(missing)}")
+        if unexpected:
+            parts.append(f"unexpected keys: {_listing(unexpected)}")
+        if shapes:
+            parts.append(f"shape mismatches (checkpoint vs backbone): {_listing(shapes)}")
+        parts.append("check backbone.name / layers / channels / cifar_stem against the checkpoint")
+        raise CheckpointMismatchError("; ".join(parts))
+    merged = {k: state.get(k, v) for k, v in target.items()}
+    module.load_state_dict(merged, strict=True)
+
+
+def _body(module: nn.Module) -> nn.Module:
+    from scfs.models.backbone import Backbone
+
+    return module.body if isinstance(module, Backbone) else module
+
+
+def load_state_dict_file(module: nn.Module, path: str | os.PathLike, which: str = "teacher") -> None:
+    """Load the weights in `path` (any supported format) into `module` (a `Backbone`, or a bare timm ResNet)."""
+    state = select_state_dict(safe_load(path), which)
+    load_into(_body(module), state, source=f"checkpoint {path} ({which})")
+    log.info("loaded %s weights from %s", which, path)
+
+
+def backbone_config_from(ckpt: Mapping[str, Any]) -> dict[str, Any]:
+    """The Backbone config stored in our Lightning checkpoint's hyper_parameters."""
+    return dict(ckpt["hyper_parameters"]["backbone"])
+
+
+def build_backbone(backbone_cfg: Mapping[str, Any]) -> nn.Module:
+    """A `Backbone` from a config dict (as in conf/backbone/*.yaml); only the last stage is needed for eval."""
+    from scfs.models.backbone import Backbone
+
+    cfg = {k: (tuple(v) if isinstance(v, list) else v) for k, v in dict(backbone_cfg).items()}
+    cfg.pop("channels_last", None)
+    cfg.pop("stages", None)
+    name = cfg.pop("name", "resnet50")
+    return Backbone(name, stages=("layer4",), **cfg)
+
+
+def load_backbone(path: str | os.PathLike, which: str = "teacher",
+                  backbone_cfg: Mapping[str, Any] | None = None) -> nn.Module:
+    """A `Backbone` with the weights of `path` loaded, in eval mode.
+
+    Ours rebuild the network from the checkpoint's own config (`backbone_cfg` overrides it). Published and
+    plain state dicts need `backbone_cfg`; without one they are taken as ResNet-50 (the published models).
+    `path="random"` gives the randomly initialised network of `backbone_cfg` (seed it before calling).
+    """
+    if str(path) == "random":
+        if backbone_cfg is None:
+            raise ValueError("ckpt=random needs a backbone config (backbone_cfg)")
+        return build_backbone(backbone_cfg).eval()
+    ckpt = safe_load(path)
+    if backbone_cfg is None:
+        if is_lightning_checkpoint(ckpt):
+            backbone_cfg = backbone_config_from(ckpt)
+        else:
+            log.info("%s is not an scfs Lightning checkpoint and no backbone config was given: assuming resnet50",
+                     path)
+            backbone_cfg = {"name": "resnet50"}
+    backbone = build_backbone(backbone_cfg)
+    load_into(backbone.body, select_state_dict(ckpt, which), source=f"checkpoint {path} ({which})")
+    return backbone.eval()

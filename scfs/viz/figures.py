@@ -1,0 +1,222 @@
+"""Searched-region figures: which positions of the teacher's map a local crop's query picks, per stage and mode.
+
+Every figure carries a caption for readers who never read the paper. Functions return a matplotlib `Figure`
+(Agg canvas, no pyplot): notebooks display it inline, scripts call `fig.savefig(path)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from torch import nn
+
+from scfs.viz.draw import CYAN, WHITE, YELLOW, display_factor, draw_boxes, new_figure, overlay_map, upscale
+from scfs.viz.regions import MODES, STAGES, SearchMaps, compute_search_maps
+
+SIM_CMAP = "inferno"
+WEIGHT_CMAP = "viridis"
+MODE_TEXT = {
+    "soft": "soft: weight = the similarity itself (published SCFS)",
+    "hard": "hard: keep the top {topk:.0%} most similar positions",
+    "softmax": "softmax: spatial softmax of similarity / {temperature:g}",
+}
+
+
+def caption(maps: SearchMaps, modes: Sequence[str]) -> str:
+    """The plain-language explanation printed under every searched-regions figure."""
+    mode_lines = "; ".join(MODE_TEXT[m].format(topk=maps.topk, temperature=maps.temperature) for m in modes)
+    return ("The local crop (yellow box) is the query: its pooled feature is compared with every position of the "
+            "teacher's feature map of the whole image (the global view). Heat = cosine similarity of each teacher "
+            "feature position to it; weights = what the search keeps for the crop's training target "
+            f"({mode_lines}). Colours are scaled per panel (range in the title); blocks are feature-map cells.")
+
+
+def _target(maps: SearchMaps) -> int:
+    return max(maps.images.shape[1], maps.images.shape[2])
+
+
+def global_panel(maps: SearchMaps, i: int, crop: int, all_boxes: bool = True) -> np.ndarray:
+    """The global view (upscaled) with every crop's box (white) and the query crop's box (yellow)."""
+    f = display_factor(_target(maps))
+    img = upscale(maps.images[i], f)
+    t = max(1, f // 2)
+    if all_boxes:
+        others = [b for n, b in enumerate(maps.boxes[i]) if n != crop]
+        if others:
+            img = draw_boxes(img, np.asarray(others) * f, WHITE, width=max(2, t // 2))
+    return draw_boxes(img, maps.boxes[i][crop][None] * f, YELLOW, width=t + 1)  # drawn last: on top
+
+
+def crop_panel(maps: SearchMaps, i: int, crop: int) -> np.ndarray:
+    """The local view the query comes from, at about the global panel's display size."""
+    c = maps.crops[i, crop]
+    return draw_boxes(upscale(c, display_factor(c.shape[0])), [[0, 0, 10**6, 10**6]], YELLOW, width=2)
+
+
+def grey(image: np.ndarray) -> np.ndarray:
+    """Luma of an RGB image as a 3-channel uint8 image: heat colours read better over a colourless picture."""
+    y = image.astype(np.float32) @ np.array([0.299, 0.587, 0.114], dtype=np.float32)
+    return np.repeat(y.round().clip(0, 255).astype(np.uint8)[..., None], 3, axis=2)
+
+
+def map_panel(maps: SearchMaps, i: int, crop: int, heat: np.ndarray, cmap: str, vmin: float | None = None,
+              alpha: float = 0.65) -> np.ndarray:
+    """`heat` over the greyed global view, with the query crop's box for orientation."""
+    f = display_factor(_target(maps))
+    img = overlay_map(grey(upscale(maps.images[i], f)), heat, alpha=alpha, cmap=cmap, vmin=vmin)
+    return draw_boxes(img, maps.boxes[i][crop][None] * f, CYAN if cmap == WEIGHT_CMAP else YELLOW,
+                      width=max(2, f // 2))
+
+
+def _show(ax: Any, raster: np.ndarray, title: str) -> None:
+    ax.imshow(raster, interpolation="nearest")
+    ax.set_title(title, fontsize=8)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _grid(n_rows: int, n_cols: int, text: str, title: str, panel: float = 1.55) -> tuple[Any, Any]:
+    """Figure and axes for a panel grid with room for two-line panel titles, a suptitle and the wrapped caption.
+
+    Laid out by hand (no tight_layout, which measures every text and costs seconds on big grids).
+    """
+    import textwrap
+
+    title_h, top_h, gap = 0.42, 0.45, 0.08
+    width = panel * n_cols + gap * (n_cols + 1)
+    lines = textwrap.wrap(text, width=max(60, int(width * 15)))
+    cap_h = 0.14 * len(lines) + 0.2
+    height = top_h + n_rows * (panel + title_h) + cap_h
+    fig = new_figure(width, height)
+    axes = fig.subplots(n_rows, n_cols, squeeze=False, gridspec_kw={
+        "left": gap / width, "right": 1 - gap / width, "top": 1 - (top_h + title_h) / height,
+        "bottom": cap_h / height, "wspace": gap / panel, "hspace": title_h / panel})
+    fig.suptitle(title, fontsize=10, y=1 - 0.12 / height, va="top")
+    fig.text(0.01, 0.02 / height * 5, "\n".join(lines), fontsize=7.5, ha="left", va="bottom", color="#333333")
+    return fig, axes
+
+
+def _in_object(masks: np.ndarray | None, maps: SearchMaps, i: int, crop: int, weights: np.ndarray) -> str:
+    if masks is None:
+        return ""
+    from scfs.eval.precision import covered_object, mass_inside
+
+    k = covered_object(masks[i], maps.boxes[i][crop])
+    if k == 0:
+        return "\n(crop on background)"
+    return f"\n{100 * mass_inside(weights, masks[i] == k):.0f}% on the crop's object"
+
+
+def searched_regions_figure(model_or_maps: nn.Module | SearchMaps, images: np.ndarray | None = None,
+                            boxes: np.ndarray | None = None, *, crop: int = 0, mode: str = "soft",
+                            stages: Sequence[str] = STAGES, masks: np.ndarray | None = None,
+                            title: str | None = None, row_labels: Sequence[str] | None = None,
+                            **search_kwargs: Any):
+    """Rows = images; columns = global view with the crops' boxes, the query crop, then per stage the similarity
+    map and the searched weights of `mode`. Takes an SCFSModule / Backbone with `images` (B,H,W,3) uint8 (the
+    search is run, see `compute_search_maps` for keywords) or precomputed `SearchMaps`. With `masks` (shapes) each
+    weights panel also says how much of its mass lies on the crop's object."""
+    if isinstance(model_or_maps, SearchMaps):
+        maps = model_or_maps
+    else:
+        if images is None:
+            raise ValueError("images are needed when a model is given")
+        maps = compute_search_maps(model_or_maps, images, boxes, stages=stages, modes=(mode,), masks=masks,
+                                   **search_kwargs)
+    stages = [s for s in stages if s in maps.stages]
+    if mode not in maps.modes:
+        raise ValueError(f"mode {mode!r} was not computed; the maps have {maps.modes}")
+    n_rows, n_cols = len(maps), 2 + 2 * len(stages)
+    fig, axes = _grid(n_rows, n_cols, caption(maps, (mode,)), title or f"What the search picks: local crop -> "
+                      f"teacher feature map, per stage ({mode} search)")
+    for i in range(n_rows):
+        name = (row_labels[i] if row_labels else (maps.names[i] if maps.names else f"image {i}"))
+        _show(axes[i, 0], global_panel(maps, i, crop), f"{name}\nglobal view + crops")
+        _show(axes[i, 1], crop_panel(maps, i, crop), f"local crop {crop}\n(the query)")
+        for j, s in enumerate(stages):
+            sim = maps.similarity[s][i, crop]
+            w = maps.weights[mode][s][i, crop]
+            _show(axes[i, 2 + 2 * j], map_panel(maps, i, crop, sim, SIM_CMAP),
+                  f"{s} similarity\n[{sim.min():.2f}, {sim.max():.2f}]")
+            _show(axes[i, 3 + 2 * j], map_panel(maps, i, crop, np.clip(w, 0, None), WEIGHT_CMAP, vmin=0.0),
+                  f"{s} {mode} weights" + _in_object(masks, maps, i, crop, w))
+    return fig
+
+
+def search_modes_figure(maps: SearchMaps, selections: Sequence[tuple[int, int, str]],
+                        modes: Sequence[str] | None = None, masks: np.ndarray | None = None,
+                        title: str | None = None):
+    """One row per (image, crop, stage) selection: global view + crops, the query crop, the similarity map and
+    the weights of every mode side by side: how soft / hard / softmax search differ on the same query."""
+    modes = [m for m in (modes or maps.modes) if m in maps.modes]
+    n_rows, n_cols = len(selections), 3 + len(modes)
+    fig, axes = _grid(n_rows, n_cols, caption(maps, modes),
+                      title or "Search modes on the same query: similarity, then what each mode keeps")
+    for r, (i, crop, s) in enumerate(selections):
+        name = maps.names[i] if maps.names else f"image {i}"
+        sim = maps.similarity[s][i, crop]
+        _show(axes[r, 0], global_panel(maps, i, crop), f"{name}\nglobal view + crops")
+        _show(axes[r, 1], crop_panel(maps, i, crop), f"local crop {crop}\n(the query)")
+        _show(axes[r, 2], map_panel(maps, i, crop, sim, SIM_CMAP), f"{s} similarity\n[{sim.min():.2f}, {sim.max():.2f}]")
+        for j, m in enumerate(modes):
+            w = maps.weights[m][s][i, crop]
+            _show(axes[r, 3 + j], map_panel(maps, i, crop, np.clip(w, 0, None), WEIGHT_CMAP, vmin=0.0),
+                  f"{s} {m} weights" + _in_object(masks, maps, i, crop, w))
+    return fig
+
+
+def default_selections(maps: SearchMaps, n_images: int = 2, crop: int = 0) -> list[tuple[int, int, str]]:
+    """The fixed grid of the static fallback: the first images, crop `crop`, every stage."""
+    return [(i, crop, s) for i in range(min(n_images, len(maps))) for s in maps.stages]
+
+
+def _kernel() -> Any:
+    """The running IPython kernel, or None (plain Python, a terminal IPython)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    return getattr(get_ipython(), "kernel", None)
+
+
+def explore(maps: SearchMaps, masks: np.ndarray | None = None, static: bool | None = None,
+            static_images: int = 2) -> Any:
+    """Choose image, crop and stage interactively (ipywidgets `interact`) in a live kernel; otherwise (no widgets,
+    no IPython kernel, or `static=True` / env SCFS_NB_STATIC=1) render a fixed grid of the same panels.
+
+    In a kernel the result is displayed here; returns the widget, or the static Figure.
+    """
+    import os
+
+    if static is None:
+        static = os.environ.get("SCFS_NB_STATIC", "0").lower() in ("1", "true", "yes")
+    widgets = None
+    if not static and _kernel() is not None:
+        try:
+            import ipywidgets as widgets
+        except ImportError:
+            widgets = None
+    if widgets is None:
+        fig = search_modes_figure(maps, default_selections(maps, static_images), masks=masks,
+                                  title="Search modes (static grid: first images, crop 0, every stage)")
+        if _kernel() is not None:
+            from IPython.display import display
+
+            display(fig)
+        return fig
+    from IPython.display import display
+
+    def show(image: int, crop: int, stage: str) -> None:
+        display(search_modes_figure(maps, [(image, crop, stage)], masks=masks))
+
+    ui = widgets.interactive(show, image=widgets.IntSlider(0, 0, len(maps) - 1, description="image"),
+                             crop=widgets.IntSlider(0, 0, maps.n_crops - 1, description="crop"),
+                             stage=widgets.Dropdown(options=list(maps.stages), value=maps.stages[-1],
+                                                    description="stage"))
+    display(ui)
+    return ui
+
+
+__all__ = ["MODES", "caption", "default_selections", "explore", "search_modes_figure", "searched_regions_figure"]

@@ -1,0 +1,135 @@
+"""kNN: faiss result == brute-force torch protocol; feature cache reuse and invalidation; the CLI run end to end."""
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from scfs.eval.features import cached_features, dataset_key
+from scfs.eval.knn import knn_accuracy, knn_evaluate, knn_predict_scores, knn_search, run_knn
+from scfs.models import Backbone
+from scfs.models.checkpoint import safe_load
+
+
+def _brute_force(train, train_y, test, k, T, C):
+    sims = test @ train.T
+    top = sims.topk(k, dim=1)
+    votes = torch.zeros(test.shape[0], C).scatter_add_(1, train_y[top.indices], (top.values / T).exp())
+    return top.values, top.indices, votes
+
+
+@pytest.mark.parametrize("k", [1, 10, 20, 100, 200])
+def test_faiss_knn_equals_brute_force(k):
+    g = torch.Generator().manual_seed(k)
+    train = F.normalize(torch.randn(600, 48, generator=g), dim=1)
+    test = F.normalize(torch.randn(150, 48, generator=g), dim=1)
+    train_y = torch.randint(0, 13, (600,), generator=g)
+    sims, idx = knn_search(train, test, k)
+    ref_sims, ref_idx, ref_votes = _brute_force(train, train_y, test, k, 0.07, 13)
+    assert torch.equal(idx, ref_idx)  # exact same neighbours, same order
+    torch.testing.assert_close(sims, ref_sims, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(knn_predict_scores(train, train_y, test, k, 0.07, 13), ref_votes, rtol=1e-5,
+                               atol=1e-4)
+
+
+def test_accuracies_for_all_k_from_one_search_match_brute_force():
+    g = torch.Generator().manual_seed(0)
+    centers = torch.randn(8, 32, generator=g)
+    train_y, test_y = torch.randint(0, 8, (400,), generator=g), torch.randint(0, 8, (100,), generator=g)
+    train = F.normalize(centers[train_y] + 1.5 * torch.randn(400, 32, generator=g), dim=1)
+    test = F.normalize(centers[test_y] + 1.5 * torch.randn(100, 32, generator=g), dim=1)
+    ks = [10, 20, 100, 200]
+    res = knn_evaluate(train, train_y, test, test_y, ks, 0.07, 8, report_k=20)
+    for k in ks:
+        votes = _brute_force(train, train_y, test, k, 0.07, 8)[2]
+        top = votes.topk(5, dim=1).indices
+        assert res.metrics[f"top1_k{k}"] == pytest.approx(100.0 * (top[:, 0] == test_y).double().mean().item())
+        top5 = (top == test_y[:, None]).any(1).double().mean().item()
+        assert res.metrics[f"top5_k{k}"] == pytest.approx(100.0 * top5)
+    assert [r["k"] for r in res.curve] == ks and res.report_k == 20 and res.scores.shape == (100, 8)
+    assert knn_accuracy(train, train_y, test, test_y, ks, 0.07) == res.metrics  # the signature train.py uses
+    assert 30 < res.metrics["top1_k20"] <= 100  # separable enough to be a meaningful check
+
+
+class _Images(torch.utils.data.Dataset):
+    transform = "identity"
+
+    def __init__(self, n=20):
+        self.x = torch.randn(n, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i], i % 3
+
+
+def _count_forwards(monkeypatch) -> list:
+    calls = []
+    orig = Backbone.forward
+
+    def counting(self, x):
+        calls.append(x.shape[0])
+        return orig(self, x)
+
+    monkeypatch.setattr(Backbone, "forward", counting)
+    return calls
+
+
+def test_feature_cache_is_reused_and_keyed(tmp_path, monkeypatch):
+    calls = _count_forwards(monkeypatch)
+    b = Backbone("resnet18", stages=("layer4",), layers=(1, 1, 1, 1), channels=(8, 8, 8, 16))
+    ds = _Images()
+    key = dataset_key({"name": "synthetic", "root": str(tmp_path)}, "train", ds)
+    first = cached_features(b, ds, model_id="ckpt-a", data_key=key, cache_dir=tmp_path, batch_size=8)
+    assert not first.from_cache and sum(calls) == 20 and first.features.shape == (20, 16)
+    calls.clear()
+    again = cached_features(b, ds, model_id="ckpt-a", data_key=key, cache_dir=tmp_path, batch_size=8)
+    assert again.from_cache and calls == [] and torch.equal(again.features, first.features)
+    assert torch.equal(again.labels, first.labels)
+    other_split = dataset_key({"name": "synthetic", "root": str(tmp_path)}, "val", ds)
+    cached_features(b, ds, model_id="ckpt-a", data_key=other_split, cache_dir=tmp_path, batch_size=8)
+    cached_features(b, ds, model_id="ckpt-b", data_key=key, cache_dir=tmp_path, batch_size=8)
+    assert sum(calls) == 40  # another split and another model id are both recomputed
+
+
+def test_cli_run_reuses_cache_and_invalidates_on_new_checkpoint(tmp_path, monkeypatch, eval_cfg):
+    """A changed checkpoint file (same path!) must not read the old features: the key is the content hash."""
+    calls = _count_forwards(monkeypatch)
+    torch.manual_seed(0)
+    body = Backbone("resnet18", stages=("layer4",), cifar_stem=True, layers=(1, 1, 1, 1),
+                    channels=(8, 16, 16, 32)).body
+    ckpt = tmp_path / "weights.pth"
+    torch.save(body.state_dict(), ckpt)
+    cfg = eval_cfg("knn", f"ckpt={ckpt}", "ks=[5,10]", "report_k=5")
+    first = run_knn(cfg, tmp_path / "r1")
+    assert sum(calls) == 48 + 24
+    calls.clear()
+    second = run_knn(cfg, tmp_path / "r2")
+    assert calls == [] and second["metrics"] == first["metrics"]  # no forward pass at all
+    assert "read from the cache" in " ".join(second["notes"])
+    with torch.no_grad():
+        for p in body.parameters():
+            p.add_(0.1)
+    torch.save(body.state_dict(), ckpt)
+    third = run_knn(cfg, tmp_path / "r3")
+    assert sum(calls) == 48 + 24 and third["checkpoint"]["id"] != first["checkpoint"]["id"]
+
+
+def test_knn_cli_on_real_checkpoint_writes_report(tiny_ckpt, tmp_path, eval_cfg):
+    raw = safe_load(tiny_ckpt)  # a real Lightning checkpoint loads with weights_only=True
+    assert "state_dict" in raw and raw["hyper_parameters"]["backbone"]["channels"]
+    doc = run_knn(eval_cfg("knn", f"ckpt={tiny_ckpt}", "label=trained"), tmp_path)
+    on_disk = json.loads((tmp_path / "metrics.json").read_text())
+    assert on_disk["metrics"] == doc["metrics"] and on_disk["kind"] == "knn"
+    assert on_disk["checkpoint"]["format"] == "scfs-lightning" and on_disk["checkpoint"]["which"] == "teacher"
+    assert set(on_disk["metrics"]) >= {"top1", "top5", "top1_k10", "top5_k200"}
+    assert [r["k"] for r in on_disk["knn_curve"]] == [10, 20, 100, 200]
+    assert sum(r["n"] for r in on_disk["per_class"]) == 24 and len(on_disk["confusion"]) == 10
+    report = (tmp_path / "report.md").read_text()
+    assert "| top1 |" in report and "kNN accuracy vs k" in report and "Per-class accuracy" in report
+    for name in ("confusion.png", "per_class.png", "knn_vs_k.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    student = run_knn(eval_cfg("knn", f"ckpt={tiny_ckpt}", "which=student"), tmp_path / "student")
+    assert student["checkpoint"]["which"] == "student"

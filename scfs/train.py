@@ -107,6 +107,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
 
     from scfs.eval.knn import evaluate_backbone_knn
     from scfs.method.callbacks import KNNMonitor
+    from scfs.method.checkpoint_io import AtomicCheckpointIO
 
     t0 = time.time()
     run_dir = Path(run_dir or cfg.get("run_dir") or Path("runs") / cfg.name / time.strftime("%Y-%m-%d_%H-%M-%S"))
@@ -134,7 +135,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
                    out_file=run_dir / "knn_curve.json"),
     ]
     trainer = L.Trainer(**OmegaConf.to_container(cfg.trainer, resolve=True), logger=logger, callbacks=callbacks,
-                        default_root_dir=str(run_dir))
+                        default_root_dir=str(run_dir), plugins=[AtomicCheckpointIO()])
     ckpt_path = find_resume_checkpoint(cfg.get("resume"), cfg.name)
     trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
 

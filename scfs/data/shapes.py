@@ -111,7 +111,8 @@ class ShapesSpec:
             raise ValueError(f"ShapesSpec.clutter must be >= 0, got {self.clutter}")
         lo, hi = self.object_scale
         if not 0 < lo <= hi <= 0.5:
-            raise ValueError(f"ShapesSpec.object_scale must be (lo, hi) with 0 < lo <= hi <= 0.5, got {self.object_scale}")
+            raise ValueError(
+                f"ShapesSpec.object_scale must be (lo, hi) with 0 < lo <= hi <= 0.5, got {self.object_scale}")
         if not 1 <= self.max_objects <= min(self.num_classes, 255):
             raise ValueError(
                 f"ShapesSpec.max_objects must be in [1, min(num_classes, 255)], got {self.max_objects}"

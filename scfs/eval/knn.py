@@ -16,7 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import faiss
+import logging
+
+logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # its CPU-feature probing is noise
+import faiss  # noqa: E402
 import numpy as np
 import torch
 import torch.nn.functional as F

@@ -131,9 +131,10 @@ def train_linear_on_features(train_f: torch.Tensor, train_y: torch.Tensor, num_c
     val_loader = feature_loader(*val, batch_size, False) if val is not None and val_every > 0 else None
     threads = torch.get_num_threads()
     try:
-        # (B, D) x (D, C) matmuls gain nothing from intra-op threads, and on a shared CPU the thread hand-off
-        # dominates: 1 thread measured 10x faster than 2 on a loaded 2-core machine
-        torch.set_num_threads(1)
+        # small (B, D) x (D, C) matmuls gain nothing from intra-op threads, and on a shared CPU the thread
+        # hand-off dominates: 1 thread measured 10-50x faster than 2 on a loaded 2-core machine (shapes probe)
+        if batch_size * train_f.shape[1] * num_classes < 1 << 24:
+            torch.set_num_threads(1)
         trainer.fit(probe, feature_loader(train_f, train_y, batch_size, True, seed), val_loader)
     finally:
         torch.set_num_threads(threads)

@@ -134,7 +134,7 @@ def precision_scores(backbone: nn.Module, images: np.ndarray, masks: np.ndarray,
             _, weights, _ = search_batch(maps_bb, images[sl], boxes[sl], stages, modes, local_size, query_bb, topk,
                                          temperature)
             ids = torch.as_tensor(obj[sl])
-            obj_masks = torch.as_tensor(masks[sl]).long()[:, None] == ids[:, :, None, None]
+            obj_masks = torch.from_numpy(np.array(masks[sl])).long()[:, None] == ids[:, :, None, None]
             valid = (ids > 0).numpy()
             for m in modes:
                 for s in stages:
@@ -301,8 +301,9 @@ def load_backbones(specs: Sequence[str], which: str = "teacher", backbone: str =
 def _parser() -> argparse.ArgumentParser:
     data = _yaml(REPO / "conf" / "data" / "shapes.yaml")
     crops = _yaml(REPO / "conf" / "crops" / "shapes.yaml")
-    p = argparse.ArgumentParser(prog="python -m scfs.eval.precision", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    doc = __doc__ or ""
+    p = argparse.ArgumentParser(prog="python -m scfs.eval.precision", description=doc.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=doc.split("\n\n", 1)[-1])
     p.add_argument("ckpts", nargs="+", metavar="CKPT", help="checkpoint file, LABEL=file, or 'random'")
     p.add_argument("--which", default="teacher", choices=("teacher", "student"))
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)

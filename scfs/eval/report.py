@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import struct
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -159,6 +160,7 @@ class EvalLogger:
         self.run_dir = Path(run_dir)
         self.run: Any = None
         cfg = dict(logger_cfg or {})
+        self.mode = cfg.get("mode", "offline")
         if not cfg.get("wandb", True) or cfg.get("mode", "offline") == "disabled":
             return
         try:
@@ -219,10 +221,22 @@ class EvalLogger:
         run.log(payload)
         run.summary.update(summary)  # logging media must not shadow the numbers
 
-    def finish(self) -> None:
-        if self.run is not None:
-            self.run.finish()
-            self.run = None
+    def finish(self, timeout_s: float = 30.0) -> None:
+        """Finish the W&B run and wait (bounded) until its transaction log holds the exit record: wandb-core
+        flushes the .wandb file asynchronously, and the run folder should be complete when the CLI returns."""
+        if self.run is None:
+            return
+        wandb_dir = self.wandb_dir
+        self.run.finish()
+        self.run = None
+        if wandb_dir and self.mode == "offline":
+            deadline = time.monotonic() + timeout_s
+            while not wandb_run_complete(wandb_dir):
+                if time.monotonic() > deadline:
+                    log.warning("W&B run %s: no exit record after %.0fs; the file may still be written", wandb_dir,
+                                timeout_s)
+                    break
+                time.sleep(0.1)
 
     def __enter__(self) -> EvalLogger:
         return self
@@ -314,6 +328,8 @@ def read_wandb_records(path: str | os.PathLike) -> Iterator[Any]:
         if kind == 0 and length == 0:
             pos += room
             continue
+        if pos + 7 + length > len(data):  # a record still being written
+            return
         chunk = data[pos + 7:pos + 7 + length]
         pos += 7 + length
         if kind == _FULL:
@@ -331,6 +347,14 @@ def read_wandb_records(path: str | os.PathLike) -> Iterator[Any]:
         rec = pb.Record()
         rec.ParseFromString(payload)
         yield rec
+
+
+def wandb_run_complete(run_dir: str | os.PathLike) -> bool:
+    """Whether the run's transaction log is there and ends with its exit record."""
+    try:
+        return any(rec.WhichOneof("record_type") == "exit" for rec in read_wandb_records(find_wandb_file(run_dir)))
+    except (FileNotFoundError, ValueError):
+        return False
 
 
 def find_wandb_file(run_dir: str | os.PathLike) -> Path:

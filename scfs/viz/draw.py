@@ -22,13 +22,15 @@ CYAN: Color = (0, 220, 255)
 
 
 def as_hwc_uint8(image: np.ndarray | torch.Tensor) -> np.ndarray:
-    """A (H,W,3) uint8 numpy copy of a uint8 image given as HWC or CHW, numpy or torch."""
-    arr = image.detach().cpu().numpy() if isinstance(image, torch.Tensor) else np.asarray(image)
+    """A (H,W,3) uint8 numpy image from a uint8 image: torch tensors are CHW (the datasets' layout), numpy arrays
+    HWC (the shapes arrays', PIL's) unless only the CHW reading fits."""
+    is_torch = isinstance(image, torch.Tensor)
+    arr = image.detach().cpu().numpy() if is_torch else np.asarray(image)
     if arr.ndim == 2:
         arr = np.repeat(arr[..., None], 3, axis=2)
     if arr.ndim != 3:
         raise ValueError(f"expected an (H,W,3) or (3,H,W) image, got shape {arr.shape}")
-    if arr.shape[0] in (1, 3) and arr.shape[2] not in (1, 3):
+    if arr.shape[0] in (1, 3) and (is_torch or arr.shape[2] not in (1, 3)):
         arr = arr.transpose(1, 2, 0)
     if arr.shape[2] == 1:
         arr = np.repeat(arr, 3, axis=2)
@@ -48,7 +50,8 @@ def denormalize(view: torch.Tensor, mean: Sequence[float] = IMAGENET_MEAN,
 
 def normalize_images(images: np.ndarray | torch.Tensor) -> torch.Tensor:
     """(B,H,W,3) uint8 -> (B,3,H,W) float32 normalised with the ImageNet statistics (the training transform's)."""
-    x = torch.as_tensor(np.asarray(images)).permute(0, 3, 1, 2).float().div(255)
+    # np.array copies: memory-mapped arrays are read-only and torch warns about them
+    x = torch.from_numpy(np.array(images, dtype=np.uint8)).permute(0, 3, 1, 2).float().div(255)
     m = torch.tensor(IMAGENET_MEAN)[:, None, None]
     s = torch.tensor(IMAGENET_STD)[:, None, None]
     return (x - m) / s

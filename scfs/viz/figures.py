@@ -159,7 +159,8 @@ def search_modes_figure(maps: SearchMaps, selections: Sequence[tuple[int, int, s
         sim = maps.similarity[s][i, crop]
         _show(axes[r, 0], global_panel(maps, i, crop), f"{name}\nglobal view + crops")
         _show(axes[r, 1], crop_panel(maps, i, crop), f"local crop {crop}\n(the query)")
-        _show(axes[r, 2], map_panel(maps, i, crop, sim, SIM_CMAP), f"{s} similarity\n[{sim.min():.2f}, {sim.max():.2f}]")
+        _show(axes[r, 2], map_panel(maps, i, crop, sim, SIM_CMAP),
+              f"{s} similarity\n[{sim.min():.2f}, {sim.max():.2f}]")
         for j, m in enumerate(modes):
             w = maps.weights[m][s][i, crop]
             _show(axes[r, 3 + j], map_panel(maps, i, crop, np.clip(w, 0, None), WEIGHT_CMAP, vmin=0.0),

@@ -16,10 +16,17 @@ TINY_EVAL = ["++data.n_train=48", "++data.n_val=24", "++data.image_size=32", "ba
 @pytest.fixture(scope="session")
 def tiny_ckpt(shapes_root, tmp_path_factory) -> Path:
     """A real Lightning checkpoint of `python -m scfs.train` (2 steps on tiny shapes, ~8 s once per session)."""
+    import torch
+
     from scfs.train import run
 
     out = tmp_path_factory.mktemp("pretrain")
-    run(compose_cfg(["eval.knn_at_start=false"], data_root=shapes_root), out)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # see _one_cpu_thread
+    try:
+        run(compose_cfg(["eval.knn_at_start=false"], data_root=shapes_root), out)
+    finally:
+        torch.set_num_threads(before)
     return out / "checkpoints" / "last.ckpt"
 
 
@@ -33,3 +40,14 @@ def eval_cfg(shapes_root, tmp_path):
                                        f"feature_cache={tmp_path / 'cache'}", *overrides])
 
     return make
+
+
+@pytest.fixture(autouse=True)
+def _one_cpu_thread():
+    """Eval tests run tiny ops; on the shared 2-core CPU, intra-op threads mostly wait on each other."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

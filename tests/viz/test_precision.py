@@ -1,0 +1,103 @@
+"""Search precision on hand-made masks and a hand-made 'backbone' whose answer is known."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from scfs.eval.precision import (
+    covered_object,
+    main,
+    mass_inside,
+    precision_report,
+    precision_scores,
+    search_precision,
+)
+
+
+def test_mass_inside_on_a_known_mask():
+    mask = np.zeros((8, 8), bool)
+    mask[:, :4] = True  # object = left half
+    assert mass_inside(np.array([[1.0, 0.0], [1.0, 0.0]]), mask) == 1.0
+    assert mass_inside(np.ones((2, 2)), mask) == 0.5  # uniform weights score the object's area share
+    assert mass_inside(np.array([[0.0, 3.0], [0.0, 1.0]]), mask) == 0.0
+    assert mass_inside(np.array([[1.0, -5.0], [1.0, -5.0]]), mask) == 1.0  # only positive mass counts
+    # a 1 x 4 map over the 8 x 8 image: two columns of cells inside the object, two outside
+    assert mass_inside(np.array([[2.0, 2.0, 2.0, 2.0]]), mask) == pytest.approx(0.5)
+    assert math.isnan(mass_inside(np.zeros((2, 2)), mask))
+
+
+def test_covered_object_is_the_largest_overlap():
+    m = np.zeros((10, 10), np.uint8)
+    m[0:4, 0:4] = 1  # 16 px
+    m[5:10, 5:10] = 2  # 25 px
+    assert covered_object(m, [0, 0, 10, 10]) == 2
+    assert covered_object(m, [0, 0, 6, 6]) == 1
+    assert covered_object(m, [0, 5, 4, 10]) == 0  # background only
+
+
+class ColourNet(nn.Module):
+    """A 'backbone' whose features are relu(red), relu(blue) per pixel: a red object and a blue background have
+    orthogonal features, so a query from a crop inside the object is similar to the object only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        conv = nn.Conv2d(3, 2, 1, bias=False)
+        with torch.no_grad():
+            conv.weight.zero_()
+            conv.weight[0, 0] = 1.0
+            conv.weight[1, 2] = 1.0
+        self.body = nn.ModuleDict({"layer2": nn.Sequential(conv, nn.ReLU()), "layer3": nn.AvgPool2d(2)})
+
+
+def _red_square_on_blue(n: int = 2, size: int = 16):
+    images = np.zeros((n, size, size, 3), np.uint8)
+    images[..., 2] = 255
+    masks = np.zeros((n, size, size), np.uint8)
+    images[:, :8, :8] = (255, 0, 0)
+    masks[:, :8, :8] = 1
+    objects = [[{"label": 3, "box": [0, 0, 8, 8]}] for _ in range(n)]
+    return images, masks, objects
+
+
+def test_search_precision_known_answer():
+    images, masks, objects = _red_square_on_blue()
+    crops = np.array([[[1, 1, 7, 7], [9, 9, 15, 15]]] * 2)  # inside the object / on background only
+    net = ColourNet()
+    for mode in ("soft", "hard", "softmax"):
+        p = search_precision(net, images, masks, objects, crops, stages=("layer2", "layer3"), mode=mode,
+                             local_size=4)
+        assert p["layer2"] == pytest.approx(1.0, abs=1e-3), mode  # softmax leaves ~e^-10 on the background
+        assert p["layer3"] == pytest.approx(1.0, abs=1e-3), mode
+    scores = precision_scores(net, images, masks, objects, crops, stages=("layer2",), modes=("soft",), local_size=4)
+    assert scores.n_used == 2 and (scores.objects[:, 1] == 0).all()  # the background crops are skipped
+    assert np.isnan(scores.precision["soft"]["layer2"][:, 1]).all()
+    assert scores.chance_mean == pytest.approx(64 / 256)
+    assert (scores.labels[:, 0] == 3).all()
+
+
+def test_precision_report_files_and_random_backbone(tmp_path):
+    from scfs.models import Backbone
+
+    images, masks, objects = _red_square_on_blue(3, 32)
+    torch.manual_seed(0)
+    bb = Backbone("resnet18", stages=("layer4",), cifar_stem=True, layers=(1, 1, 1, 1), channels=(8, 8, 8, 8))
+    rep = precision_report({"colour": ColourNet(), "random": bb}, images, masks, objects, stages=("layer2", "layer3"),
+                           n_crops=3, local_size=8)
+    assert set(rep.values) == {"colour", "random"} and set(rep.values["random"]) == {"soft", "hard", "softmax"}
+    for per_mode in rep.values.values():
+        for v in per_mode.values():
+            assert all(0.0 <= x <= 1.0 for x in v.values())
+    files = rep.save(tmp_path)
+    assert "| colour | soft |" in (tmp_path / "precision.md").read_text()
+    assert (tmp_path / "precision.png").stat().st_size > 1000 and files["json"].endswith("precision.json")
+
+
+def test_precision_cli_random_init(tmp_path, capsys):
+    doc = main(["random", "--data-root", str(tmp_path / "shapes"), "--n-train", "4", "--n-val", "6", "--n-crops", "2",
+                "--modes", "soft", "hard", "--out", str(tmp_path / "run")])
+    assert set(doc["values"]) == {"random init"} and set(doc["values"]["random init"]) == {"soft", "hard"}
+    assert (tmp_path / "run" / "precision.json").is_file() and (tmp_path / "run" / "precision.png").is_file()
+    assert "uniform weights (chance)" in capsys.readouterr().out

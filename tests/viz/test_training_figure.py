@@ -1,0 +1,63 @@
+"""`save_training_figure`: fast, written into the run folder, logged to W&B loggers, never raising."""
+
+import logging
+import time
+
+from helpers import compose_cfg
+
+from scfs.train import build
+from scfs.viz import save_training_figure
+
+
+class WandbLogger:  # same class name as Lightning's: the function dispatches on it
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+
+    def log_image(self, **kw) -> None:
+        self.calls.append(kw)
+
+
+def _model_and_dm(shapes_root, overrides=()):
+    dm, model = build(compose_cfg(list(overrides), data_root=shapes_root))
+    dm.setup()
+    return model, dm
+
+
+def test_figure_is_saved_logged_and_fast(shapes_root, tmp_path):
+    model, dm = _model_and_dm(shapes_root)
+    model.train()
+    logger = WandbLogger()
+    t0 = time.time()
+    path = save_training_figure(model, dm, tmp_path, logger)
+    assert time.time() - t0 < 3.0
+    assert path == str(tmp_path / "searched_regions.png") and (tmp_path / "searched_regions.png").stat().st_size > 0
+    assert logger.calls and logger.calls[0]["key"] == "searched_regions" and logger.calls[0]["images"] == [path]
+    assert model.training and model.teacher.training  # the modes it had are restored
+
+
+def test_figure_for_dino_and_other_search_modes(shapes_root, tmp_path):
+    for overrides in (["method=dino"], ["search=hard"], ["search=roi"], ["data.batch_aug=false"]):
+        model, dm = _model_and_dm(shapes_root, overrides)
+        out = tmp_path / overrides[0].replace("=", "-")
+        assert save_training_figure(model, dm, out, None) == str(out / "searched_regions.png")
+
+
+def test_failures_are_logged_not_raised(shapes_root, tmp_path, caplog):
+    model, _ = _model_and_dm(shapes_root)
+    with caplog.at_level(logging.WARNING, logger="scfs.viz"):
+        assert save_training_figure(model, object(), tmp_path, None) is None
+    assert "searched-regions figure skipped" in caplog.text
+
+
+def test_figure_on_an_image_folder(tmp_path):
+    from PIL import Image
+
+    for split in ("train", "val"):
+        for cls in ("a", "b"):
+            (tmp_path / "data" / split / cls).mkdir(parents=True)
+            for i in range(8):
+                Image.new("RGB", (40 + i, 36), (30 * i, 100, 200)).save(tmp_path / "data" / split / cls / f"{i}.png")
+    dm, model = build(compose_cfg(["data=folder", "batch_size=4"],
+                                  data_root=tmp_path / "data"))
+    dm.setup()
+    assert save_training_figure(model, dm, tmp_path / "run", None) == str(tmp_path / "run" / "searched_regions.png")

@@ -1,0 +1,40 @@
+"""Notebook plumbing: run folders keyed by the training settings, reuse of finished runs, output locations."""
+
+import json
+
+from scfs.viz import workbench as wb
+
+
+def test_run_key_ignores_logging_but_not_training(monkeypatch, tmp_path):
+    monkeypatch.setenv("SCFS_NB_RUNS", str(tmp_path))
+    a = wb.compose_train_cfg([], small=True)
+    assert wb.run_key(a) == wb.run_key(wb.compose_train_cfg(["logger=csv", "eval.figure=false"], small=True))
+    assert wb.run_key(a) != wb.run_key(wb.compose_train_cfg(["search=hard"], small=True))
+    assert wb.run_key(a) == wb.run_key(wb.compose_train_cfg(["search=soft"], small=True))  # the default, explicit
+    d = wb.pretrain_dir(a)
+    assert d.parent == tmp_path / "pretrain" and d.name.startswith("scfs-shapes-soft-")
+    assert str(a.data.root) == str(wb.DATA_ROOT)  # absolute: independent of the notebook's cwd
+
+
+def test_pretrain_reuses_a_finished_run(monkeypatch, tmp_path):
+    monkeypatch.setenv("SCFS_NB_RUNS", str(tmp_path))
+    cfg = wb.compose_train_cfg(["method=dino"], small=True)
+    assert wb.find_run(cfg) is None
+    d = wb.pretrain_dir(cfg)
+    (d / "checkpoints").mkdir(parents=True)
+    (d / "checkpoints" / "last.ckpt").write_bytes(b"x")
+    (d / "summary.json").write_text(json.dumps({"method": "dino", "search": "soft", "checkpoint": "c"}))
+    assert wb.pretrain(cfg)["checkpoint"] == "c"
+    assert wb.fresh_run_dir(cfg) == d and not d.exists()
+
+
+def test_notebook_dir_and_summaries(monkeypatch, tmp_path):
+    monkeypatch.setenv("SCFS_NB_RUNS", str(tmp_path / "r"))
+    assert wb.notebook_dir("x") == tmp_path / "r" / "x" and (tmp_path / "r" / "x").is_dir()
+    s = {"knn": {"top1_k20": 30.0}, "knn_init": {"top1_k20": 10.0}, "loss": 5.0, "uniform_loss": 10.0, "steps": 3,
+         "seconds": 2.0}
+    table = wb.summaries_table({"SCFS": s, "DINO": s})
+    assert "| SCFS | 30.0 | 10.0 | +20.0 |" in table
+    assert len(wb.summaries_figure({"SCFS": s}).axes) == 2
+    monkeypatch.setenv("SCFS_NB_SMALL", "yes")
+    assert wb.small_mode()

@@ -108,6 +108,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     from scfs.eval.knn import evaluate_backbone_knn
     from scfs.method.callbacks import KNNMonitor
     from scfs.method.checkpoint_io import AtomicCheckpointIO
+    from scfs.method.monitors import OnlineLinearMonitor
 
     t0 = time.time()
     run_dir = Path(run_dir or cfg.get("run_dir") or Path("runs") / cfg.name / time.strftime("%Y-%m-%d_%H-%M-%S"))
@@ -134,6 +135,9 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
         KNNMonitor(every_n_epochs=cfg.eval.knn_every_n_epochs, ks=ks, temperature=cfg.eval.knn_temperature,
                    out_file=run_dir / "knn_curve.json"),
     ]
+    online_every = cfg.eval.get("online_linear_every_n_epochs", 1)
+    if online_every and hasattr(dm.train_set, "num_classes"):
+        callbacks.append(OnlineLinearMonitor(num_classes=dm.train_set.num_classes, every_n_epochs=online_every))
     trainer = L.Trainer(**OmegaConf.to_container(cfg.trainer, resolve=True), logger=logger, callbacks=callbacks,
                         default_root_dir=str(run_dir), plugins=[AtomicCheckpointIO()])
     ckpt_path = find_resume_checkpoint(cfg.get("resume"), cfg.name)

@@ -42,7 +42,7 @@ def test_stage_terms_are_logged_for_scfs_only(tmp_path, shapes_root):
 
 def test_resume_continues_exactly(tmp_path, shapes_root):
     """2 epochs straight == 1 epoch, stop, resume for the 2nd: same step, same teacher, student and centre."""
-    common = ["trainer.max_epochs=2", "+trainer.deterministic=true", "eval.knn_at_start=false"]
+    common = ["trainer.max_epochs=2", "trainer.deterministic=true", "eval.knn_at_start=false"]
     straight = run(compose_cfg(common, data_root=shapes_root), tmp_path / "a")
     first = compose_cfg(["trainer.max_epochs=1", *common[1:]], data_root=shapes_root)
     run(first, tmp_path / "b")

@@ -230,9 +230,14 @@ def log_report_to_wandb(docs: Sequence[Mapping[str, Any]], figures: Mapping[str,
     except ImportError:
         print("wandb is not installed: the report stays in", run_dir)
         return None
-    run = wandb.init(project=project, name=name, dir=str(run_dir), mode=mode or os.environ.get("WANDB_MODE", "offline"),
-                     job_type="report", reinit="finish_previous",
-                     settings=wandb.Settings(silent=True, console="off", x_disable_stats=True))
+    try:
+        run = wandb.init(project=project, name=name, dir=str(run_dir),
+                         mode=mode or os.environ.get("WANDB_MODE", "offline"), job_type="report",
+                         reinit="finish_previous", settings=wandb.Settings(silent=True, console="off",
+                                                                            x_disable_stats=True))
+    except Exception as err:  # a broken W&B set-up must not lose the report: the files are written already
+        print(f"W&B logging failed ({type(err).__name__}: {err}); the report stays in {run_dir}")
+        return None
     try:
         rows = [[_label(d), d["kind"], float(d["metrics"]["top1"]), float(d["metrics"].get("top5", float("nan")))]
                 for d in docs]

@@ -131,7 +131,8 @@ def pretrain(cfg: Any, reuse: bool = True) -> dict[str, Any]:
     if reuse:
         found = find_run(cfg)
         if found is not None:
-            print(f"reusing {found['method'].upper()} ({found['search']}) run {pretrain_dir(cfg)}")
+            what = found["method"].upper() + (f" ({found['search']})" if found["method"] == "scfs" else "")
+            print(f"reusing the finished {what} run {pretrain_dir(cfg)}")
             return found
     from scfs.train import run
 

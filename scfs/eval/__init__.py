@@ -7,5 +7,7 @@
 * `scfs.eval.features`: feature extraction with an on-disk cache keyed by checkpoint hash + dataset + transform.
 * `scfs.eval.report`: metrics.json / report.md / PNG figures and the W&B run of an evaluation.
 * `scfs.eval.compare`: `python -m scfs.eval.compare RUN...`, a side-by-side markdown table.
+* `scfs.eval.precision`: search precision (share of the searched weight mass inside the crop's object mask) on
+  the shapes validation set; CLI `python -m scfs.eval.precision SCFS=<ckpt> DINO=<ckpt> random`.
 * `scfs.eval.common`: config composition (`compose_eval_cfg`), the backbone under test, transforms.
 """

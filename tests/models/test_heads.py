@@ -34,3 +34,22 @@ def test_stage_head_final_relu_path_materialises():
     fast, out = head.forward_searched(feats, queries, backend="reference")
     assert out.features.shape == (6, 16, 4, 4)
     torch.testing.assert_close(fast, head(out.features))
+
+
+def test_bottleneck_bn_removes_the_shared_component():
+    """With bottleneck BN the teacher's prototype scores differ between images even when the inputs share a big
+    common component (the start-up regime), which is what keeps the centred teacher from being uniform."""
+    torch.manual_seed(0)
+    x = torch.randn(64, 32) * 0.01 + torch.randn(1, 32) * 5.0  # nearly identical inputs
+    plain = DINOHead(32, out_dim=128, hidden_dim=64, bottleneck_dim=16)
+    bn = DINOHead(32, out_dim=128, hidden_dim=64, bottleneck_dim=16, bottleneck_bn=True)
+    bn.mlp.load_state_dict(plain.mlp.state_dict())
+    bn.last_layer.load_state_dict(plain.last_layer.state_dict())
+    spread_plain = plain(x).std(0).mean()
+    spread_bn = bn(x).std(0).mean()
+    assert spread_bn > 20 * spread_plain
+
+
+def test_norm_last_layer_false_makes_the_norm_trainable():
+    h = DINOHead(8, out_dim=10, hidden_dim=8, bottleneck_dim=4, norm_last_layer=False)
+    assert h.last_layer.parametrizations.weight.original0.requires_grad

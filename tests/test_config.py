@@ -29,6 +29,9 @@ def test_imagenet_experiment_is_the_published_recipe():
     assert (cfg.crops.global_size, cfg.crops.local_size, cfg.crops.n_local) == (224, 96, 8)
     assert list(cfg.crops.global_scale) == [0.25, 1.0] and list(cfg.crops.local_scale) == [0.05, 0.25]
     assert cfg.trainer.max_epochs == 200 and "mixed" in cfg.trainer.precision
+    # the CPU default's start-up aids are switched back off: published head, last layer frozen for 1 epoch
+    assert (cfg.method.head_bn, cfg.method.bottleneck_bn, cfg.method.freeze_last_layer_epochs) == (False, False, 1)
+    assert cfg.method.momentum_teacher == 0.996 and list(cfg.crops.jitter) == [0.4, 0.4, 0.2, 0.1]
 
 
 def test_default_config_is_valid():

@@ -11,3 +11,8 @@
   the shapes validation set; CLI `python -m scfs.eval.precision SCFS=<ckpt> DINO=<ckpt> random`.
 * `scfs.eval.common`: config composition (`compose_eval_cfg`), the backbone under test, transforms.
 """
+
+import logging
+
+# faiss logs its CPU-feature probing (failed AVX-512 imports) at INFO: noise under Hydra's INFO logging
+logging.getLogger("faiss.loader").setLevel(logging.WARNING)

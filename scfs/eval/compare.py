@@ -3,7 +3,8 @@
 A RUN is an eval run folder (holding `metrics.json`), a `metrics.json` file, or a glob of either
 (`'runs/eval/knn-*'`). Columns are the evaluated checkpoints (runs of the same checkpoint - say its kNN and its
 linear probe - share a column), rows the metrics of every kind; the best value of a row is in bold. Typical use:
-SCFS vs DINO vs random init (`ckpt=random`) on the same data.
+SCFS vs DINO vs random init (`ckpt=random`) on the same data. Detection runs (`python -m scfs.eval.detect`) add
+COCO AP rows per detector and IoU type (`mask_rcnn bbox AP`, `... AP50`, `... AP75`, `... APs/APm/APl`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 HEADLINE = ("top1", "top5")
+DETECTION_STATS = ("AP", "AP50", "AP75", "APs", "APm", "APl")  # COCOeval's headline numbers (percent)
 
 
 def find_runs(patterns: Sequence[str]) -> list[Path]:
@@ -30,7 +32,8 @@ def find_runs(patterns: Sequence[str]) -> list[Path]:
             p = Path(m)
             f = p if p.is_file() else p / "metrics.json"
             if not f.is_file():
-                raise FileNotFoundError(f"{p} is not an eval run: no metrics.json (run python -m scfs.eval.knn/linear)")
+                raise FileNotFoundError(f"{p} is not an eval run: no metrics.json "
+                                        "(run python -m scfs.eval.knn/linear/detect)")
             if f.resolve() not in [o.resolve() for o in out]:
                 out.append(f)
     return out
@@ -43,6 +46,8 @@ def load_run(path: Path) -> dict[str, Any]:
 
 
 def _kind_name(doc: dict[str, Any]) -> str:
+    if doc["kind"] == "detect":  # detection rows name the detector: Faster and Mask R-CNN runs stay apart
+        return (doc.get("model") or {}).get("arch") or "detect"
     if doc["kind"] == "linear":
         return "linear (fast)" if (doc.get("config") or {}).get("fast") else "linear"
     return doc["kind"]
@@ -59,6 +64,10 @@ def _rows(doc: dict[str, Any], all_metrics: bool) -> list[tuple[str, float]]:
                 rows += [(f"{kind} top-1 k={r['k']}", r["top1"])]
                 if "top5" in r:
                     rows += [(f"{kind} top-5 k={r['k']}", r["top5"])]
+    elif doc["kind"] == "detect":  # COCO AP per IoU type; None (no ground truth in a size range) is left out
+        for iou in doc.get("iou_types") or ("bbox", "segm"):
+            rows += [(f"{kind} {iou} {k}", m[f"{iou}/{k}"]) for k in DETECTION_STATS
+                     if m.get(f"{iou}/{k}") is not None]
     else:
         rows += [(f"{kind} top-{h[3:]}", m[h]) for h in HEADLINE if h in m]
     return rows

@@ -16,10 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import logging
-
-logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # its CPU-feature probing is noise
-import faiss  # noqa: E402
+import faiss
 import numpy as np
 import torch
 import torch.nn.functional as F

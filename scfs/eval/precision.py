@@ -317,6 +317,9 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--num-classes", type=int, default=int(data["num_classes"]))
     g.add_argument("--max-objects", type=int, default=int(data.get("max_objects", 3)))
     g.add_argument("--data-seed", type=int, default=int(data["seed"]))
+    g.add_argument("--clutter", type=float, default=float(data.get("clutter", 1.0)))
+    g.add_argument("--object-scale", type=float, nargs=2,
+                   default=[float(v) for v in data.get("object_scale", (0.22, 0.42))])
     g.add_argument("--limit", type=int, default=0, help="use only the first N validation images (0 = all)")
     c = p.add_argument_group("local crops (defaults: conf/crops/shapes.yaml)")
     c.add_argument("--n-crops", type=int, default=4)
@@ -336,7 +339,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = _parser().parse_args(argv)
     t0 = time.time()
     spec = ShapesSpec(image_size=args.image_size, n_train=args.n_train, n_val=args.n_val,
-                      num_classes=args.num_classes, max_objects=args.max_objects, seed=args.data_seed)
+                      num_classes=args.num_classes, max_objects=args.max_objects, seed=args.data_seed,
+                      clutter=args.clutter, object_scale=tuple(args.object_scale))
     val = load_shapes(ensure_shapes(args.data_root, spec), "val")
     n = args.limit or len(val)
     backbones, paths = load_backbones(args.ckpts, args.which, args.backbone, args.seed)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -17,18 +18,74 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from scfs.reliability import find_secrets, is_secret_key, offline_by_default, one_line, scrub_files
+
 log = logging.getLogger("scfs.train")
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
-SECRET_WORDS = ("api_key", "apikey", "secret", "token", "password")
+SECRET_WORDS = ("api_key", "apikey", "secret", "token", "password")  # kept for importers; see is_secret_key
 
 
 def scrub(obj: Any) -> Any:
-    """Drop secret-looking keys before a config is logged anywhere."""
+    """Mask secret-looking keys before a config is logged anywhere (the eval CLIs use it too)."""
     if isinstance(obj, dict):
-        return {k: ("***" if any(w in str(k).lower() for w in SECRET_WORDS) else scrub(v)) for k, v in obj.items()}
+        return {k: ("***" if is_secret_key(k) or any(w in str(k).lower() for w in SECRET_WORDS) else scrub(v))
+                for k, v in obj.items()}
     if isinstance(obj, list):
         return [scrub(v) for v in obj]
     return obj
+
+
+def refuse_secrets(cfg: DictConfig) -> None:
+    """Secrets never belong in a config: Hydra saves it to `.hydra/`, the logger stores it, runs get shared.
+
+    Raises `ConfigError` naming the key (not the value) and saying where the secret should live instead.
+    """
+    from scfs.config import ConfigError
+
+    found = find_secrets(OmegaConf.to_container(cfg, resolve=False))
+    if found:
+        keys = ", ".join(k for k, _ in found)
+        raise ConfigError(f"config key(s) {keys} look like secrets (value not shown): secrets must not be put in "
+                          "configs or overrides, which are saved in the run folder and logged; set them in the "
+                          "environment instead (W&B reads WANDB_API_KEY, Hugging Face HF_TOKEN)")
+
+
+def check_resume_checkpoint(path: str, model: Any | None = None) -> dict[str, Any]:
+    """Read a resume file the safe way (weights only: a file that needs pickle code is refused with
+    `UnsafeCheckpointError`) and check that it is a training checkpoint, before anything is built or written, so
+    a wrong file fails in one clear line instead of deep inside Lightning. Returns its global_step, epoch and
+    tensor shapes; with `model`, also checks that the architecture matches (`check_resume_matches`)."""
+    from scfs.models.checkpoint import safe_load
+
+    ckpt = safe_load(path)
+    if not (isinstance(ckpt, dict) and isinstance(ckpt.get("state_dict"), dict) and "loops" in ckpt
+            and "optimizer_states" in ckpt):
+        raise ValueError(f"resume={path}: not a training checkpoint of scfs.train (no loop / optimizer state); "
+                         "to start from its weights use backbone.pretrained_path=<file> instead")
+    info = {"path": str(path), "global_step": int(ckpt.get("global_step", 0)), "epoch": int(ckpt.get("epoch", 0)),
+            "shapes": {k: tuple(v.shape) for k, v in ckpt["state_dict"].items() if hasattr(v, "shape")}}
+    if model is not None:
+        check_resume_matches(info, model)
+    return info
+
+
+def check_resume_matches(info: dict[str, Any], model: Any) -> None:
+    """Missing / unexpected / mis-shaped weights of the resume file against the configured model, listed."""
+    from scfs.models.checkpoint import CheckpointMismatchError
+
+    ours = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    theirs = info["shapes"]
+    missing = sorted(set(ours) - set(theirs))
+    unexpected = sorted(set(theirs) - set(ours))
+    shapes = sorted(f"{k}: {theirs[k]} vs {ours[k]}" for k in set(ours) & set(theirs) if ours[k] != theirs[k])
+    if missing or unexpected or shapes:
+        parts = [f"resume={info['path']} does not match the configured model"]
+        for name, keys in (("missing keys", missing), ("unexpected keys", unexpected),
+                           ("shape mismatches (checkpoint vs model)", shapes)):
+            if keys:
+                parts.append(f"{name}: {len(keys)} ({', '.join(keys[:6])}{', ...' if len(keys) > 6 else ''})")
+        parts.append("resume with the same backbone / method / search config as the interrupted run")
+        raise CheckpointMismatchError("; ".join(parts))
 
 
 def find_resume_checkpoint(resume: str | None, name: str, runs_root: Path = Path("runs")) -> str | None:
@@ -100,7 +157,16 @@ def build(cfg: DictConfig):
 
 
 def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
-    """Pretrain, evaluate with kNN and return the summary dict (also written to `<run_dir>/summary.json`)."""
+    """Pretrain, evaluate with kNN and return the summary dict (also written to `<run_dir>/summary.json`).
+
+    Everything that can be checked is checked before data or model are touched: the config, secrets in it, and
+    the resume file (weights-only load, training-checkpoint layout, same architecture).
+    """
+    offline_by_default()
+    from scfs.config import validate_config
+
+    validate_config(cfg)
+    refuse_secrets(cfg)
     import lightning as L
     import torch
     from lightning.pytorch.callbacks import ModelCheckpoint
@@ -109,15 +175,23 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     from scfs.method.callbacks import KNNMonitor
     from scfs.method.checkpoint_io import AtomicCheckpointIO
     from scfs.method.monitors import OnlineLinearMonitor
+    from scfs.reliability import BatchTooLargeError, oom_message
+    from scfs.reliability.resume import LastCheckpoint, ResumeState, make_train_loader_resumable
 
     t0 = time.time()
+    ckpt_path = find_resume_checkpoint(cfg.get("resume"), cfg.name)
+    resume_info = check_resume_checkpoint(ckpt_path) if ckpt_path else None
     run_dir = Path(run_dir or cfg.get("run_dir") or Path("runs") / cfg.name / time.strftime("%Y-%m-%d_%H-%M-%S"))
     run_dir.mkdir(parents=True, exist_ok=True)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     if cfg.trainer.get("accelerator", "cpu") == "cpu" and os.environ.get("SCFS_THREADS"):
         torch.set_num_threads(int(os.environ["SCFS_THREADS"]))
     dm, model = build(cfg)
+    if resume_info:
+        check_resume_matches(resume_info, model)
+        log.info("resuming from %s (global_step %d)", ckpt_path, resume_info["global_step"])
     dm.setup()
+    make_train_loader_resumable(dm)
     ks = list(cfg.eval.knn_k)
     summary: dict[str, Any] = {"name": cfg.name, "method": cfg.method.name, "search": cfg.search.mode,
                                "run_dir": str(run_dir)}
@@ -129,8 +203,9 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     logger = make_logger(cfg, run_dir)
     logger.log_hyperparams(scrub(OmegaConf.to_container(cfg, resolve=True)))
     ckpt_dir = run_dir / "checkpoints"
+    last = LastCheckpoint(ckpt_dir, every_n_train_steps=cfg.checkpoint.get("every_n_train_steps", 0))
     callbacks = [
-        ModelCheckpoint(dirpath=ckpt_dir, save_last=True, save_top_k=-1, every_n_epochs=cfg.checkpoint.every_n_epochs,
+        ModelCheckpoint(dirpath=ckpt_dir, save_last=False, save_top_k=-1, every_n_epochs=cfg.checkpoint.every_n_epochs,
                         filename="epoch{epoch:03d}", auto_insert_metric_name=False),
         KNNMonitor(every_n_epochs=cfg.eval.knn_every_n_epochs, ks=ks, temperature=cfg.eval.knn_temperature,
                    out_file=run_dir / "knn_curve.json"),
@@ -138,10 +213,24 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     online_every = cfg.eval.get("online_linear_every_n_epochs", 1)
     if online_every and hasattr(dm.train_set, "num_classes"):
         callbacks.append(OnlineLinearMonitor(num_classes=dm.train_set.num_classes, every_n_epochs=online_every))
+    callbacks += [ResumeState(), last]  # after the monitors: restores the RNG after they rebuilt their layers
     trainer = L.Trainer(**OmegaConf.to_container(cfg.trainer, resolve=True), logger=logger, callbacks=callbacks,
                         default_root_dir=str(run_dir), plugins=[AtomicCheckpointIO()])
-    ckpt_path = find_resume_checkpoint(cfg.get("resume"), cfg.name)
-    trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
+    try:
+        trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
+    except torch.cuda.OutOfMemoryError as err:
+        _finish_logger(logger, failed=True)
+        raise BatchTooLargeError(oom_message(int(cfg.batch_size), trainer.global_step, _last_good(last, ckpt_path),
+                                             cfg.trainer.get("devices", 1))) from err
+    except FloatingPointError as err:
+        _finish_logger(logger, failed=True)
+        good = _last_good(last, ckpt_path)
+        hint = (f" Last good checkpoint: {good}; after fixing the cause continue with resume={good}" if good
+                else " No checkpoint was written before it")
+        raise type(err)(f"{err}.{hint}") from err
+    except BaseException:
+        _finish_logger(logger, failed=True)
+        raise
 
     if trainer.is_global_zero:
         device = model.device
@@ -156,6 +245,11 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
         summary["epochs"] = trainer.current_epoch
         summary["steps"] = trainer.global_step
         summary["seconds"] = round(time.time() - t0, 1)
+        skipped = _skipped_files(dm.train_set, bank, query)
+        if skipped:
+            summary["skipped_files"] = skipped
+            log.warning("%d unreadable image file(s) were skipped (listed in summary.json): %s", len(skipped),
+                        ", ".join(list(skipped)[:10]) + (" ..." if len(skipped) > 10 else ""))
         if cfg.eval.get("figure", False):
             summary["figure"] = _save_figure(model, dm, run_dir, logger)
         logger.log_metrics({f"final/knn_{k}": v for k, v in summary["knn"].items()}, step=trainer.global_step)
@@ -171,11 +265,29 @@ def _wandb_run_dir(logger) -> str | None:
     return str(Path(d).parent) if d else None
 
 
-def _finish_logger(logger) -> None:
+def _finish_logger(logger, failed: bool = False) -> None:
+    """Close the W&B run (marked failed after an error), so its offline files are complete and syncable."""
     if type(logger).__name__ == "WandbLogger":
         import wandb
 
-        wandb.finish()
+        if wandb.run is not None:
+            wandb.finish(exit_code=1 if failed else 0)
+
+
+def _last_good(last: Any, resumed_from: str | None) -> str | None:
+    """The newest checkpoint on disk that a rerun can continue from."""
+    if last.path.is_file():
+        return str(last.path)
+    return resumed_from
+
+
+def _skipped_files(*datasets: Any) -> dict[str, str]:
+    """Unreadable files that the datasets skipped in this process (path -> reason)."""
+    out: dict[str, str] = {}
+    for ds in datasets:
+        ds = getattr(ds, "dataset", ds)  # a DataLoader
+        out.update(getattr(ds, "bad_files", None) or {})
+    return out
 
 
 def _save_figure(model, dm, run_dir: Path, logger) -> str | None:
@@ -204,12 +316,68 @@ def summary_line(s: dict[str, Any], k: int) -> str:
     return " | ".join(parts)
 
 
+def _config_errors() -> tuple[type[BaseException], ...]:
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from scfs.config import ConfigError
+
+    return ConfigError, HydraException, OmegaConfBaseException
+
+
+def _run_errors() -> tuple[type[BaseException], ...]:
+    """Failures whose message says everything (what happened, what is kept, what to do): no traceback needed."""
+    from scfs.data.datasets import ImageDecodeError
+    from scfs.models.checkpoint import CheckpointMismatchError, UnsafeCheckpointError
+    from scfs.reliability import BatchTooLargeError
+
+    return (FloatingPointError, BatchTooLargeError, UnsafeCheckpointError, CheckpointMismatchError, ImageDecodeError,
+            FileNotFoundError)
+
+
+def _fail(code: int, kind: str, err: BaseException) -> None:
+    if os.environ.get("SCFS_TRACEBACK"):
+        raise err
+    print(f"scfs.train: {kind}: {one_line(err)}", file=sys.stderr, flush=True)
+    raise SystemExit(code)
+
+
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
-    run(cfg, HydraConfig.get().runtime.output_dir)
+    out = HydraConfig.get().runtime.output_dir
+    secrets = find_secrets(OmegaConf.to_container(cfg, resolve=False))
+    if secrets:  # Hydra has already saved them under <out>/.hydra: take them out before refusing the run
+        scrub_files(out, [v for _, v in secrets])
+    try:
+        run(cfg, out)
+    except _config_errors() as err:  # raised inside the job: handled here so Hydra does not echo the overrides
+        _fail(2, "config error", err)
+    except _run_errors() as err:
+        _fail(1, "error", err)
+
+
+def cli() -> None:
+    """`python -m scfs.train`: Hydra's main with one-line errors.
+
+    A bad config (unknown `+experiment`, unknown key, invalid value) prints `scfs.train: config error: ...` and
+    exits with status 2; the known run failures (non-finite loss, out of memory, unsafe or mismatched checkpoint,
+    unreadable image in strict mode) print `scfs.train: error: ...` and exit with 1. `SCFS_TRACEBACK=1` (or
+    `HYDRA_FULL_ERROR=1`) shows the full traceback instead.
+    """
+    offline_by_default()
+    full = bool(os.environ.get("HYDRA_FULL_ERROR"))
+    if full:
+        os.environ["SCFS_TRACEBACK"] = "1"
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises composition errors instead of printing its report
+    try:
+        main()
+    except _config_errors() as err:
+        if full:
+            raise
+        _fail(2, "config error", err)
 
 
 if __name__ == "__main__":
-    main()
+    cli()

@@ -41,12 +41,13 @@ def test_stage_terms_are_logged_for_scfs_only(tmp_path, shapes_root):
 
 
 def test_resume_continues_exactly(tmp_path, shapes_root):
-    """2 epochs straight == 1 epoch, stop, resume for the 2nd: same step, same teacher, student and centre."""
-    common = ["trainer.max_epochs=2", "trainer.deterministic=true", "eval.knn_at_start=false"]
+    """2 epochs straight == resume from the same run's epoch-1 checkpoint: same step, teacher, student, centre."""
+    common = ["trainer.max_epochs=2", "trainer.deterministic=true", "eval.knn_at_start=false",
+              "checkpoint.every_n_epochs=1"]
     straight = run(compose_cfg(common, data_root=shapes_root), tmp_path / "a")
-    first = compose_cfg(["trainer.max_epochs=1", *common[1:]], data_root=shapes_root)
-    run(first, tmp_path / "b")
-    resumed = compose_cfg([*common, f"resume={tmp_path / 'b' / 'checkpoints' / 'last.ckpt'}"], data_root=shapes_root)
+    epoch1 = tmp_path / "a" / "checkpoints" / "epoch000.ckpt"
+    assert torch.load(epoch1, weights_only=True, map_location="cpu")["global_step"] == 2
+    resumed = compose_cfg([*common, f"resume={epoch1}"], data_root=shapes_root)
     again = run(resumed, tmp_path / "c")
     assert again["steps"] == straight["steps"] == 4
     a = torch.load(tmp_path / "a" / "checkpoints" / "last.ckpt", weights_only=False, map_location="cpu")

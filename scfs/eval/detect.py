@@ -194,6 +194,24 @@ def _data_doc(cfg: DictConfig, splits: Mapping[str, DetectionSplit], train_set: 
     return doc
 
 
+def _with_backbone_of(cfg: DictConfig, ckpt: str) -> DictConfig:
+    """A copy of `cfg` whose `backbone` is the network config stored in our checkpoint `ckpt`: `ckpt=random
+    random_like=<ckpt>` is the same architecture as the pretrained run it is compared with, at random init."""
+    from omegaconf import OmegaConf, open_dict
+
+    from scfs.models.checkpoint import backbone_config_from, is_lightning_checkpoint, safe_load
+
+    raw = safe_load(ckpt)
+    if not is_lightning_checkpoint(raw):
+        raise ValueError(f"random_like={ckpt}: not an scfs Lightning checkpoint (no hyper_parameters.backbone); "
+                         "set backbone=... instead")
+    bcfg = {k: list(v) if isinstance(v, tuple) else v for k, v in backbone_config_from(raw).items()}
+    cfg = cfg.copy()
+    with open_dict(cfg):
+        cfg.backbone = OmegaConf.create(bcfg)
+    return cfg
+
+
 def run_detect(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     """Fine-tune the detector of `cfg` on `cfg.data` from `cfg.ckpt`'s backbone, evaluate with COCOeval and write
     the report into `run_dir`; returns the metrics document (also `<run_dir>/metrics.json`)."""
@@ -203,6 +221,8 @@ def run_detect(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, 
     from scfs.train import scrub
 
     t0 = time.time()
+    if cfg.get("threads"):  # on a busy shared CPU, 1 intra-op thread beats threads waiting on each other
+        torch.set_num_threads(int(cfg.threads))
     run_dir = make_run_dir(cfg, run_dir)
     model_cfg = to_plain(cfg.model)
     arch = model_cfg["arch"]
@@ -221,6 +241,8 @@ def run_detect(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, 
         raise ValueError("the train and val annotation files have different categories")
 
     L.seed_everything(seed, verbose=False)
+    if str(cfg.ckpt) == "random" and cfg.get("random_like"):
+        cfg = _with_backbone_of(cfg, cfg.random_like)
     backbone, info = load_eval_backbone(cfg)  # also seeds ckpt=random's init at cfg.seed
     num_classes = len(splits["train"].categories)
     detector = build_detector(backbone.body, num_classes, model_cfg)

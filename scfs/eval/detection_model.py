@@ -155,6 +155,9 @@ def build_detector(body: nn.Module, num_classes: int, model_cfg: Mapping[str, An
     ratios = _levels(ratios, n_levels, "aspect_ratios") if isinstance(ratios[0], (list, tuple)) \
         else (tuple(float(r) for r in ratios),) * n_levels
     names = [str(i) for i in range(len(stages))]
+    # RoIAlign samples per bin: 0 = adaptive, ceil(RoI size / output size) (detectron2's default); torchvision's
+    # detectors use 2. On the CPU the RoIAlign backward is the most expensive op of a small detector.
+    ratio = int(cfg.get("roi_sampling_ratio", 2))
     rep = int(cfg.get("box_representation", 1024))
     min_size = cfg.get("min_size", 800)
     kwargs: dict[str, Any] = {
@@ -163,7 +166,7 @@ def build_detector(body: nn.Module, num_classes: int, model_cfg: Mapping[str, An
         "image_mean": list(cfg.get("image_mean") or IMAGENET_MEAN),
         "image_std": list(cfg.get("image_std") or IMAGENET_STD),
         "rpn_anchor_generator": AnchorGenerator(sizes, ratios),
-        "box_roi_pool": MultiScaleRoIAlign(names, output_size=7, sampling_ratio=2),
+        "box_roi_pool": MultiScaleRoIAlign(names, output_size=7, sampling_ratio=ratio),
         "box_head": TwoMLPHead(fpn_ch * 7 * 7, rep),
         "box_predictor": FastRCNNPredictor(rep, num_classes + 1),
     }
@@ -180,7 +183,7 @@ def build_detector(body: nn.Module, num_classes: int, model_cfg: Mapping[str, An
     else:
         mask_ch = int(cfg.get("mask_head_channels", 256))
         detector = MaskRCNN(trunk, num_classes=None, mask_head=MaskRCNNHeads(fpn_ch, (mask_ch,) * 4, 1),
-                            mask_roi_pool=MultiScaleRoIAlign(names, output_size=14, sampling_ratio=2),
+                            mask_roi_pool=MultiScaleRoIAlign(names, output_size=14, sampling_ratio=ratio),
                             mask_predictor=MaskRCNNPredictor(mask_ch, mask_ch, num_classes + 1), **kwargs)
     # the trunk arrives in eval mode (load_backbone); Lightning keeps submodule modes, so set training mode here
     return detector.train()

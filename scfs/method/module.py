@@ -131,9 +131,10 @@ class SCFSModule(L.LightningModule):
         return linear_warmup(epoch, m.get("warmup_teacher_temp_epochs", 0), m.get("warmup_teacher_temp", 0.04),
                              m.get("teacher_temp", 0.04))
 
-    def teacher_momentum(self) -> float:
+    def teacher_momentum(self, step: int | None = None) -> float:
         m = self.method_cfg
-        return cosine(self.global_step, self.total_steps, m.get("momentum_teacher", 0.996), 1.0)
+        step = self.global_step if step is None else step
+        return cosine(step, self.total_steps, m.get("momentum_teacher", 0.996), 1.0)
 
     def _lr_wd(self) -> tuple[float, float]:
         o = self.optim_cfg
@@ -176,9 +177,37 @@ class SCFSModule(L.LightningModule):
             for name, p in self.student.named_parameters():
                 if "last_layer" in name:
                     p.grad = None
+        self._check_finite_grads()
 
-    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        ema_update(self.teacher, self.student, self.teacher_momentum())
+    def _check_finite_grads(self) -> None:
+        """Stop before the optimizer step when a gradient is NaN/Inf although the loss was finite: the step
+        would write NaN into every weight (clipping spreads it) and the next checkpoint would be lost.
+        Skipped under fp16 loss scaling, where inf gradients are expected and the scaler skips the step."""
+        if self._trainer is not None and getattr(self.trainer.precision_plugin, "scaler", None) is not None:
+            return
+        named = [(n, p.grad) for n, p in self.student.named_parameters() if p.grad is not None]
+        if not named:
+            return
+        norms = torch.stack(torch._foreach_norm([g for _, g in named]))
+        finite = torch.isfinite(norms)
+        if bool(finite.all()):
+            return
+        bad = [named[i][0] for i in (~finite).nonzero().flatten().tolist()]
+        raise FloatingPointError(
+            f"non-finite gradient at step {self.global_step} (epoch {self.current_epoch}) in {len(bad)} "
+            f"parameter(s): {', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}; the loss was finite. Stopped "
+            "before the weights were updated: the last checkpoint is the last good one. Lower optim.lr or enable "
+            "gradient clipping (trainer.gradient_clip_val)")
+
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
+        """The optimizer step, then the EMA teacher update of that step.
+
+        The EMA is done here rather than in `on_train_batch_end` because Lightning calls the callbacks'
+        `on_train_batch_end` (where step checkpoints are written) *before* the module's: a mid-epoch checkpoint
+        would hold the teacher without this step's update and a resumed run would drift from an uninterrupted
+        one. `global_step` is incremented after this hook, hence `+ 1` (same momentum as before)."""
+        super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+        ema_update(self.teacher, self.student, self.teacher_momentum(self.global_step + 1))
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Raw uint8 image batches get their multi-crop views here, on the training device, in one go.
@@ -247,8 +276,9 @@ class SCFSModule(L.LightningModule):
         if not torch.isfinite(loss):
             bad = [k for k, v in logs.items() if isinstance(v, torch.Tensor) and not torch.isfinite(v).all()]
             raise FloatingPointError(
-                f"non-finite loss at step {self.global_step}: offending term(s) {', '.join(bad) or 'loss/total'}; "
-                "the last good checkpoint is kept; lower optim.lr or enable gradient clipping "
+                f"non-finite loss at step {self.global_step} (epoch {self.current_epoch}, batch {batch_idx}): "
+                f"offending term(s) {', '.join(bad) or 'loss/total'}. Stopped before the weights were updated: the "
+                "last checkpoint is the last good one; lower optim.lr or enable gradient clipping "
                 "(trainer.gradient_clip_val)"
             )
         return loss

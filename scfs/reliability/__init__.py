@@ -1,0 +1,230 @@
+"""What keeps a run from losing work or leaking data when something goes wrong.
+
+This package module stays import-light (no torch / Lightning at import: `scfs.train` imports it, and a config
+error must fail in a second); the Lightning pieces are in `scfs.reliability.resume`.
+
+* `ResumableDataLoader` + `ResumeState`: exact mid-epoch resume. Lightning restores the loops' progress from a
+  checkpoint, but a plain DataLoader restarts its epoch from the first batch; this loader is stateful (Lightning
+  saves and restores `state_dict()` of stateful train loaders) and skips, at the index level (nothing is decoded),
+  the batches the resumed epoch had already trained on. `ResumeState` also carries the global RNG states, which
+  the per-sample augmentation draws from.
+* `LastCheckpoint`: `last.ckpt` every k optimizer steps, at every epoch end and when training ends (Lightning's
+  `ModelCheckpoint(save_last=True)` only refreshes it when a numbered checkpoint is written).
+* `check_finite`: the names of non-finite tensors of a checkpoint (a checkpoint with NaN weights is never written).
+* `find_secrets` / `scrub_files`: secret-looking config keys are refused and never left in run folders.
+* `NetworkGuard` / `offline_by_default`: nothing leaves the machine by default, and tests can prove it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import re
+import socket
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("scfs.reliability")
+
+# ---- nothing leaves the machine by default -----------------------------------------------------------------------
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
+
+
+def offline_by_default() -> None:
+    """Turn the Hugging Face hub offline unless the user chose otherwise (it is read when huggingface_hub is
+    imported, so the entry points call this before timm is imported). timm never downloads here anyway
+    (`pretrained=False`); this makes an accidental `pretrained=True` fail at once instead of reaching out."""
+    for k, v in OFFLINE_ENV.items():
+        os.environ.setdefault(k, v)
+
+
+def _is_loopback_host(host: Any) -> bool:
+    if host in (None, "", b"", "localhost", b"localhost"):
+        return True
+    if isinstance(host, bytes):
+        host = host.decode(errors="replace")
+    try:
+        return ipaddress.ip_address(str(host).split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False  # a name other than localhost: resolving it is already a network access (DNS)
+
+
+class NetworkGuard:
+    """Refuse, and record, every non-loopback socket connection and DNS lookup of this process.
+
+    Unix sockets and loopback addresses (W&B's local service, DataLoader workers) stay allowed. Used by the tests
+    to prove that a default run talks to nobody; `sitecustomize_source()` installs the same guard in Python
+    subprocesses.
+    """
+
+    def __init__(self) -> None:
+        self.attempts: list[str] = []
+        self._saved: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def _refuse(self, what: str) -> OSError:
+        with self._lock:
+            self.attempts.append(what)
+        return ConnectionRefusedError(f"network access blocked by scfs NetworkGuard: {what}")
+
+    def _check_address(self, sock: socket.socket, address: Any, what: str) -> None:
+        if sock.family in (socket.AF_INET, socket.AF_INET6) and not _is_loopback_host(address[0]):
+            raise self._refuse(f"{what} {address!r}")
+
+    def __enter__(self) -> NetworkGuard:
+        guard, cls = self, socket.socket
+        self._saved = {"connect": cls.connect, "connect_ex": cls.connect_ex, "sendto": cls.sendto,
+                       "getaddrinfo": socket.getaddrinfo, "gethostbyname": socket.gethostbyname}
+        orig = dict(self._saved)
+
+        def connect(sock, address):
+            guard._check_address(sock, address, "connect")
+            return orig["connect"](sock, address)
+
+        def connect_ex(sock, address):
+            guard._check_address(sock, address, "connect")
+            return orig["connect_ex"](sock, address)
+
+        def sendto(sock, data, *args):
+            guard._check_address(sock, args[-1], "sendto")
+            return orig["sendto"](sock, data, *args)
+
+        def getaddrinfo(host, *args, **kwargs):
+            if not _is_loopback_host(host):
+                raise guard._refuse(f"getaddrinfo {host!r}")
+            return orig["getaddrinfo"](host, *args, **kwargs)
+
+        def gethostbyname(host):
+            if not _is_loopback_host(host):
+                raise guard._refuse(f"gethostbyname {host!r}")
+            return orig["gethostbyname"](host)
+
+        cls.connect, cls.connect_ex, cls.sendto = connect, connect_ex, sendto
+        socket.getaddrinfo, socket.gethostbyname = getaddrinfo, gethostbyname
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for name in ("connect", "connect_ex", "sendto"):
+            setattr(socket.socket, name, self._saved[name])
+        socket.getaddrinfo, socket.gethostbyname = self._saved["getaddrinfo"], self._saved["gethostbyname"]
+
+
+def sitecustomize_source(log_file: str | os.PathLike) -> str:
+    """A `sitecustomize.py` that installs `NetworkGuard` in every Python process started with its folder on
+    PYTHONPATH, appending each blocked attempt to `log_file`."""
+    return (
+        "import atexit\n"
+        "from scfs.reliability import NetworkGuard\n"
+        "_g = NetworkGuard().__enter__()\n"
+        f"_log = {str(log_file)!r}\n"
+        "atexit.register(lambda: _g.attempts and open(_log, 'a').write(''.join(a + '\\n' for a in _g.attempts)))\n"
+    )
+
+
+# ---- secrets -----------------------------------------------------------------------------------------------------
+SECRET_KEY = re.compile(r"(^|[^a-z])(api_?keys?|secrets?|token|passwords?|passwd|credentials?|private_key)([^a-z]|$)")
+
+
+def is_secret_key(key: Any) -> bool:
+    """Whether a config key name looks like it holds a secret (``api_key``, ``hf_token``, ``password`` ...)."""
+    return bool(SECRET_KEY.search(str(key).lower()))
+
+
+def find_secrets(obj: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """(dotted key, value) of every secret-looking key of a nested dict/list config."""
+    found: list[tuple[str, Any]] = []
+    if isinstance(obj, Mapping):
+        for k, v in obj.items():
+            key = f"{prefix}{k}"
+            if is_secret_key(k) and v not in (None, "", "***"):
+                found.append((key, v))
+            else:
+                found.extend(find_secrets(v, key + "."))
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            found.extend(find_secrets(v, f"{prefix}{i}."))
+    return found
+
+
+def scrub_files(folder: str | os.PathLike, values: list[Any], min_len: int = 4) -> list[Path]:
+    """Replace every occurrence of the given secret values by ``***`` in the files under `folder` (Hydra has
+    written the composed config and the command-line overrides to `.hydra/` before our code runs)."""
+    needles = [str(v).encode() for v in values if v is not None and len(str(v)) >= min_len]
+    changed: list[Path] = []
+    if not needles:
+        return changed
+    for path in Path(folder).rglob("*"):
+        if not path.is_file() or path.is_symlink():
+            continue
+        data = path.read_bytes()
+        new = data
+        for n in needles:
+            new = new.replace(n, b"***")
+        if new != data:
+            path.write_bytes(new)
+            changed.append(path)
+    return changed
+
+
+# ---- non-finite values, out of memory ------------------------------------------------------------------------------
+def check_finite(checkpoint: Any, limit: int = 8) -> list[str]:
+    """Names (dotted paths) of the floating-point tensors holding NaN or Inf in a checkpoint's weights and
+    optimizer state (the parts a resumed run would continue from; callback bookkeeping such as
+    ModelCheckpoint's ``kth_value=inf`` is legitimately infinite and not looked at)."""
+    import torch
+
+    bad: list[str] = []
+
+    def walk(o: Any, name: str) -> None:
+        if len(bad) >= limit:
+            return
+        if isinstance(o, torch.Tensor):
+            if (o.is_floating_point() or o.is_complex()) and o.numel() and not bool(torch.isfinite(o).all()):
+                bad.append(name)
+        elif isinstance(o, Mapping):
+            for k, v in o.items():
+                walk(v, f"{name}.{k}" if name else str(k))
+        elif isinstance(o, (list, tuple)):
+            for i, v in enumerate(o):
+                walk(v, f"{name}.{i}" if name else str(i))
+
+    if isinstance(checkpoint, Mapping) and ("state_dict" in checkpoint or "optimizer_states" in checkpoint):
+        for key in ("state_dict", "optimizer_states"):
+            walk(checkpoint.get(key), key)
+    else:
+        walk(checkpoint, "")
+    return bad
+
+
+class BatchTooLargeError(RuntimeError):
+    """CUDA ran out of memory during training; the message says which batch size to try."""
+
+
+def oom_message(batch_size: int, step: int, checkpoint: str | None, devices: Any = 1) -> str:
+    half = max(batch_size // 2, 1)
+    fix = (f"try batch_size={half} (per device; e.g. python -m scfs.train ... batch_size={half}), "
+           "fewer local crops (crops.n_local) or precision=bf16-mixed" if batch_size > 1 else
+           "batch_size is already 1: use a smaller backbone, fewer/smaller crops or precision=bf16-mixed")
+    where = (f"the last checkpoint is kept ({checkpoint}); add resume=auto to continue from it" if checkpoint
+             else "no checkpoint was written yet")
+    return (f"CUDA out of memory at step {step} with batch_size={batch_size} per device "
+            f"(trainer.devices={devices}): {fix}; {where}")
+
+
+def one_line(err: BaseException) -> str:
+    """An exception message on one line; Hydra's 'Available options' lists become comma-separated."""
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    out: list[str] = []
+    listing = False
+    for ln in lines:
+        if ln.startswith("Config search path"):  # Hydra's provider list: noise for a user
+            break
+        if listing and not ln.endswith(":") and " " not in ln:
+            out[-1] += (" " if out[-1].endswith(":") else ", ") + ln
+            continue
+        listing = ln.endswith(":")
+        out.append(ln)
+    return " ".join(ln if ln.endswith((".", ":")) else ln + ";" for ln in out).rstrip(";") or type(err).__name__

@@ -1,0 +1,238 @@
+"""Exact mid-epoch resume and the `last.ckpt` writer (the Lightning half of `scfs.reliability`)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import warnings
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.pytorch.callbacks import Checkpoint
+from torch.utils.data import BatchSampler, DataLoader
+
+log = logging.getLogger("scfs.reliability")
+
+
+def _sampler_epoch(loader: DataLoader) -> int | None:
+    sampler = loader.sampler if loader.batch_sampler is None else getattr(loader.batch_sampler, "sampler", None)
+    epoch = getattr(sampler, "epoch", None)
+    return int(epoch) if isinstance(epoch, int) else None
+
+
+def _set_sampler_epoch(loader: DataLoader, epoch: int) -> None:
+    for s in (loader.sampler, getattr(loader.batch_sampler, "sampler", None)):
+        if hasattr(s, "set_epoch"):
+            s.set_epoch(epoch)
+
+
+class _SkipFirst:
+    """Index sampler that drops its first `n` batches of indices, once.
+
+    `__iter__` is a generator, so the skip is decided at the first `next()`: after Lightning's `set_epoch`, and
+    only if the epoch is still the one the checkpoint was taken in (a checkpoint written on the last batch of an
+    epoch resumes at the start of the next one, which must not be skipped).
+    """
+
+    def __init__(self, base: Any, n: int, epoch: int | None, loader: DataLoader) -> None:
+        self.base, self.n, self.epoch, self.loader = base, n, epoch, loader
+
+    def __iter__(self) -> Iterator[Any]:
+        n, self.n = self.n, 0  # one-shot: persistent workers iterate this object again every epoch
+        if self.epoch is not None and _sampler_epoch(self.loader) not in (None, self.epoch):
+            n = 0
+        it = iter(self.base)
+        for _ in range(n):
+            if next(it, None) is None:
+                return
+        yield from it
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+
+class ResumableDataLoader(DataLoader):
+    """A DataLoader that Lightning treats as stateful, so a run resumed mid-epoch continues with the batch after
+    the last one it trained on instead of restarting the epoch.
+
+    `batches_done` (batches of the current epoch already trained on) is kept up to date by the `ResumeState`
+    callback; `state_dict()` saves it with the sampler's epoch, `load_state_dict()` arms a one-shot skip of that
+    many batches of indices for the next iteration. The global RNG is left untouched by creating the resumed
+    iterator (an uninterrupted run created it before the checkpoint), so per-sample augmentations match too.
+    Exact with `num_workers=0`; with workers the skip is still right but worker RNG streams are not restored.
+    """
+
+    batches_done: int = 0
+    _pending: dict[str, Any] | None = None
+    _skip_now: _SkipFirst | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": _sampler_epoch(self), "batches": int(self.batches_done), "batch_size": self.batch_size}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        self._pending = dict(state_dict)
+        self.batches_done = int(state_dict.get("batches", 0) or 0)
+        if state_dict.get("epoch") is not None:  # workers draw indices when the iterator is created
+            _set_sampler_epoch(self, int(state_dict["epoch"]))
+
+    @property
+    def _index_sampler(self) -> Any:
+        return self._skip_now if self._skip_now is not None else super()._index_sampler
+
+    def __iter__(self) -> Any:
+        pending, self._pending = self._pending, None
+        n = int((pending or {}).get("batches", 0) or 0)
+        if n <= 0:
+            return super().__iter__()
+        old_bs = pending.get("batch_size")
+        if old_bs and self.batch_size and old_bs != self.batch_size:
+            n = (n * old_bs) // self.batch_size
+            warnings.warn(f"resumed with batch_size={self.batch_size} instead of {old_bs}: skipping {n} batches "
+                          "of the interrupted epoch; the rest of that epoch is approximate", RuntimeWarning,
+                          stacklevel=2)
+        self._skip_now = _SkipFirst(super()._index_sampler, n, pending.get("epoch"), self)
+        rng = torch.get_rng_state()
+        try:
+            return super().__iter__()
+        finally:
+            self._skip_now = None
+            torch.set_rng_state(rng)
+
+
+def make_resumable(loader: DataLoader) -> DataLoader:
+    """The same loader as a `ResumableDataLoader` (same dataset, sampler, batch size, workers, collate)."""
+    if isinstance(loader, ResumableDataLoader) or not isinstance(loader, DataLoader):
+        return loader
+    if loader.batch_size is None and not isinstance(loader.batch_sampler, BatchSampler):
+        log.warning("custom batch sampler: mid-epoch resume restarts the epoch")
+        return loader
+    kw: dict[str, Any] = {
+        "num_workers": loader.num_workers, "collate_fn": loader.collate_fn, "pin_memory": loader.pin_memory,
+        "timeout": loader.timeout, "worker_init_fn": loader.worker_init_fn, "generator": loader.generator,
+        "persistent_workers": loader.persistent_workers, "pin_memory_device": loader.pin_memory_device,
+    }
+    if loader.num_workers > 0:
+        kw.update(multiprocessing_context=loader.multiprocessing_context, prefetch_factor=loader.prefetch_factor)
+    if hasattr(loader, "in_order"):
+        kw["in_order"] = loader.in_order
+    if loader.batch_size is None:
+        kw["batch_sampler"] = loader.batch_sampler
+    else:
+        kw.update(batch_size=loader.batch_size, drop_last=loader.drop_last, sampler=loader.sampler)
+    return ResumableDataLoader(loader.dataset, **kw)
+
+
+def make_train_loader_resumable(datamodule: L.LightningDataModule) -> None:
+    """Wrap `datamodule.train_dataloader` so it returns a `ResumableDataLoader`."""
+    original = datamodule.train_dataloader
+
+    def train_dataloader() -> DataLoader:
+        return make_resumable(original())
+
+    train_dataloader.__doc__ = original.__doc__
+    datamodule.train_dataloader = train_dataloader  # type: ignore[method-assign]
+
+
+def _train_loaders(trainer: L.Trainer) -> list[ResumableDataLoader]:
+    loaders = trainer.train_dataloader
+    if isinstance(loaders, Mapping):
+        loaders = list(loaders.values())
+    if not isinstance(loaders, (list, tuple)):
+        loaders = [loaders]
+    return [dl for dl in loaders if isinstance(dl, ResumableDataLoader)]
+
+
+def rng_state() -> dict[str, Any]:
+    """Global RNG states as tensors / plain lists (loadable with `torch.load(weights_only=True)`)."""
+    np_state = np.random.get_state()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
+                  "has_gauss": int(np_state[3]), "gauss": float(np_state[4])},
+        "python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: Mapping[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    n = state["numpy"]
+    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class ResumeState(L.Callback):
+    """Keeps `ResumableDataLoader.batches_done` current and checkpoints the global RNG states.
+
+    Runs before the checkpoint callbacks (Lightning orders `Checkpoint` callbacks last), so a checkpoint written
+    on a batch end already counts that batch; at the last batch and at the epoch end the count is 0: the next
+    resume starts a fresh epoch.
+    """
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        last = bool(trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
+        for dl in _train_loaders(trainer):
+            dl.batches_done = 0 if last else batch_idx + 1
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        for dl in _train_loaders(trainer):
+            dl.batches_done = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rng": rng_state()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if "rng" in state_dict:
+            set_rng_state(state_dict["rng"])
+
+
+class LastCheckpoint(Checkpoint):
+    """Write `<dirpath>/last.ckpt` every `every_n_train_steps` optimizer steps (0 = off), at every epoch end and
+    when training ends, so a crash or `kill -9` loses at most the steps since the last write.
+
+    A `Checkpoint` subclass: Lightning runs it after every other callback (after the monitors have updated their
+    state). Writes go through the trainer's CheckpointIO (`AtomicCheckpointIO`: never a torn file, never NaN).
+    """
+
+    def __init__(self, dirpath: str | os.PathLike, every_n_train_steps: int = 0) -> None:
+        self.dirpath, self.every = Path(dirpath), int(every_n_train_steps or 0)
+        self._saved_step = -1
+
+    @property
+    def path(self) -> Path:
+        return self.dirpath / "last.ckpt"
+
+    def _save(self, trainer: L.Trainer) -> None:
+        if trainer.sanity_checking or trainer.fast_dev_run or trainer.global_step == self._saved_step:
+            return
+        trainer.save_checkpoint(self.path, weights_only=False)  # full state: a resume point
+        self._saved_step = trainer.global_step
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if self.every <= 0 or trainer.global_step % self.every:
+            return
+        if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+            return  # the epoch-end save follows, after the epoch-end hooks (monitors, numbered checkpoints)
+        if (batch_idx + 1) % max(int(trainer.accumulate_grad_batches), 1):
+            return  # mid-accumulation: the accumulated gradients are not in a checkpoint
+        self._save(trainer)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._save(trainer)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._save(trainer)
+
+

@@ -69,7 +69,7 @@ def nb_env(tmp_path_factory):
     before = {p for p in LITTER if (REPO / p).exists()}
     runs = tmp_path_factory.mktemp("nb-runs")
     # SCFS_NB_STATIC: the ipywidgets explorer renders its static grid here. Executing an `interact` cell headless
-    # through nbclient can block forever (jupyter/nbclient#312); the widget path is covered in tests/viz.
+    # through nbclient can block forever (jupyter/nbclient#312); the interactive path is not exercised in CI.
     env = {"SCFS_NB_SMALL": "1", "SCFS_NB_STATIC": "1", "SCFS_NB_RUNS": str(runs), "WANDB_MODE": "offline",
            "WANDB_SILENT": "true",
            "HF_HUB_OFFLINE": "1",

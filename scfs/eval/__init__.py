@@ -9,6 +9,10 @@
 * `scfs.eval.compare`: `python -m scfs.eval.compare RUN...`, a side-by-side markdown table.
 * `scfs.eval.precision`: search precision (share of the searched weight mass inside the crop's object mask) on
   the shapes validation set; CLI `python -m scfs.eval.precision SCFS=<ckpt> DINO=<ckpt> random`.
+* `scfs.eval.detect`: detection transfer, torchvision Faster / Mask R-CNN (FPN) on the checkpoint's trunk, fine-tuned
+  in a Lightning loop and scored with pycocotools COCOeval (`detection_data`: shapes / COCO json / VOC readers with
+  annotation checks; `detection_model`: the detector around our trunk; `detection_metrics`, `detection_report`);
+  CLI `python -m scfs.eval.detect ckpt=<path|random> [+experiment=coco_maskrcnn_1x|voc_fasterrcnn]`.
 * `scfs.eval.common`: config composition (`compose_eval_cfg`), the backbone under test, transforms.
 """
 

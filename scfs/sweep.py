@@ -18,20 +18,23 @@ import time
 from pathlib import Path
 
 
-def _table(rows: list[dict], k: int) -> str:
-    key = f"top1_k{k}"
-    lines = ["| run | overrides | epochs | steps | time s | kNN init | kNN final | gain | loss / uniform |",
-             "|---|---|---|---|---|---|---|---|---|"]
+def _table(rows: list[dict], ks: list[int]) -> str:
+    """One row per run: kNN top-1 at random init and at the end for every k, loss against its uniform level."""
+    knn_cols = " | ".join(f"kNN{k} init | kNN{k} final | gain{k}" for k in ks)
+    lines = [f"| run | overrides | epochs | steps | time s | {knn_cols} | loss / uniform |",
+             "|---|---|---|---|---|" + "---|" * (3 * len(ks)) + "---|"]
     for r in rows:
         s = r.get("summary") or {}
         if not s:
-            lines.append(f"| {r['label']} | `{r['overrides']}` | failed (rc {r['rc']}) | | | | | | |")
+            lines.append(f"| {r['label']} | `{r['overrides']}` | failed (rc {r['rc']}) |" + " |" * (3 + 3 * len(ks)))
             continue
-        init = s.get("knn_init", {}).get(key, float("nan"))
-        fin = s.get("knn", {}).get(key, float("nan"))
+        cells = []
+        for k in ks:
+            init = s.get("knn_init", {}).get(f"top1_k{k}", float("nan"))
+            fin = s.get("knn", {}).get(f"top1_k{k}", float("nan"))
+            cells.append(f"{init:.1f} | {fin:.1f} | {fin - init:+.1f}")
         lines.append(f"| {r['label']} | `{r['overrides']}` | {s.get('epochs')} | {s.get('steps')} | "
-                     f"{s.get('seconds')} | "
-                     f"{init:.1f} | {fin:.1f} | {fin - init:+.1f} | {s.get('loss', float('nan')):.3f} / "
+                     f"{s.get('seconds')} | {' | '.join(cells)} | {s.get('loss', float('nan')):.3f} / "
                      f"{s.get('uniform_loss', float('nan')):.3f} |")
     return "\n".join(lines)
 
@@ -45,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpus", default="", help="comma-separated GPU ids to spread runs over (round robin)")
     p.add_argument("--out", required=True, help="output JSON path (a .md table is written beside it)")
     p.add_argument("--root", default="runs/sweep", help="folder for the run folders")
-    p.add_argument("--k", type=int, default=20)
+    p.add_argument("--k", default="20", help="kNN k values to tabulate, comma-separated (e.g. 20,200)")
     args = p.parse_args(argv)
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -92,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     record = {"command": " ".join(shlex.quote(a) for a in cmd),
               "common": args.common, "date": time.strftime("%Y-%m-%d %H:%M:%S"), "runs": done}
     out.write_text(json.dumps(record, indent=2, default=str))
-    table = _table(done, args.k)
+    table = _table(done, [int(k) for k in str(args.k).split(",") if k])
     out.with_suffix(".md").write_text(f"Command: `{record['command']}`\n\n{table}\n")
     print(table)
     return 0 if all(r["rc"] == 0 for r in done) else 1

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Issue 8, one device call on a 2-GPU machine: SCFS and DINO pretrained side by side with identical settings
+# (+experiment=cifar10, one run per GPU through scfs.sweep), kNN k=20/200 on the CIFAR-10 test split at the end of
+# each run, then the fast linear probe on each checkpoint; the records into $OUT.
+#   OUT=/dir EPOCHS=30 SEED=0 bash scripts/gpu_cifar10.sh     (device machine, repo root, wheels on PYTHONPATH)
+# The CIFAR-10 JPEG archive travels in .gpudata/ (git-excluded; copy ../shared/data/cifar10-jpeg.tar.xz there).
+# MAX_TIME caps each run's training (Lightning trainer.max_time) so that the call ends inside the device limit:
+# a capped run still writes its summary, and `resume=auto` continues it on the same machine.
+set -uo pipefail
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 WANDB_MODE=disabled OMP_NUM_THREADS=4
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+PY=${PY:-python3}
+EPOCHS=${EPOCHS:-30}; SEED=${SEED:-0}; TAG=${TAG:-e${EPOCHS}-s${SEED}}
+MAX_TIME=${MAX_TIME:-00:00:07:00}
+nvidia-smi --query-gpu=name --format=csv,noheader | tee "$OUT/gpu.txt"
+[ -d data/cifar10/train ] || $PY -m scfs.data.prepare cifar10 --archive "${ARCHIVE:-.gpudata/cifar10-jpeg.tar.xz}" \
+  --out data/cifar10 || exit 1
+COMMON="+experiment=cifar10 data.root=data/cifar10 logger=csv eval.figure=false trainer.max_epochs=$EPOCHS seed=$SEED \
++trainer.max_time=$MAX_TIME ${EXTRA:-}"
+RUNS=${RUNS:-"scfs:method=scfs dino:method=dino"}
+# shellcheck disable=SC2086
+$PY -m scfs.sweep --gpus 0,1 --parallel 2 --k 20,200 --root runs/cifar10 --out "$OUT/cifar10-$TAG.json" \
+  --common "$COMMON" $RUNS 2>&1 | grep -v "^\[sweep\] start"
+if [ "${LINEAR:-1}" = 1 ]; then
+  i=0
+  for d in runs/cifar10/*/; do
+    ck="$d/checkpoints/last.ckpt"; [ -f "$ck" ] || continue
+    CUDA_VISIBLE_DEVICES=$((i % 2)) timeout ${LINEAR_LIMIT:-150} $PY -m scfs.eval.linear ckpt="$ck" \
+      +experiment=cifar10 data.root=data/cifar10 fast=true logger.wandb=false \
+      hydra.run.dir="$d/linear" > "$d/linear.log" 2>&1 &
+    i=$((i + 1))
+  done
+  wait
+  for d in runs/cifar10/*/; do
+    echo "== $(basename "$d") linear"; grep -h -i "top-1\|top1\|error" "$d/linear.log" | tail -n 3
+    cp "$d/linear/metrics.json" "$OUT/$(basename "$d")-linear.json" 2>/dev/null
+  done
+fi
+tar czf "$OUT/cifar10-$TAG-runs.tgz" runs/cifar10/*/summary.json runs/cifar10/*/knn_curve.json runs/cifar10/*/csv \
+  runs/cifar10/*/stdout.log runs/cifar10/*/linear.log 2>/dev/null
+ls -la "$OUT"

@@ -142,8 +142,10 @@ def build(cfg: DictConfig):
     validate_config(cfg)
     crops = OmegaConf.to_container(cfg.crops, resolve=True)
     batch_aug = bool(cfg.data.get("batch_aug", False))
-    dm = SSLDataModule(OmegaConf.to_container(cfg.data, resolve=True), crops, batch_size=cfg.batch_size,
-                       num_workers=cfg.num_workers, batch_aug=batch_aug, seed=cfg.seed)
+    batch_size = per_device_batch_size(cfg)
+    dm = SSLDataModule(OmegaConf.to_container(cfg.data, resolve=True), crops, batch_size=batch_size,
+                       num_workers=cfg.num_workers, batch_aug=batch_aug, seed=cfg.seed,
+                       on_device=bool(cfg.data.get("on_device", False)))
     backbone_cfg = OmegaConf.to_container(cfg.backbone, resolve=True)
     for k in ("layers", "channels"):
         if k in backbone_cfg:
@@ -151,9 +153,53 @@ def build(cfg: DictConfig):
     model = SCFSModule(backbone_cfg, OmegaConf.to_container(cfg.method, resolve=True),
                        OmegaConf.to_container(cfg.search, resolve=True),
                        OmegaConf.to_container(cfg.optim, resolve=True),
-                       batch_size=cfg.batch_size, n_local=cfg.crops.n_local, crops=crops if batch_aug else None,
-                       seed=cfg.seed)
+                       batch_size=batch_size, n_local=cfg.crops.n_local, crops=crops if batch_aug else None,
+                       seed=cfg.seed, compile=bool(cfg.get("compile", False)),
+                       finite_check_every_n_steps=int(cfg.get("finite_check_every_n_steps", 1)))
     return dm, model
+
+
+def world_size(cfg: DictConfig) -> int:
+    """Processes of the run: trainer.devices x trainer.num_nodes (1 on the CPU default)."""
+    from scfs.config import _devices
+
+    return _devices(cfg) * max(int(cfg.trainer.get("num_nodes", 1) or 1), 1)
+
+
+def per_device_batch_size(cfg: DictConfig) -> int:
+    """`batch_size` is per device; `global_batch_size` (when set) wins and is split over all processes, so
+    `global_batch_size=512` trains on the same 512 images per step on 1, 2 or 8 GPUs."""
+    gb = cfg.get("global_batch_size")
+    if gb in (None, 0):
+        return int(cfg.batch_size)
+    world = world_size(cfg)
+    if int(gb) % world:
+        from scfs.config import ConfigError
+
+        raise ConfigError(f"config key global_batch_size={gb} is invalid: it is not divisible across {world} "
+                          "processes (devices x num_nodes)")
+    return int(gb) // world
+
+
+def trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
+    """Lightning Trainer arguments from `cfg.trainer` plus what multi-GPU training needs.
+
+    * `use_distributed_sampler=False`: `SSLDataModule` shards each global batch over the ranks itself
+      (`EpochSeededRandomSampler`); Lightning's wrapper would interleave ranks and drop `set_epoch`.
+    * `sync_bn=true` -> `sync_batchnorm`: Lightning converts every BatchNorm of the LightningModule (student
+      *and* teacher, so the EMA pairs SyncBatchNorm with SyncBatchNorm) to `torch.nn.SyncBatchNorm`
+      (CUDA only): batch statistics over the global batch, as one process would compute them.
+    """
+    kw = OmegaConf.to_container(cfg.trainer, resolve=True)
+    kw.setdefault("use_distributed_sampler", False)
+    if cfg.get("sync_bn", False):
+        if kw.get("accelerator", "cpu") == "cpu":
+            from scfs.config import ConfigError
+
+            raise ConfigError("config key sync_bn=true is invalid on trainer.accelerator=cpu: torch's SyncBatchNorm "
+                              "runs on CUDA only (use trainer=gpu or trainer=ddp)")
+        kw["sync_batchnorm"] = True
+    return kw
 
 
 def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
@@ -214,14 +260,18 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     if online_every and hasattr(dm.train_set, "num_classes"):
         callbacks.append(OnlineLinearMonitor(num_classes=dm.train_set.num_classes, every_n_epochs=online_every))
     callbacks += [ResumeState(), last]  # after the monitors: restores the RNG after they rebuilt their layers
-    trainer = L.Trainer(**OmegaConf.to_container(cfg.trainer, resolve=True), logger=logger, callbacks=callbacks,
+    if cfg.trainer.get("enable_progress_bar", True):  # the bar reads logged values on the host (a sync) per refresh
+        from lightning.pytorch.callbacks import TQDMProgressBar
+
+        callbacks.append(TQDMProgressBar(refresh_rate=max(int(cfg.trainer.get("log_every_n_steps", 1) or 1), 1)))
+    trainer = L.Trainer(**trainer_kwargs(cfg), logger=logger, callbacks=callbacks,
                         default_root_dir=str(run_dir), plugins=[AtomicCheckpointIO()])
     try:
         trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
     except torch.cuda.OutOfMemoryError as err:
         _finish_logger(logger, failed=True)
-        raise BatchTooLargeError(oom_message(int(cfg.batch_size), trainer.global_step, _last_good(last, ckpt_path),
-                                             cfg.trainer.get("devices", 1))) from err
+        raise BatchTooLargeError(oom_message(per_device_batch_size(cfg), trainer.global_step,
+                                             _last_good(last, ckpt_path), cfg.trainer.get("devices", 1))) from err
     except FloatingPointError as err:
         _finish_logger(logger, failed=True)
         good = _last_good(last, ckpt_path)

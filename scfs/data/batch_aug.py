@@ -92,7 +92,7 @@ def _shift_hue(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     h6 = torch.where(maxc == r, g - b, torch.where(maxc == g, (b - r).add_(span, alpha=2.0),
                                                     (r - g).add_(span, alpha=4.0)))
     h6 = h6.div_(torch.where(span == 0, torch.ones_like(span), span)).unsqueeze(1)
-    n = torch.tensor([5.0, 3.0, 1.0], dtype=x.dtype, device=x.device).view(1, 3, 1, 1)
+    n = torch.arange(5.0, 0.0, -2.0, dtype=x.dtype, device=x.device).view(1, 3, 1, 1)  # 5, 3, 1; no H2D copy
     k = (h6 + n).add_(shift * 6.0).remainder_(6.0)
     k = torch.minimum(k, 4.0 - k).clamp_(0.0, 1.0)
     return (maxc.unsqueeze(1) - span.unsqueeze(1) * k).clamp_(0.0, 1.0)
@@ -156,6 +156,7 @@ class BatchMultiCrop(torch.nn.Module):
         self.blur_p, self.solarize_p = spec.blur_p, spec.solarize_p
         self.mean, self.std = spec.mean, spec.std
         self.dtype = dtype
+        self._consts: dict[tuple[str, str], torch.Tensor] = {}  # per-device constants: one H2D copy, ever
         self.cpu_block = 2**18  # floats per block of per-pixel work on the CPU (1 MiB: about an L2)
         j = spec._jitter  # v2.ColorJitter: each range is None when that component is disabled
         self.jitter_ranges: list[tuple[float, float] | None] = [
@@ -180,21 +181,41 @@ class BatchMultiCrop(torch.nn.Module):
         sol_p = [0.0, self.solarize_p] + [0.0] * self.n_local
         return sizes, scales, blur_p, sol_p
 
+    def _const(self, name: str, values: Sequence[float], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A small constant tensor on ``device``, made once: ``torch.tensor(..., device=cuda)`` every step would
+        be a blocking host-to-device copy (a host sync) per call."""
+        key = (name, str(device))
+        t = self._consts.get(key)
+        if t is None:
+            t = self._consts[key] = torch.tensor(list(values), dtype=dtype).to(device)
+        return t
+
     def sample_params(self, batch: int, height: int, width: int, device: torch.device | str = "cpu",
-                      generator: torch.Generator | None = None) -> BatchAugParams:
+                      generator: torch.Generator | None = None, global_batch: int | None = None,
+                      offset: int = 0) -> BatchAugParams:
         """Draw every view's parameters for ``batch`` images of ``height`` x ``width`` with one ``torch.rand``
         on ``device`` (no host sync): crops follow ``RandomResizedCrop.get_params`` (10 candidates, first
-        valid one, else its centre-crop fallback)."""
+        valid one, else its centre-crop fallback).
+
+        DDP: with ``global_batch`` (images of the step over all ranks) the draw is made for the whole global
+        batch and rows ``offset:offset+batch`` are kept, so rank r of a 2 x B run gets exactly the parameters
+        of images r*B..(r+1)*B-1 of the 1 x 2B run with the same generator state (the draw is V x G x 36
+        numbers: negligible)."""
         device = torch.device(device)
         sizes, scales, blur_p, sol_p = self._view_table()
         v = len(sizes)
         f64 = dict(dtype=torch.float64, device=device)
-        u = torch.rand((v, batch, _N_UNIFORM), generator=generator, **f64)
+        g = batch if global_batch is None else int(global_batch)
+        if not 0 <= offset <= g - batch:
+            raise ValueError(f"offset={offset} + batch={batch} exceeds global_batch={g}")
+        u = torch.rand((v, g, _N_UNIFORM), generator=generator, **f64)
+        if g != batch:
+            u = u[:, offset:offset + batch]
 
-        def col(values: Sequence[float]) -> torch.Tensor:  # per-view constant, broadcast over (V, B, ...)
-            return torch.tensor(values, **f64).view(v, 1, 1)
+        def col(values: Sequence[float], name: str) -> torch.Tensor:  # per-view constant over (V, B, ...)
+            return self._const(name, values, torch.float64, device).view(v, 1, 1)
 
-        lo, hi = col([s[0] for s in scales]), col([s[1] for s in scales])
+        lo, hi = col([s[0] for s in scales], "scale_lo"), col([s[1] for s in scales], "scale_hi")
         area = float(height * width)
         target = area * (lo + (hi - lo) * u[..., _U_AREA:_U_AREA + _N_TRIES])
         lr0, lr1 = math.log(self.ratio[0]), math.log(self.ratio[1])
@@ -222,13 +243,13 @@ class BatchMultiCrop(torch.nn.Module):
             facts.append(torch.where(jit, val, ident[i]))
         factors = torch.stack(facts, -1).to(torch.float32)
 
-        s_lo = col([self.blur_specs[s][1][0] for s in sizes])[..., 0]
-        s_hi = col([self.blur_specs[s][1][1] for s in sizes])[..., 0]
+        s_lo = col([self.blur_specs[s][1][0] for s in sizes], "sigma_lo")[..., 0]
+        s_hi = col([self.blur_specs[s][1][1] for s in sizes], "sigma_hi")[..., 0]
         sigma = (s_lo + (s_hi - s_lo) * u[..., _U_SIGMA]).to(torch.float32)
         return BatchAugParams(
             boxes=boxes, flip=u[..., _U_FLIP] < self.flip_p, jitter=jit, factors=factors,
-            gray=u[..., _U_GRAY] < self.gray_p, blur=u[..., _U_BLUR] < col(blur_p)[..., 0], sigma=sigma,
-            solarize=u[..., _U_SOL] < col(sol_p)[..., 0],
+            gray=u[..., _U_GRAY] < self.gray_p, blur=u[..., _U_BLUR] < col(blur_p, "blur_p")[..., 0], sigma=sigma,
+            solarize=u[..., _U_SOL] < col(sol_p, "sol_p")[..., 0],
         )
 
     def _fallback_size(self, height: int, width: int) -> tuple[int, int]:
@@ -283,9 +304,9 @@ class BatchMultiCrop(torch.nn.Module):
         x = _as_float_batch(images)
         b = x.shape[0]
         sizes, _, blur_p, sol_p = self._view_table()
-        std = torch.tensor(self.std, dtype=torch.float32, device=x.device).view(1, 3, 1, 1)
+        std = self._const("std", self.std, torch.float32, x.device).view(1, 3, 1, 1)
         scale = 1.0 / std
-        shift = -torch.tensor(self.mean, dtype=torch.float32, device=x.device).view(1, 3, 1, 1) * scale
+        shift = -self._const("mean", self.mean, torch.float32, x.device).view(1, 3, 1, 1) * scale
         idx = torch.arange(b, dtype=torch.float32, device=x.device)
         views: list[torch.Tensor] = []
         # Views of equal size are contiguous in MultiCrop's order (globals, then locals): one stack per run.
@@ -311,11 +332,13 @@ class BatchMultiCrop(torch.nn.Module):
         return {"views": views, "boxes": params.boxes.transpose(0, 1).to(torch.float32).contiguous(),
                 "flips": params.flip.transpose(0, 1).contiguous()}
 
-    def forward(self, images: torch.Tensor, generator: torch.Generator | None = None) -> dict[str, Any]:
-        """All views of a uint8 (B,3,H,W) batch; parameters drawn on the images' device from ``generator``."""
+    def forward(self, images: torch.Tensor, generator: torch.Generator | None = None,
+                global_batch: int | None = None, offset: int = 0) -> dict[str, Any]:
+        """All views of a uint8 (B,3,H,W) batch; parameters drawn on the images' device from ``generator``
+        (``global_batch`` / ``offset``: this rank's rows of a DDP step's draw, see ``sample_params``)."""
         _check_batch(images)
         b, _, h, w = images.shape
-        return self.apply(images, self.sample_params(b, h, w, images.device, generator))
+        return self.apply(images, self.sample_params(b, h, w, images.device, generator, global_batch, offset))
 
     def extra_repr(self) -> str:
         return (f"global={self.global_size}x2 {self.global_scale}, local={self.local_size}x{self.n_local} "

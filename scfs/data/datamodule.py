@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import hashlib
+import logging
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset
+
+log = logging.getLogger("scfs.data")
 
 
 def _plain(v: Any) -> Any:
@@ -23,23 +29,50 @@ class SSLDataModule(L.LightningDataModule):
     With `batch_aug=True` (fixed-size in-memory data: shapes, CIFAR-10) the training loader yields raw uint8
     image batches and the LightningModule makes all views of the batch at once on its device
     (`scfs.data.batch_aug.BatchMultiCrop`); otherwise every sample goes through the per-sample `MultiCrop`
-    in the DataLoader workers.
+    in the DataLoader workers (workers persist across epochs, batches are pinned when training on CUDA).
+
+    `on_device=True` (needs `batch_aug`) keeps the whole training split as one uint8 tensor on the training
+    device and yields batches by indexing it (`DeviceBatchLoader`): no worker, pinning or host-to-device copy
+    per step. Under DDP each rank trains on its slice of every global batch (`EpochSeededRandomSampler`), with
+    either loader.
     """
 
     def __init__(self, data: Mapping[str, Any], crops: Mapping[str, Any], batch_size: int, num_workers: int = 0,
-                 eval_batch_size: int = 256, batch_aug: bool = False, seed: int = 0) -> None:
+                 eval_batch_size: int = 256, batch_aug: bool = False, seed: int = 0, on_device: bool = False) -> None:
         super().__init__()
         self.data_cfg = {k: _plain(v) for k, v in dict(data).items()}
         self.crops_cfg = {k: _plain(v) for k, v in dict(crops).items()}
         self.batch_size, self.num_workers, self.eval_batch_size = batch_size, num_workers, eval_batch_size
-        self.batch_aug, self.seed = batch_aug, seed
+        self.batch_aug, self.seed, self.on_device = batch_aug, seed, on_device
+        if on_device and not batch_aug:
+            raise ValueError("data.on_device=true needs data.batch_aug=true (fixed-size images whose views are made "
+                             "on the device); per-sample multi-crop runs in DataLoader workers")
         self.train_set: Dataset | None = None
+        self._device_data: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def _loader_kwargs(self) -> dict[str, Any]:
         kw: dict[str, Any] = {"num_workers": self.num_workers, "pin_memory": torch.cuda.is_available()}
         if self.num_workers > 0:
             kw["persistent_workers"] = True
         return kw
+
+    def _rank_world(self) -> tuple[int, int]:
+        trainer = getattr(self, "trainer", None)
+        if trainer is None:
+            return 0, 1
+        return int(trainer.global_rank), int(trainer.world_size)
+
+    def _device(self) -> torch.device:
+        trainer = getattr(self, "trainer", None)
+        return trainer.strategy.root_device if trainer is not None else torch.device("cpu")
+
+    def train_sampler(self):
+        """This rank's sampler: same global permutation on every rank, a disjoint slice of each global batch."""
+        from scfs.data.samplers import EpochSeededRandomSampler
+
+        rank, world = self._rank_world()
+        return EpochSeededRandomSampler(len(self.train_set), self.seed, batch_size=self.batch_size,
+                                        num_replicas=world, rank=rank)
 
     def setup(self, stage: str | None = None) -> None:
         from scfs.data.datasets import build_dataset
@@ -53,11 +86,15 @@ class SSLDataModule(L.LightningDataModule):
                     f"batch_size={self.batch_size} is larger than the training set ({len(self.train_set)} images) "
                     "and every batch would be dropped: lower batch_size")
 
-    def train_dataloader(self) -> DataLoader:
+    def train_dataloader(self) -> DataLoader | DeviceBatchLoader:
         self.setup()
-        from scfs.data.samplers import EpochSeededRandomSampler
-
-        sampler = EpochSeededRandomSampler(len(self.train_set), self.seed)
+        sampler = self.train_sampler()
+        if self.on_device:
+            device = self._device()
+            if self._device_data is None or self._device_data[0].device != device:
+                images, labels = materialise(self.train_set, self.data_cfg, self.num_workers)
+                self._device_data = (images.to(device), labels.to(device))
+            return DeviceBatchLoader(*self._device_data, sampler, self.batch_size, dataset=self.train_set)
         return DataLoader(self.train_set, batch_size=self.batch_size, sampler=sampler, drop_last=True,
                           **self._loader_kwargs())
 
@@ -75,3 +112,85 @@ class SSLDataModule(L.LightningDataModule):
         bank, query = build_dataset(self.data_cfg, "train", tf), build_dataset(self.data_cfg, "val", tf)
         kw = {"batch_size": self.eval_batch_size, "shuffle": False, "num_workers": self.num_workers}
         return DataLoader(bank, **kw), DataLoader(query, **kw)
+
+
+class DeviceBatchLoader:
+    """Batches of a uint8 (N,C,H,W) tensor that already lives on the training device: `(images, labels)`
+    per step by `index_select` with this rank's indices (moved to the device once per epoch), so a step costs
+    no worker, no pinning and no host-to-device copy, and never syncs the host.
+
+    Same order as the DataLoader path for the same sampler. Carries `sampler` (Lightning calls its
+    `set_epoch`) and the mid-epoch resume protocol of `scfs.reliability.resume.ResumableDataLoader`
+    (`batches_done`, `state_dict`, `load_state_dict`)."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, sampler: Any, batch_size: int,
+                 dataset: Dataset | None = None) -> None:
+        self.images, self.labels, self.sampler, self.batch_size = images, labels, sampler, int(batch_size)
+        self.dataset = dataset
+        self.batches_done = 0
+        self._pending: dict[str, Any] | None = None
+
+    def __len__(self) -> int:
+        return len(self.sampler) // self.batch_size
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        pending, self._pending = self._pending, None
+        skip = int((pending or {}).get("batches", 0) or 0)
+        if pending and pending.get("epoch") not in (None, self.sampler.epoch):
+            skip = 0  # the checkpoint closed its epoch: this is a fresh one
+        idx = self.sampler.indices().to(self.images.device, non_blocking=True)
+        b = self.batch_size
+        for k in range(skip, len(self)):
+            sel = idx[k * b:(k + 1) * b]
+            yield self.images.index_select(0, sel), self.labels.index_select(0, sel)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": int(self.sampler.epoch), "batches": int(self.batches_done), "batch_size": self.batch_size}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        self._pending = dict(state_dict)
+        self.batches_done = int(state_dict.get("batches", 0) or 0)
+        if state_dict.get("epoch") is not None:
+            self.sampler.set_epoch(int(state_dict["epoch"]))
+
+
+def materialise(dataset: Dataset, data_cfg: Mapping[str, Any], num_workers: int = 0) -> tuple[torch.Tensor,
+                                                                                               torch.Tensor]:
+    """The whole split as (uint8 (N,C,H,W), int64 (N,)) CPU tensors, in dataset order.
+
+    In-memory datasets are stacked directly; image files are decoded once (in `num_workers` processes) and
+    cached under `<root>/.scfs_cache/` keyed by the file list, so later runs (and the other DDP ranks) load one
+    file instead of decoding 50,000 JPEGs again."""
+    import numpy as np
+
+    from scfs.data.datasets import CIFAR10Batches, ImageFileDataset, ShapesDataset
+
+    if isinstance(dataset, ShapesDataset):
+        imgs = torch.from_numpy(np.ascontiguousarray(dataset.data.images)).permute(0, 3, 1, 2).contiguous()
+        return imgs, torch.as_tensor(dataset.targets, dtype=torch.int64)
+    if isinstance(dataset, CIFAR10Batches):
+        imgs = torch.from_numpy(np.ascontiguousarray(dataset.base.data)).permute(0, 3, 1, 2).contiguous()
+        return imgs, torch.as_tensor(dataset.targets, dtype=torch.int64)
+    cache = None
+    if isinstance(dataset, ImageFileDataset) and data_cfg.get("root"):
+        key = hashlib.sha256("\n".join(f"{p}\t{y}" for p, y in dataset.samples).encode()).hexdigest()[:16]
+        cache = Path(os.path.expanduser(str(data_cfg["root"]))) / ".scfs_cache" / f"uint8-{len(dataset)}-{key}.pt"
+        if cache.is_file():
+            d = torch.load(cache, weights_only=True)
+            return d["images"], d["labels"]
+    loader = DataLoader(dataset, batch_size=512, shuffle=False, num_workers=num_workers)
+    try:
+        parts = [(x, y) for x, y in loader]
+    except RuntimeError as err:  # default_collate: "stack expects each tensor to be equal size"
+        raise ValueError("data.on_device=true needs images of one size (e.g. CIFAR-10, shapes); this dataset has "
+                         f"images of different sizes: {err}") from err
+    imgs, labels = torch.cat([p[0] for p in parts]), torch.cat([torch.as_tensor(p[1]) for p in parts]).long()
+    if cache is not None:
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache.with_suffix(f".tmp{os.getpid()}")
+            torch.save({"images": imgs, "labels": labels}, tmp)
+            os.replace(tmp, cache)  # atomic: concurrent DDP ranks never read a torn file
+        except OSError as err:
+            log.warning("could not cache the decoded training split at %s: %s", cache, err)
+    return imgs, labels

@@ -83,6 +83,8 @@ class SCFSModule(L.LightningModule):
         n_local: int,
         crops: Mapping[str, Any] | None = None,
         seed: int = 0,
+        compile: bool = False,
+        finite_check_every_n_steps: int = 1,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -110,8 +112,22 @@ class SCFSModule(L.LightningModule):
             self.batch_aug = BatchMultiCrop(**{k: tuple(v) if isinstance(v, (list, tuple)) else v
                                                for k, v in dict(crops).items()})
         self._aug_gen: torch.Generator | None = None
+        self.compile_nets = bool(compile)
+        self.finite_every = max(int(finite_check_every_n_steps), 1)
+        self._nonfinite: torch.Tensor | None = None  # device flag: a non-finite loss since the last check
+        if self.compile_nets:
+            self._compile()
         if self.use_stages and mode != "none" and n_local < 1:
             raise ValueError(f"data.n_local={n_local}: search.mode={mode} needs at least one local crop (>= 1)")
+
+    def _compile(self) -> None:
+        """`torch.compile` backbones and heads of student and teacher in place (`nn.Module.compile`): parameter
+        names, checkpoints and the EMA are unchanged; global and local view sizes give two graphs each."""
+        for net in (self.student, self.teacher):
+            net["backbone"].compile()
+            net["head"].compile()
+            for head in net["stage_heads"].values():
+                head.compile()
 
     # ---- schedules -------------------------------------------------------------------------------------
     @property
@@ -136,9 +152,18 @@ class SCFSModule(L.LightningModule):
         step = self.global_step if step is None else step
         return cosine(step, self.total_steps, m.get("momentum_teacher", 0.996), 1.0)
 
+    def global_batch_size(self) -> int:
+        """Images per optimizer step over all processes: batch_size (per device) x devices x nodes x
+        accumulate_grad_batches. `optim.lr` is the lr *per 256 images* of it (linear scaling rule of Goyal et al.,
+        as in DINO: lr = optim.lr x global_batch / 256) when `optim.scale_lr` (default true)."""
+        if self._trainer is None:
+            return int(self.hparams.batch_size)
+        return int(self.hparams.batch_size) * max(self.trainer.world_size, 1) * max(
+            int(self.trainer.accumulate_grad_batches), 1)
+
     def _lr_wd(self) -> tuple[float, float]:
         o = self.optim_cfg
-        scale = self.hparams.batch_size * max(self.trainer.world_size, 1) / 256 if o.get("scale_lr", True) else 1.0
+        scale = self.global_batch_size() / 256 if o.get("scale_lr", True) else 1.0
         warm = int(o.get("warmup_epochs", 0) * self.steps_per_epoch)
         lr = cosine(self.global_step, self.total_steps, o["lr"] * scale, o.get("min_lr", 0.0), warm)
         wd = cosine(self.global_step, self.total_steps, o.get("weight_decay", 0.0),
@@ -177,7 +202,14 @@ class SCFSModule(L.LightningModule):
             for name, p in self.student.named_parameters():
                 if "last_layer" in name:
                     p.grad = None
-        self._check_finite_grads()
+        if self._check_now():
+            self._check_finite_grads()
+
+    def _check_now(self) -> bool:
+        """Finite checks read a device value on the host (a sync): every step by default, every
+        `finite_check_every_n_steps` steps on GPU recipes (a non-finite loss in between is remembered on the
+        device and reported at the next check; `AtomicCheckpointIO` never writes non-finite weights)."""
+        return self.finite_every <= 1 or (self.global_step + 1) % self.finite_every == 0
 
     def _check_finite_grads(self) -> None:
         """Stop before the optimizer step when a gradient is NaN/Inf although the loss was finite: the step
@@ -223,7 +255,12 @@ class SCFSModule(L.LightningModule):
         if self._aug_gen is None or self._aug_gen.device != images.device:
             self._aug_gen = torch.Generator(device=images.device)
         self._aug_gen.manual_seed(self.seed * 1_000_003 + self.global_step)
-        sample = self.batch_aug(images, generator=self._aug_gen)
+        # DDP: every rank draws the parameters of the whole global batch from the same seed and keeps its
+        # rows (the sampler gives rank r images r*B..(r+1)*B-1 of the global batch), so 2 ranks x B get
+        # exactly the views of 1 rank x 2B (tests/test_ddp.py)
+        b = images.shape[0]
+        rank, world = (self.trainer.global_rank, self.trainer.world_size) if self._trainer is not None else (0, 1)
+        sample = self.batch_aug(images, generator=self._aug_gen, global_batch=b * world, offset=rank * b)
         return (sample, *batch[1:]) if isinstance(batch, (list, tuple)) else sample
 
     # ---- forward ---------------------------------------------------------------------------------------
@@ -268,12 +305,24 @@ class SCFSModule(L.LightningModule):
                 logs[f"loss/{s}_local"] = loss_l
                 stage_loss = stage_loss + loss_l
             loss = loss + w * stage_loss
-        logs.update({"loss/total": loss, "sched/teacher_temp": temp, "sched/momentum": self.teacher_momentum(),
-                     "sched/lr": self.optimizers().optimizer.param_groups[0]["lr"],
-                     "sched/wd": self.optimizers().optimizer.param_groups[0]["weight_decay"]})
+        logs["loss/total"] = loss
+        if self._logging_step():  # Python floats become device tensors in self.log: a blocking copy each
+            logs.update({"sched/teacher_temp": temp, "sched/momentum": self.teacher_momentum(),
+                         "sched/lr": self.optimizers().optimizer.param_groups[0]["lr"],
+                         "sched/wd": self.optimizers().optimizer.param_groups[0]["weight_decay"]})
         self.log_dict(logs, on_step=True, on_epoch=False, batch_size=b)
         self.log("loss", loss, prog_bar=True, on_step=True, on_epoch=True, batch_size=b)
-        if not torch.isfinite(loss):
+        if self.finite_every > 1:
+            bad = ~torch.isfinite(loss)
+            self._nonfinite = bad if self._nonfinite is None else self._nonfinite | bad
+            if self._check_now() and bool(self._nonfinite):
+                raise FloatingPointError(
+                    f"non-finite loss in the {self.finite_every} steps up to step {self.global_step} (epoch "
+                    f"{self.current_epoch}; checked every finite_check_every_n_steps={self.finite_every}): the "
+                    "weights may already be non-finite, but no checkpoint with non-finite weights is ever written, "
+                    "so the last checkpoint is good; lower optim.lr or enable gradient clipping "
+                    "(trainer.gradient_clip_val), or set finite_check_every_n_steps=1 to stop at the first one")
+        elif not torch.isfinite(loss):
             bad = [k for k, v in logs.items() if isinstance(v, torch.Tensor) and not torch.isfinite(v).all()]
             raise FloatingPointError(
                 f"non-finite loss at step {self.global_step} (epoch {self.current_epoch}, batch {batch_idx}): "
@@ -282,6 +331,15 @@ class SCFSModule(L.LightningModule):
                 "(trainer.gradient_clip_val)"
             )
         return loss
+
+    def _logging_step(self) -> bool:
+        """True on the steps whose logs Lightning writes (every `trainer.log_every_n_steps`)."""
+        if self._trainer is None:
+            return True
+        try:
+            return bool(self.trainer._logger_connector.should_update_logs)
+        except AttributeError:
+            return True
 
     def _local_term(self, stage: str, s_local: torch.Tensor | None, t_global1: torch.Tensor, b: int,
                     n_local: int, temp: float, logs: dict) -> torch.Tensor | None:
@@ -305,13 +363,14 @@ class SCFSModule(L.LightningModule):
                     temperature=self.search_cfg.get("temperature", 0.1),
                     backend=self.search_cfg.get("backend", "auto"),
                 )
-                sim = found.similarity
-                p = found.weights.clamp_min(0).flatten(2)
-                p = p / p.sum(-1, keepdim=True).clamp_min(1e-12)
-                ent = -(p * p.clamp_min(1e-12).log()).sum(-1).mean() / math.log(max(p.shape[-1], 2))
-                logs[f"search/{stage}_sim_mean"] = sim.mean()
-                logs[f"search/{stage}_sim_max"] = sim.amax(dim=(2, 3)).mean()
-                logs[f"search/{stage}_weight_entropy"] = ent
+                if self._logging_step():  # diagnostics only on the steps that are written
+                    sim = found.similarity
+                    p = found.weights.clamp_min(0).flatten(2)
+                    p = p / p.sum(-1, keepdim=True).clamp_min(1e-12)
+                    ent = -(p * p.clamp_min(1e-12).log()).sum(-1).mean() / math.log(max(p.shape[-1], 2))
+                    logs[f"search/{stage}_sim_mean"] = sim.mean()
+                    logs[f"search/{stage}_sim_max"] = sim.amax(dim=(2, 3)).mean()
+                    logs[f"search/{stage}_weight_entropy"] = ent
         return sharpened_cross_entropy(sl_out, tl_out, temp, self.method_cfg.get("student_temp", 0.1))
 
     # ---- helpers for evaluation ------------------------------------------------------------------------

@@ -40,7 +40,9 @@ class OnlineLinearMonitor(L.Callback):
         self._reset_counts()
 
     def _reset_counts(self) -> None:
-        self.correct, self.seen, self.loss_sum = 0, 0, 0.0
+        """Counts live on the features' device as one (correct, seen, loss_sum) tensor: adding to it costs no
+        host sync per step (`int(...)` / `float(...)` of a CUDA value would stall the training step)."""
+        self.counts: torch.Tensor | None = None
 
     def _num_classes(self, trainer: L.Trainer) -> int | None:
         if self.num_classes:
@@ -91,9 +93,11 @@ class OnlineLinearMonitor(L.Callback):
             loss.backward()
         self._sync_grads()
         self.optimizer.step()
-        self.correct += int((logits.argmax(1) == labels).sum())
-        self.seen += int(labels.shape[0])
-        self.loss_sum += float(loss.detach()) * labels.shape[0]
+        with torch.no_grad():
+            n = labels.shape[0]
+            step = torch.stack(((logits.argmax(1) == labels).sum().float(), torch.full_like(loss, float(n)),
+                                loss.detach().float() * n))
+            self.counts = step if self.counts is None else self.counts.to(step.device) + step
 
     def _to(self, device: torch.device) -> None:
         """Follow the features' device, optimiser state (momentum buffers) included."""
@@ -117,7 +121,7 @@ class OnlineLinearMonitor(L.Callback):
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.every <= 0 or (trainer.current_epoch + 1) % self.every:
             return
-        counts = torch.tensor([self.correct, self.seen, self.loss_sum], dtype=torch.float32, device=pl_module.device)
+        counts = (self.counts if self.counts is not None else torch.zeros(3)).to(pl_module.device, torch.float32)
         counts = trainer.strategy.reduce(counts, reduce_op="sum")
         correct, seen, loss_sum = (float(v) for v in counts)
         if seen == 0:

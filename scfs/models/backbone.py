@@ -61,9 +61,10 @@ class Backbone(nn.Module):
             load_state_dict_file(self, pretrained_path)
 
     def _make_cifar_stem(self, stride: int = 1) -> None:
-        stem_out = self.body.bn1.num_features
         if not hasattr(self.body, "conv1") or not hasattr(self.body, "maxpool"):
             raise ValueError("backbone.cifar_stem=true needs a ResNet-like model with conv1/maxpool")
+        bn1 = self.body.bn1  # BatchNorm2d, or a GroupNorm with backbone.norm_layer=groupnorm1 (CPU DDP test)
+        stem_out = getattr(bn1, "num_features", None) or bn1.num_channels
         self.body.conv1 = nn.Conv2d(3, stem_out, kernel_size=3, stride=stride, padding=1, bias=False)
         self.body.maxpool = nn.Identity()
 

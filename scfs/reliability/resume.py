@@ -138,13 +138,16 @@ def make_train_loader_resumable(datamodule: L.LightningDataModule) -> None:
     datamodule.train_dataloader = train_dataloader  # type: ignore[method-assign]
 
 
-def _train_loaders(trainer: L.Trainer) -> list[ResumableDataLoader]:
+def _train_loaders(trainer: L.Trainer) -> list[Any]:
+    """Train loaders that follow the resume protocol: `ResumableDataLoader` or anything with `batches_done` and
+    `state_dict` (`scfs.data.datamodule.DeviceBatchLoader`)."""
     loaders = trainer.train_dataloader
     if isinstance(loaders, Mapping):
         loaders = list(loaders.values())
     if not isinstance(loaders, (list, tuple)):
         loaders = [loaders]
-    return [dl for dl in loaders if isinstance(dl, ResumableDataLoader)]
+    return [dl for dl in loaders if isinstance(dl, ResumableDataLoader)
+            or (hasattr(dl, "batches_done") and hasattr(dl, "load_state_dict"))]
 
 
 def rng_state() -> dict[str, Any]:

@@ -1,0 +1,57 @@
+"""Subprocess entry of tests/test_ddp.py: a few training steps of the tiny config, then the weights and the
+per-step losses of this rank to `<out>/rank<r>.pt`.
+
+Run as a script (Lightning's DDP launcher re-executes `sys.argv` once per extra rank; inside pytest DDP must
+live in a subprocess). The Trainer is built with `scfs.train.trainer_kwargs`, so the sampler sharding, SyncBN
+switch and global-batch split under test are the ones `python -m scfs.train` uses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--data", required=True)
+    ap.add_argument("overrides", nargs="*")
+    args = ap.parse_args()
+
+    import lightning as L
+    import torch
+    from helpers import compose_cfg
+
+    from scfs.train import build, trainer_kwargs
+
+    torch.set_num_threads(1)
+    cfg = compose_cfg(args.overrides, data_root=args.data)
+    L.seed_everything(cfg.seed, verbose=False)
+    dm, model = build(cfg)
+    losses: list[torch.Tensor] = []
+    batches: list[torch.Tensor] = []
+
+    class Record(L.Callback):
+        def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                               batch_idx: int) -> None:
+            losses.append(outputs["loss"].detach().clone())
+            batches.append(batch[1].detach().clone())  # labels: which images this rank trained on
+
+    kw = trainer_kwargs(cfg)
+    trainer = L.Trainer(**kw, logger=False, enable_checkpointing=False, callbacks=[Record()])
+    trainer.fit(model, datamodule=dm)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    torch.save({"losses": torch.stack(losses), "labels": batches, "world": trainer.world_size,
+                "state": {k: v.detach().clone() for k, v in model.state_dict().items()}},
+               Path(args.out) / f"rank{trainer.global_rank}.pt")
+
+
+if __name__ == "__main__":
+    main()

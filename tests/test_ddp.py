@@ -1,0 +1,70 @@
+"""DDP equivalence: 2 CPU processes (gloo) x batch B train exactly like 1 process x batch 2B.
+
+Same global permutation sharded per rank, views drawn for the global batch and sliced per rank, gradients
+averaged by DDP, DINO centre all-reduced, EMA of identical weights, lr scaled by the global batch. BatchNorm
+statistics are per device unless SyncBatchNorm is on, and torch's SyncBatchNorm runs on CUDA only, so the CPU
+test uses a BatchNorm-free tiny backbone (`groupnorm1`) and DINO heads without BN. The per-stage heads' residual
+branch keeps its BatchNorm2d (not configurable): its last BN starts at weight 0 (identity branch), so over 4
+steps its per-device statistics move the weights by less than the tolerance; its running statistics differ
+(rank 0's are broadcast) and are not compared. The GPU variant (marked `gpu`, needs 2 GPUs) keeps every
+BatchNorm with `sync_bn=true` and compares everything.
+
+Tolerance: the two runs differ only in float summation order (gradient all-reduce, per-rank means, conv
+batching), so losses and weights agree to ~1e-6 relative after 4 SGD steps; asserted at rtol=atol=1e-4.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+WORKER = Path(__file__).resolve().parent / "ddp_worker.py"
+COMMON = ["method.head_bn=false", "method.bottleneck_bn=false", "method.freeze_last_layer_epochs=1",
+          "trainer.max_epochs=2", "trainer.limit_train_batches=2", "++data.n_train=64"]
+
+
+def _run(out: Path, data: Path, overrides: list[str], timeout: int = 240) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "SCFS_THREADS": "1"}
+    proc = subprocess.run([sys.executable, str(WORKER), "--out", str(out), "--data", str(data), *overrides],
+                          capture_output=True, text=True, timeout=timeout, env=env, cwd=out.parent)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+
+
+def _compare(tmp_path: Path, extra: list[str], ddp: list[str], b: int, skip_bn_stats: bool = False) -> None:
+    data = tmp_path / "data"
+    _run(tmp_path / "single", data, [*COMMON, *extra, f"batch_size={2 * b}"])
+    _run(tmp_path / "ddp", data, [*COMMON, *extra, *ddp, f"batch_size={b}"])
+    one = torch.load(tmp_path / "single" / "rank0.pt", weights_only=True)
+    r0 = torch.load(tmp_path / "ddp" / "rank0.pt", weights_only=True)
+    r1 = torch.load(tmp_path / "ddp" / "rank1.pt", weights_only=True)
+    assert one["world"] == 1 and r0["world"] == 2
+    assert len(one["losses"]) == len(r0["losses"]) == 4  # 2 epochs x 2 steps
+    # each rank trained on its half of every global batch: labels of rank 0 then rank 1 = the single batch
+    for s, a, c in zip(one["labels"], r0["labels"], r1["labels"]):
+        assert torch.equal(s, torch.cat([a, c]))
+    # the global loss is the mean of the per-rank losses (equal shards)
+    torch.testing.assert_close((r0["losses"] + r1["losses"]) / 2, one["losses"], rtol=1e-4, atol=1e-4)
+    assert one["state"].keys() == r0["state"].keys()
+    for k, v in one["state"].items():
+        if skip_bn_stats and k.endswith(("running_mean", "running_var")):
+            continue  # stage heads' BN statistics per device (train-mode forward uses batch stats; see doc)
+        if v.is_floating_point():
+            torch.testing.assert_close(r0["state"][k], v, rtol=1e-4, atol=1e-4, msg=lambda m, k=k: f"{k}: {m}")
+            torch.testing.assert_close(r1["state"][k], r0["state"][k], rtol=0, atol=0)  # ranks stay identical
+
+
+def test_ddp_two_cpu_processes_match_one_process_with_the_global_batch(tmp_path: Path) -> None:
+    _compare(tmp_path, ["+backbone.norm_layer=groupnorm1", "trainer.accelerator=cpu"],
+             ["+trainer.strategy=ddp", "trainer.devices=2"], b=8, skip_bn_stats=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_ddp_two_gpus_sync_bn_match_one_gpu(tmp_path: Path) -> None:
+    gpu = ["trainer.accelerator=gpu", "trainer.precision=32-true", "sync_bn=true"]
+    _compare(tmp_path, gpu + ["trainer.devices=1"], ["+trainer.strategy=ddp", "trainer.devices=2"], b=8)

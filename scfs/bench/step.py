@@ -1,0 +1,336 @@
+"""Whole-training-step benchmark: the real SCFSModule trained by the real Lightning Trainer, timed per step.
+
+The step is exactly the training one: `Trainer.fit` runs `on_after_batch_transfer` (views by `BatchMultiCrop` on
+the device), `training_step`, backward, gradient clipping, the optimizer step and the EMA update (in
+`SCFSModule.optimizer_step`), plus the online linear monitor, with the configs of `+experiment=imagenet`
+(ResNet-50, 2x224 + 8x96, 65,536-way head) or `+experiment=cifar10` (`--suite cifar`: ResNet-18 CIFAR stem,
+2x32 + 6x16, B=512, epochs/min for 50,000 images).
+
+Input (`--data synthetic`, default): random uint8 images already on the device (256x256 for ResNet-50,
+32x32 for CIFAR), served by the on-device loader (`data.on_device`); the views are made inside the step, so
+the times include view generation (`aug ms` reports it alone). `--data real --data-root DIR` pulls batches
+through the real datamodule instead (CIFAR tree: on-device path; any other ImageFolder: DataLoader workers
+with per-sample multi-crop), to show whether the data path is the bottleneck.
+
+Timing: a CUDA event at every `on_train_batch_start`; step time = median gap between consecutive events after
+`--warmup` steps (one synchronize at the end), img/s = batch x processes / step. `warmup s` is the wall time
+of the warm-up steps (includes torch.compile's compile time on compiled rows). Peak memory = max allocated.
+`--devices 2` runs under DDP (re-launched through torchrun when needed); `--compare <1-GPU json>` adds the
+scaling efficiency img/s(n) / (n x img/s(1)). The "published" columns are the reference numbers of the
+published implementation from ../shared/MEASUREMENTS.md, measured separately (not by this script).
+Writes benchmarks/results/step-<gpu>-<date>.{json,md}. Usage:
+    python -m scfs.bench.step [--suite resnet50|cifar] [--quick] [--devices N] [--out DIR]
+    python -m scfs.bench.step --device cpu --tiny --out /tmp/x      # seconds, for the test
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+CONF = str(Path(__file__).resolve().parent.parent.parent / "conf")
+
+# ../shared/MEASUREMENTS.md: published SCFS implementation, one H200, synthetic input (measured separately).
+PUBLISHED = {
+    ("resnet50", "scfs", 32, "bf16"): (118.2, 271, "fp16 autocast, NCHW"),
+    ("resnet50", "dino", 32, "bf16"): (73.8, 433, "fp16 autocast, NCHW"),
+    ("resnet50", "scfs", 64, "bf16"): (139.0, 461, "fp16 autocast, NCHW"),
+    ("resnet50", "dino", 64, "bf16"): (113.4, 564, "fp16 autocast, NCHW"),
+    ("resnet50", "scfs", 32, "bf16_cl"): (105.4, 304, "bf16 + channels_last"),
+    ("resnet50", "dino", 32, "bf16_cl"): (66.5, 481, "bf16 + channels_last"),
+    ("resnet50", "scfs", 64, "bf16_cl"): (115.6, 554, "bf16 + channels_last"),
+    ("resnet50", "dino", 64, "bf16_cl"): (78.8, 812, "bf16 + channels_last"),
+    ("cifar", "scfs", 512, "bf16_cl"): (83.9, 6105, "bf16 + channels_last"),
+    ("cifar", "dino", 512, "bf16_cl"): (52.3, 9798, "bf16 + channels_last"),
+}
+SETTINGS = {  # name -> (trainer.precision, backbone.channels_last, compile)
+    "fp32": ("32-true", False, False),
+    "bf16": ("bf16-mixed", False, False),
+    "bf16_cl": ("bf16-mixed", True, False),
+    "bf16_cl_compile": ("bf16-mixed", True, True),
+}
+TINY = ["backbone=tiny", "backbone.channels=[8,16,16,32]", "method.out_dim=64", "method.hidden_dim=32",
+        "method.bottleneck_dim=16", "method.stage_out_dim=32", "method.stage_hidden_dim=16",
+        "method.stage_bottleneck_dim=8", "crops=shapes", "crops.global_size=32", "crops.local_size=16",
+        "crops.n_local=2"]
+
+
+def suite_rows(suite: str, quick: bool, tiny: bool, batches: list[int] | None) -> list[tuple[str, int, str]]:
+    """(method, batch, setting) rows of a suite; the default GPU suite fits in about 4 minutes."""
+    if tiny:
+        return [(m, b, s) for m in ("scfs", "dino") for b in (batches or [8]) for s in ("fp32",)]
+    if suite == "cifar":
+        bs = batches or [512]
+        sets = ["bf16_cl"] if quick else ["bf16", "bf16_cl", "bf16_cl_compile"]
+        return [(m, b, s) for m in ("scfs", "dino") for b in bs for s in sets]
+    bs = batches or [32, 64]
+    rows = []
+    for m in ("scfs", "dino"):
+        for b in bs:
+            sets = ["bf16", "bf16_cl"] if quick else (["fp32", "bf16", "bf16_cl"] if b == bs[0] else
+                                                       ["bf16", "bf16_cl", "bf16_cl_compile"])
+            rows += [(m, b, s) for s in sets]
+    return rows
+
+
+def compose(suite: str, method: str, batch: int, setting: str, args: argparse.Namespace) -> Any:
+    from hydra import compose as hcompose
+    from hydra import initialize_config_dir
+
+    precision, cl, comp = SETTINGS[setting]
+    exp = "cifar10" if suite == "cifar" else "imagenet"
+    ov = [f"+experiment={exp}", f"method={method}", f"batch_size={batch}", "global_batch_size=null",
+          f"trainer.precision={precision}", f"backbone.channels_last={str(cl).lower()}", f"compile={str(comp).lower()}",
+          f"trainer.devices={args.devices}", "logger=csv", "trainer.enable_progress_bar=false"]
+    if args.data == "synthetic":  # the datamodule is replaced; shapes passes validation and keeps batch_aug on
+        ov += ["data=shapes"]
+    if args.device == "cpu":
+        ov += ["trainer.accelerator=cpu"]
+    if args.devices > 1:
+        ov += ["+trainer.strategy=ddp"]
+    if args.tiny:
+        ov += TINY
+    if args.data == "real":
+        ov += [f"data.root={args.data_root}"]
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        return hcompose(config_name="config", overrides=ov)
+
+
+class SyntheticData:
+    """LightningDataModule stand-in: random uint8 images on the training device, the on-device loader."""
+
+    def __new__(cls, size: int, n: int, batch: int, seed: int = 0):
+        import lightning as L
+        import torch
+
+        from scfs.data.datamodule import DeviceBatchLoader
+        from scfs.data.samplers import EpochSeededRandomSampler
+
+        class _DM(L.LightningDataModule):
+            def train_dataloader(self) -> DeviceBatchLoader:
+                dev = self.trainer.strategy.root_device
+                g = torch.Generator(device="cpu").manual_seed(seed)
+                imgs = torch.randint(0, 256, (n, 3, size, size), dtype=torch.uint8, generator=g).to(dev)
+                labels = torch.arange(n, device=dev) % 10
+                sampler = EpochSeededRandomSampler(n, seed, batch, self.trainer.world_size, self.trainer.global_rank)
+                return DeviceBatchLoader(imgs, labels, sampler, batch)
+
+        return _DM()
+
+
+def measure(cfg: Any, args: argparse.Namespace, suite: str) -> dict[str, Any]:
+    """Train warmup + steps steps of the configured module; median step time after warm-up."""
+    import lightning as L
+    import torch
+
+    from scfs.method.monitors import OnlineLinearMonitor
+    from scfs.train import build, trainer_kwargs
+
+    cuda = args.device == "cuda"
+    events: list[Any] = []
+    walls: list[float] = []
+
+    class Timer(L.Callback):
+        def _mark(self) -> None:
+            if cuda:
+                ev = torch.cuda.Event(enable_timing=True)
+                ev.record()
+                events.append(ev)
+            walls.append(time.perf_counter())
+
+        def on_train_batch_start(self, *a: Any) -> None:
+            self._mark()
+
+        def on_train_end(self, *a: Any) -> None:
+            self._mark()
+
+    L.seed_everything(0, verbose=False)
+    dm, model = build(cfg)
+    b = int(cfg.batch_size)
+    if args.data == "synthetic":
+        size = int(cfg.crops.global_size) if suite == "cifar" or args.tiny else 256
+        dm = SyntheticData(size, b * max(args.devices, 1) * 4, b)
+    kw = trainer_kwargs(cfg)
+    kw.update(max_steps=args.warmup + args.steps, max_epochs=-1, enable_checkpointing=False, logger=False,
+              enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0)
+    kw.pop("limit_train_batches", None)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    trainer = L.Trainer(**kw, callbacks=[Timer(), OnlineLinearMonitor(num_classes=10)])
+    trainer.fit(model, datamodule=dm)
+    if cuda:
+        torch.cuda.synchronize()
+        gaps = [events[i].elapsed_time(events[i + 1]) for i in range(args.warmup, len(events) - 1)]
+    else:
+        gaps = [1e3 * (walls[i + 1] - walls[i]) for i in range(args.warmup, len(walls) - 1)]
+    ms = statistics.median(gaps)
+    world = trainer.world_size
+    out = {"step_ms": ms, "img_per_s": b * world / (ms / 1e3), "warmup_s": walls[args.warmup] - walls[0],
+           "steps": len(gaps), "world": world, "rank": trainer.global_rank,
+           "step_ms_p10_p90": [float(v) for v in _quantiles(gaps)]}
+    if cuda:
+        out["peak_GiB"] = torch.cuda.max_memory_allocated() / 2**30
+        out["aug_ms"] = _aug_ms(model, b, 256 if suite != "cifar" else 32)
+    if suite == "cifar":
+        out["epochs_per_min"] = 60.0 / (50_000 / out["img_per_s"])
+    del trainer, model, dm
+    if cuda:
+        torch.cuda.empty_cache()
+    return out
+
+
+def _quantiles(v: list[float]) -> tuple[float, float]:
+    s = sorted(v)
+    return s[int(0.1 * (len(s) - 1))], s[int(0.9 * (len(s) - 1))]
+
+
+def _aug_ms(model: Any, b: int, size: int) -> float | None:
+    """Median ms of the module's BatchMultiCrop alone on a (b,3,size,size) uint8 batch (part of the step)."""
+    import torch
+
+    if model.batch_aug is None:
+        return None
+    x = torch.randint(0, 256, (b, 3, size, size), dtype=torch.uint8, device="cuda")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for _ in range(3):
+        model.batch_aug(x, generator=gen)
+    ts = []
+    for _ in range(10):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        model.batch_aug(x, generator=gen)
+        e.record()
+        ts.append((s, e))
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in ts)
+
+
+def add_reference(rows: list[dict], suite: str, compare: dict | None) -> None:
+    """Published reference, SCFS/DINO ratio and (with a 1-process record) the scaling efficiency."""
+    by = {(r["method"], r["B"], r["setting"]): r for r in rows if "step_ms" in r}
+    base = {(r["method"], r["B"], r["setting"]): r for r in (compare or {}).get("rows", []) if "img_per_s" in r}
+    for r in rows:
+        pub = PUBLISHED.get((suite, r["method"], r["B"], r["setting"].replace("_compile", "")))
+        if pub:
+            r["published"] = {"step_ms": pub[0], "img_per_s": pub[1], "setting": pub[2]}
+        dino = by.get(("dino", r["B"], r["setting"]))
+        if r["method"] == "scfs" and dino and "step_ms" in r:
+            r["ratio_scfs_dino"] = r["step_ms"] / dino["step_ms"]
+        one = base.get((r["method"], r["B"], r["setting"]))
+        if one and "img_per_s" in r and r.get("world", 1) > 1:
+            r["scaling_efficiency"] = r["img_per_s"] / (r["world"] * one["img_per_s"])
+
+
+def markdown(result: dict) -> str:
+    m = result["meta"]
+    lines = [f"# Training-step benchmark ({m['suite']}): {m['gpu']}, {m['date']}", "",
+             f"torch {m['torch']}, lightning {m['lightning']}; {m['processes']} process(es); data {m['data']}; "
+             f"{m['warmup']} warm-up + {m['steps']} timed steps; median step (CUDA events on GPU, wall clock on "
+             "CPU). Published = the published implementation, measured separately (../shared/MEASUREMENTS.md).", "",
+             "| method | B/GPU | setting | step ms | img/s | warm-up s | peak GiB | aug ms | SCFS/DINO | "
+             "published ms (img/s) | scaling eff. | epochs/min |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        if "error" in r:
+            lines.append(f"| {r['method']} | {r['B']} | {r['setting']} | error: {r['error'][:80]} |||||||||")
+            continue
+        pub = r.get("published")
+
+        def f(k: str, fmt: str = "{:.1f}", r: dict = r) -> str:
+            return fmt.format(r[k]) if r.get(k) is not None else "-"
+
+        ref = f"{pub['step_ms']:.1f} ({pub['img_per_s']}, {pub['setting']})" if pub else "-"
+        lines.append(f"| {r['method']} | {r['B']} | {r['setting']} | {f('step_ms')} | {f('img_per_s', '{:.0f}')} | "
+                     f"{f('warmup_s')} | {f('peak_GiB')} | {f('aug_ms', '{:.2f}')} | {f('ratio_scfs_dino', '{:.2f}')}"
+                     f" | {ref} | {f('scaling_efficiency', '{:.2f}')} | {f('epochs_per_min')} |")
+    return "\n".join(lines) + "\n"
+
+
+def save(result: dict, stem: Path) -> str:
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    md = markdown(result)
+    stem.with_suffix(".md").write_text(md)
+    return md
+
+
+def run(args: argparse.Namespace) -> dict:
+    import lightning
+    import torch
+
+    rank = int(os.environ.get("RANK", "0"))
+    gpu = "cpu" if args.device == "cpu" else re.sub(r"[^a-z0-9]+", "", torch.cuda.get_device_name().lower()
+                                                     .replace("nvidia", ""))
+    stamp = dt.date.today().isoformat()
+    suite = "cifar" if args.suite == "cifar" else "resnet50"
+    name = f"step-{gpu}-{stamp}" + ("" if suite == "resnet50" else "-cifar") + (
+        f"-x{args.devices}" if args.devices > 1 else "") + ("-tiny" if args.tiny else "")
+    meta = {"suite": suite, "gpu": gpu if args.device == "cpu" else torch.cuda.get_device_name(), "date": stamp,
+            "torch": torch.__version__, "lightning": lightning.__version__, "python": platform.python_version(),
+            "processes": args.devices, "data": args.data, "warmup": args.warmup, "steps": args.steps,
+            "command": "python -m scfs.bench.step " + " ".join(sys.argv[1:])}
+    compare = json.loads(Path(args.compare).read_text()) if args.compare else None
+    rows: list[dict] = []
+    result = {"meta": meta, "rows": rows}
+    for method, b, setting in suite_rows(suite, args.quick, args.tiny, args.batch):
+        row: dict[str, Any] = {"method": method, "B": b, "setting": setting}
+        try:
+            row.update(measure(compose(suite, method, b, setting, args), args, suite))
+        except Exception as err:  # one failing row (say, OOM) must not lose the others
+            if args.device == "cuda":
+                torch.cuda.empty_cache()
+            row["error"] = f"{type(err).__name__}: {err}"
+            if args.strict:
+                raise
+        rows.append(row)
+        add_reference(rows, suite, compare)
+        if rank == 0:
+            print(json.dumps(row), flush=True)
+            save(result, args.out / name)
+    if rank == 0:
+        print(markdown(result))
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--suite", choices=("resnet50", "cifar"), default="resnet50")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument("--devices", type=int, default=1, help="processes (GPUs) under DDP")
+    ap.add_argument("--tiny", action="store_true", help="tiny network and crops (CPU test)")
+    ap.add_argument("--quick", action="store_true", help="no fp32 and no compiled rows")
+    ap.add_argument("--batch", type=int, action="append", help="per-GPU batch (repeatable); default per suite")
+    ap.add_argument("--data", choices=("synthetic", "real"), default="synthetic")
+    ap.add_argument("--data-root", default=None, help="with --data real: the prepared data folder")
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--compare", default=None, help="1-process JSON record: adds the scaling efficiency")
+    ap.add_argument("--strict", action="store_true", help="raise instead of recording a failing row")
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    args = ap.parse_args(argv)
+    if args.data == "real" and not args.data_root:
+        ap.error("--data real needs --data-root")
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            print("scfs.bench.step: no CUDA GPU (use --device cpu --tiny)", file=sys.stderr)
+            return 2
+    if args.devices > 1 and "LOCAL_RANK" not in os.environ:  # one process per GPU through torchrun
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.devices}",
+               "-m", "scfs.bench.step", *(argv if argv is not None else sys.argv[1:])]
+        os.execv(sys.executable, cmd)
+    run(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,24 @@
+"""`python -m scfs.bench.step --device cpu --tiny` runs the real training step and writes a sane record."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from scfs.bench.step import main
+
+
+def test_step_benchmark_tiny_cpu_writes_json_and_markdown(tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    assert main(["--device", "cpu", "--tiny", "--warmup", "1", "--steps", "2", "--strict", "--out", str(tmp_path)]) == 0
+    (js,) = tmp_path.glob("step-cpu-*-tiny.json")
+    rec = json.loads(js.read_text())
+    assert rec["meta"]["processes"] == 1 and rec["meta"]["data"] == "synthetic"
+    assert {(r["method"], r["B"]) for r in rec["rows"]} == {("scfs", 8), ("dino", 8)}
+    for r in rec["rows"]:
+        assert r["step_ms"] > 0 and r["img_per_s"] > 0 and r["steps"] == 2 and r["world"] == 1
+    scfs = next(r for r in rec["rows"] if r["method"] == "scfs")
+    assert scfs["ratio_scfs_dino"] > 0
+    assert "| scfs | 8 | fp32 |" in js.with_suffix(".md").read_text()

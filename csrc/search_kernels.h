@@ -1,5 +1,5 @@
 // Fused Semantics-Consistent Feature Search kernels: plain CUDA runtime API, no torch headers, so this
-// header and search_kernels.cu compile standalone with `nvcc -c` and, after hipify, with `hipcc -c`.
+// header and the .cu files compile standalone with `nvcc -c` and, after hipify, with `hipcc -c`.
 #pragma once
 #include <cstdint>
 #include <cuda_runtime.h>
@@ -12,17 +12,31 @@ struct Strides3 {
   int64_t b, c, p;  // element strides of a (B, C, P = H*W) view
 };
 
-struct FwdParams {
+// Similarity pass: read feats once, per pixel N dot products with the raw queries and the sum of squares.
+// S == 1: the block owns all C channels of its pixels and writes the final sim / a_out / fnorm / qnorm.
+// S > 1 (small maps): channel split s writes partial sums into part / qpart, launch 2 (finalize) sums the S
+// partials in a fixed order. S and c_per depend on (C, P) only (sim_config), so results never depend on B.
+struct SimParams {
   const void* f; Strides3 fs;               // feats (B, C, P), dtype dt
   const void* q; int64_t qn, qb, qc;        // raw queries (N, B, C), dtype dt
-  const void* g; Strides3 gs;               // map to weight (B, CG, P): feats or projected feats
-  void* out; Strides3 os;                   // (N*B, CG, P) or nullptr: similarity only
-  float* sim; float* a_out;                 // (N, B, P) written when a_in == nullptr (a_out may be null)
-  const float* a_in;                        // (N, B, P) precomputed weights, or nullptr: fused soft mode
+  float* sim; float* a_out;                 // (N, B, P); a_out may be null
   float* fnorm; float* qnorm;               // (B, P) and (N, B) unclamped norms
-  int N, B, C, CG, P, splits, c_per;
-  int vec;                                  // 1: 4-pixel vector writes are safe (host checked)
+  float* part; float* qpart;                // S > 1: (S, N + 1, B, P) and (S, N, B) scratch
+  int N, B, C, P, S, c_per;
   float eps;
+};
+
+// Weighting pass: out[n] = a[n] * g, a (N, B, P) float32. The map is seen as (B, R, K) with K the fast
+// (inner) axis: contiguous maps have R = channels, K = pixels and a varies along K (a_inner = 1);
+// channels_last maps have R = pixels, K = channels and a is constant along K (a_inner = 0).
+struct WeightParams {
+  const void* g; int64_t gb, gr, gk;        // (B, R, K) element strides
+  void* out; int64_t ob, orow, ok, on;      // out[n] starts at out + n * on
+  const float* a;                           // (N, B, P) contiguous
+  int N, B, R, K, P;
+  int a_inner;                              // 1: a indexed by k, 0: by r
+  int vec;                                  // elements per vector access along K: 1, or 16 (or 8) bytes' worth
+  int rch;                                  // rows per block
 };
 
 struct BwdAParams {
@@ -46,8 +60,13 @@ struct BwdFParams {
   float eps;
 };
 
-int pixel_tile();  // pixels per block (grid.x = ceil(P / pixel_tile()))
-cudaError_t launch_fwd(const FwdParams& p, DType dt, cudaStream_t stream);
+int pixel_tile();                                      // pixels per block of the similarity / backward kernels
+void sim_config(int C, int P, int* S, int* c_per);     // channel split of the similarity pass (B-independent)
+int weight_vec_elems(DType dt);                        // elements per 16-byte vector of the weighting pass
+void weight_config(WeightParams* p, DType dt);         // fills p->rch from the shape (p->vec set by the caller)
+// vector width: 16-byte (else for 16-bit types 8-byte) accesses when K, the strides and pointers allow, else 1
+cudaError_t launch_sim(const SimParams& p, DType dt, cudaStream_t stream);      // 1 or 2 launches
+cudaError_t launch_weight(const WeightParams& p, DType dt, cudaStream_t stream);
 cudaError_t launch_bwd_a(const BwdAParams& p, DType dt, cudaStream_t stream);
 cudaError_t launch_bwd_f(const BwdFParams& p, DType dt, cudaStream_t stream);
 

@@ -7,6 +7,7 @@ from typing import NamedTuple
 
 import torch
 
+from scfs.search.kernel_fn import kernel_search
 from scfs.search.reference import reference_search
 
 log = logging.getLogger("scfs.search")
@@ -17,6 +18,9 @@ KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 REFERENCE_DTYPES = (*KERNEL_DTYPES, torch.float64)
 MAX_QUERIES = 32
 _warned: set[str] = set()
+# (backend, device type, dtype) -> resolved backend, for inputs within the kernels' limits. Availability depends on
+# the device type only (extension built once per process), so the choice is made once, not per call.
+_resolved: dict[tuple[str, str, torch.dtype], str] = {}
 
 
 class SearchOutput(NamedTuple):
@@ -136,9 +140,13 @@ def feature_search(
     similarity and weights (N,B,H,W) float32 (float64 for float64 feats). See docs/ARCHITECTURE.md.
     """
     _check(feats, queries, mode, weight, topk, temperature, eps, backend)
-    chosen = _resolve(backend, feats, queries)
+    if queries.shape[0] <= MAX_QUERIES:
+        key = (backend, feats.device.type, feats.dtype)
+        chosen = _resolved.get(key)
+        if chosen is None:
+            chosen = _resolved[key] = _resolve(backend, feats, queries)
+    else:
+        chosen = _resolve(backend, feats, queries)
     if chosen == "reference":
         return SearchOutput(*reference_search(feats, queries, mode, weight, topk, temperature, eps))
-    from scfs.search.kernel_fn import kernel_search
-
     return SearchOutput(*kernel_search(chosen, feats, queries, mode, weight, topk, temperature, eps))

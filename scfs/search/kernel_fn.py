@@ -50,14 +50,24 @@ class KernelOps(Protocol):
     ) -> torch.Tensor: ...
 
 
+_OPS: dict[str, KernelOps] = {}
+
+
 def _ops(backend: str) -> KernelOps:
+    """The backend's primitives, looked up once per process."""
+    got = _OPS.get(backend)
+    if got is not None:
+        return got
     if backend == "triton":
         from scfs.search import triton_backend
 
-        return triton_backend.OPS
-    from scfs.search import cuda_backend
+        got = triton_backend.OPS
+    else:
+        from scfs.search import cuda_backend
 
-    return cuda_backend.ops()
+        got = cuda_backend.ops()
+    _OPS[backend] = got
+    return got
 
 
 def memory_format(x: torch.Tensor) -> torch.memory_format:
@@ -80,6 +90,60 @@ def alloc(
     return out.fill_(float("nan")) if POISON else out
 
 
+def fwd_soft_generic(ops: KernelOps, f3, queries, g3, h: int, w: int, channels_last: bool, eps: float):
+    """Soft-mode forward over ``ops.fwd`` with outputs allocated here (backends without a fused entry)."""
+    n, b = queries.shape[:2]
+    p = h * w
+    dev = f3.device
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    out = alloc((n * b, g3.shape[1], h, w), f3.dtype, dev, fmt)
+    sim = alloc((n, b, p), torch.float32, dev)
+    a = alloc((n, b, p), torch.float32, dev)
+    fnorm = alloc((b, p), torch.float32, dev)
+    qnorm = alloc((n, b), torch.float32, dev)
+    ops.fwd(f3, queries, g3, out.flatten(2), sim, a, fnorm, qnorm, None, eps)
+    return out, sim, a, fnorm, qnorm
+
+
+def _forward(feats, queries, weight, mode, topk, temperature, eps, backend):
+    """The kernel forward: (feats as used, g3 or None, out, sim, a, fnorm, qnorm, mask), sim/a as (N, B, P)."""
+    ops = _OPS.get(backend) or _ops(backend)
+    if feats.is_contiguous():
+        channels_last = False
+    elif feats.is_contiguous(memory_format=torch.channels_last):
+        channels_last = True
+    else:
+        channels_last = False
+        feats = feats.contiguous()
+    b, c, h, w = feats.shape
+    f3 = feats.flatten(2)
+    g3 = f3 if weight is None else torch.matmul(weight.to(feats.dtype), f3)
+    mask = None
+    if mode == "soft":
+        fused = getattr(ops, "fwd_soft", None)
+        if fused is not None:
+            out, sim, a, fnorm, qnorm = fused(f3, queries, g3, h, w, channels_last, eps)
+        else:
+            out, sim, a, fnorm, qnorm = fwd_soft_generic(ops, f3, queries, g3, h, w, channels_last, eps)
+    else:
+        n = queries.shape[0]
+        p = h * w
+        dev = feats.device
+        fmt = torch.channels_last if channels_last else torch.contiguous_format
+        out = alloc((n * b, g3.shape[1], h, w), feats.dtype, dev, fmt)
+        sim = alloc((n, b, p), torch.float32, dev)
+        fnorm = alloc((b, p), torch.float32, dev)
+        qnorm = alloc((n, b), torch.float32, dev)
+        ops.fwd(f3, queries, g3, None, sim, None, fnorm, qnorm, None, eps)
+        if mode == "hard":
+            mask = hard_mask(sim.view(n, b, h, w), topk).view(n, b, p)
+            a = sim * mask
+        else:
+            a = p * torch.softmax(sim / temperature, dim=-1)
+        ops.fwd(f3, queries, g3, out.flatten(2), sim, None, fnorm, qnorm, a, eps)
+    return feats, (g3 if weight is not None else None), out, sim, a, fnorm, qnorm, mask
+
+
 class _KernelSearch(torch.autograd.Function):
     @staticmethod
     def forward(
@@ -93,42 +157,18 @@ class _KernelSearch(torch.autograd.Function):
         eps: float,
         backend: str,
     ):
-        ops = _ops(backend)
-        fmt = memory_format(feats)
-        if fmt == torch.contiguous_format and not feats.is_contiguous():
-            feats = feats.contiguous()
-        n = queries.shape[0]
-        b, c, h, w = feats.shape
-        p = h * w
-        f3 = feats.flatten(2)
-        g3 = f3 if weight is None else torch.matmul(weight.to(feats.dtype), f3)
-        cg = g3.shape[1]
-        dev = feats.device
-        out = alloc((n * b, cg, h, w), feats.dtype, dev, fmt)
-        out3 = out.flatten(2)
-        sim = alloc((n, b, p), torch.float32, dev)
-        fnorm = alloc((b, p), torch.float32, dev)
-        qnorm = alloc((n, b), torch.float32, dev)
-        mask = None
-        if mode == "soft":
-            a = alloc((n, b, p), torch.float32, dev)
-            ops.fwd(f3, queries, g3, out3, sim, a, fnorm, qnorm, None, eps)
-        else:
-            ops.fwd(f3, queries, g3, None, sim, None, fnorm, qnorm, None, eps)
-            if mode == "hard":
-                mask = hard_mask(sim.view(n, b, h, w), topk).view(n, b, p)
-                a = sim * mask
-            else:
-                a = p * torch.softmax(sim / temperature, dim=-1)
-            ops.fwd(f3, queries, g3, out3, sim, None, fnorm, qnorm, a, eps)
-        ctx.save_for_backward(feats, queries, weight, g3 if weight is not None else None, sim, a, fnorm, qnorm, mask)
-        ctx.cfg = (mode, temperature, eps, backend, fmt)
-        return out, sim.view(n, b, h, w), a.view(n, b, h, w)
+        feats, g3, out, sim, a, fnorm, qnorm, mask = _forward(
+            feats, queries, weight, mode, topk, temperature, eps, backend
+        )
+        ctx.save_for_backward(feats, queries, weight, g3, sim, a, fnorm, qnorm, mask)
+        ctx.cfg = (mode, temperature, eps, backend)
+        shape = (queries.shape[0], feats.shape[0], feats.shape[2], feats.shape[3])
+        return out, sim.view(shape), a.view(shape)
 
     @staticmethod
     def backward(ctx: Any, d_out: torch.Tensor | None, d_sim: torch.Tensor | None, d_a: torch.Tensor | None):
         feats, queries, weight, g3, sim, a, fnorm, qnorm, mask = ctx.saved_tensors
-        mode, temperature, eps, backend, fmt = ctx.cfg
+        mode, temperature, eps, backend = ctx.cfg
         ops = _ops(backend)
         n, b = queries.shape[:2]
         _, c, h, w = feats.shape
@@ -146,7 +186,10 @@ class _KernelSearch(torch.autograd.Function):
         if mode == "hard":
             ds = da * mask
         elif mode == "softmax":
-            ds = a / temperature * (da - (da * a).sum(-1, keepdim=True) / p)
+            # row dot in float64: torch's row reduction may vectorise differently with B, and in float64 that
+            # cannot show after rounding to float32, so d_feats stay batch-invariant
+            dot = (da.double() * a.double()).sum(-1, keepdim=True).float()
+            ds = a / temperature * (da - dot / p)
         else:
             ds = da
         if d_sim is not None:
@@ -160,7 +203,7 @@ class _KernelSearch(torch.autograd.Function):
         qf = queries.float()
         qinv = 1.0 / qnorm.clamp_min(eps)
         qhat = (qf * qinv[..., None]).contiguous()
-        df = alloc((b, c, h, w), feats.dtype, feats.device, fmt)
+        df = alloc((b, c, h, w), feats.dtype, feats.device, memory_format(feats))
         dq_hat = ops.bwd_f(f3, fnorm, qhat, ds, sim, dg, df.flatten(2), eps).sum(0)
         radial = (qhat * dq_hat).sum(-1, keepdim=True)
         clamped = (qnorm <= eps)[..., None]
@@ -178,5 +221,11 @@ def kernel_search(
     temperature: float,
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Run a kernel backend through the shared autograd Function."""
-    return _KernelSearch.apply(feats, queries, weight, mode, topk, temperature, eps, backend)
+    """Run a kernel backend: through the autograd Function when a gradient is wanted, else directly."""
+    if torch.is_grad_enabled() and (
+        feats.requires_grad or queries.requires_grad or (weight is not None and weight.requires_grad)
+    ):
+        return _KernelSearch.apply(feats, queries, weight, mode, topk, temperature, eps, backend)
+    feats, _, out, sim, a, _, _, _ = _forward(feats, queries, weight, mode, topk, temperature, eps, backend)
+    shape = (queries.shape[0], feats.shape[0], feats.shape[2], feats.shape[3])
+    return out, sim.view(shape), a.view(shape)

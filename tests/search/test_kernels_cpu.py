@@ -14,6 +14,7 @@ import torch
 from scfs.search import check
 
 CSRC = Path(__file__).resolve().parents[2] / "csrc"
+KERNEL_SOURCES = ("search_kernels.cu", "search_kernels_bwd.cu")
 interp = pytest.mark.skipif(
     torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1",
     reason="Triton interpreter tests run on CPU-only machines (TRITON_INTERPRET=1)",
@@ -41,14 +42,15 @@ def _cuda_home() -> Path | None:
 
 @pytest.mark.skipif(_cuda_home() is None, reason="no CUDA toolkit (bin/nvcc + include/cuda_runtime.h) found")
 @pytest.mark.parametrize("arch", ["80", "90"])
-def test_cuda_source_compiles_standalone(tmp_path, arch):
-    obj = tmp_path / f"search_kernels_sm{arch}.o"
+@pytest.mark.parametrize("source", KERNEL_SOURCES)
+def test_cuda_source_compiles_standalone(tmp_path, arch, source):
+    obj = tmp_path / f"{source}_sm{arch}.o"
     cmd = [
         str(_cuda_home() / "bin/nvcc"),
         "-c",
         "-O3",
         f"-gencode=arch=compute_{arch},code=sm_{arch}",
-        str(CSRC / "search_kernels.cu"),
+        str(CSRC / source),
         "-o",
         str(obj),
     ]
@@ -58,10 +60,11 @@ def test_cuda_source_compiles_standalone(tmp_path, arch):
 
 
 @pytest.mark.skipif(shutil.which("hipcc") is None, reason="hipcc not installed (apt-get install hipcc libamdhip64-dev)")
-def test_hipified_source_compiles_for_gfx90a(tmp_path):
+@pytest.mark.parametrize("source", KERNEL_SOURCES)
+def test_hipified_source_compiles_for_gfx90a(tmp_path, source):
     from torch.utils.hipify import hipify_python
 
-    for f in ("search_kernels.cu", "search_kernels.h"):
+    for f in (*KERNEL_SOURCES, "search_kernels.h", "search_common.cuh"):
         shutil.copy(CSRC / f, tmp_path / f)
     hipify_python.hipify(
         project_directory=str(tmp_path),
@@ -70,10 +73,11 @@ def test_hipified_source_compiles_for_gfx90a(tmp_path):
         show_detailed=False,
         is_pytorch_extension=True,
     )
-    src = tmp_path / "hip" / "search_kernels.hip"
-    text = src.read_text()
+    src = tmp_path / "hip" / source.replace(".cu", ".hip")
+    text = src.read_text() + (tmp_path / "hip" / "search_common.cuh").read_text()
     assert "<<<" not in text and "_sync(" not in text and re.search(r"\basm\b", text) is None
-    obj = tmp_path / "search_kernels_gfx90a.o"
+    assert "warpSize" not in text and "32 lanes" not in text
+    obj = tmp_path / f"{source}_gfx90a.o"
     env = dict(os.environ, HIP_PLATFORM="amd")
     res = subprocess.run(
         ["hipcc", "--offload-arch=gfx90a", "-O3", "-c", str(src), "-o", str(obj)],

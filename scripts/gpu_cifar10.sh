@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue 8, one device call on a 2-GPU machine: SCFS and DINO pretrained side by side with identical settings
-# (+experiment=cifar10, one run per GPU through scfs.sweep), kNN k=20/200 on the CIFAR-10 test split at the end of
+# Issue 8, one device call: SCFS and DINO pretrained side by side with identical settings (+experiment=cifar10,
+# through scfs.sweep: one run per GPU on a 2-GPU machine, both sharing the GPU on a 1-GPU one), kNN k=20/200 on the CIFAR-10 test split at the end of
 # each run, then the fast linear probe on each checkpoint; the records into $OUT.
 #   OUT=/dir EPOCHS=30 SEED=0 bash scripts/gpu_cifar10.sh     (device machine, repo root, wheels on PYTHONPATH)
 # The CIFAR-10 JPEG archive travels in .gpudata/ (git-excluded; copy ../shared/data/cifar10-jpeg.tar.xz there).
@@ -10,6 +10,8 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 WANDB_MODE=disabled OMP_NUM_THREADS=4
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 PY=${PY:-python3}
+GPUS=${GPUS:-$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd, -)}  # runs spread round robin
+NGPU=$(echo "$GPUS" | tr , "\n" | wc -l)
 EPOCHS=${EPOCHS:-30}; SEED=${SEED:-0}; TAG=${TAG:-e${EPOCHS}-s${SEED}}
 MAX_TIME=${MAX_TIME:-00:00:07:00}
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$OUT/gpu.txt"
@@ -19,13 +21,13 @@ COMMON="+experiment=cifar10 data.root=data/cifar10 logger=csv eval.figure=false 
 +trainer.max_time=$MAX_TIME ${EXTRA:-}"
 RUNS=${RUNS:-"scfs:method=scfs dino:method=dino"}
 # shellcheck disable=SC2086
-$PY -m scfs.sweep --gpus 0,1 --parallel 2 --k 20,200 --root runs/cifar10 --out "$OUT/cifar10-$TAG.json" \
+$PY -m scfs.sweep --gpus "$GPUS" --parallel 2 --k 20,200 --root runs/cifar10 --out "$OUT/cifar10-$TAG.json" \
   --common "$COMMON" $RUNS 2>&1 | grep -v "^\[sweep\] start"
 if [ "${LINEAR:-1}" = 1 ]; then
   i=0
   for d in runs/cifar10/*/; do
     ck="$d/checkpoints/last.ckpt"; [ -f "$ck" ] || continue
-    CUDA_VISIBLE_DEVICES=$((i % 2)) timeout ${LINEAR_LIMIT:-150} $PY -m scfs.eval.linear ckpt="$ck" \
+    CUDA_VISIBLE_DEVICES=$(echo "$GPUS" | cut -d, -f$((i % NGPU + 1))) timeout ${LINEAR_LIMIT:-150} $PY -m scfs.eval.linear ckpt="$ck" \
       +experiment=cifar10 data.root=data/cifar10 fast=true logger.wandb=false \
       hydra.run.dir="$d/linear" > "$d/linear.log" 2>&1 &
     i=$((i + 1))

@@ -348,12 +348,39 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def probe() -> None:
+    """Bandwidth ceilings of write-dominated streams: pure write / read / copy and 1-read:8-write broadcasts,
+    next to the CUDA search forward on layer2 (separates the hardware ceiling from the kernel)."""
+    from triton.testing import do_bench
+
+    def tbps(nbytes: int, fn) -> str:
+        ms = do_bench(fn, warmup=25, rep=150, return_mode="median")
+        return f"{ms:.3f} ms  {nbytes / ms / 1e9:.2f} TB/s"
+
+    x = torch.empty(2**28, device="cuda").normal_()  # 1 GiB fp32
+    y = torch.empty_like(x)
+    print("copy 1 GiB (read+write)          ", tbps(2 * x.numel() * 4, lambda: y.copy_(x)))
+    print("zero_ 1 GiB (write only)         ", tbps(x.numel() * 4, lambda: y.zero_()))
+    print("fill_ 1 GiB (write only)         ", tbps(x.numel() * 4, lambda: y.fill_(1.0)))
+    print("sum 1 GiB (read only)            ", tbps(x.numel() * 4, lambda: x.sum()))
+    for dtype in (torch.float32, torch.bfloat16):
+        g = torch.randn(32, 512, 28, 28, device="cuda", dtype=dtype)
+        out = torch.empty(8, *g.shape, device="cuda", dtype=dtype)
+        q = torch.randn(8, 32, 512, device="cuda", dtype=dtype)
+        nb = 9 * g.numel() * g.element_size()
+        name = str(dtype).replace("torch.", "")
+        print(f"{name} layer2 broadcast copy 1r:8w", tbps(nb, lambda g=g, out=out: out.copy_(g.expand(8, *g.shape))))
+        print(f"{name} layer2 8 separate copies   ", tbps(nb, lambda g=g, out=out: [o.copy_(g) for o in out]))
+        print(f"{name} layer2 search cuda fwd     ", tbps(nb, lambda g=g, q=q: feature_search(g, q, backend="cuda")))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="B=32 only")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--tag", default="", help="suffix of the result file names")
+    ap.add_argument("--probe", action="store_true", help="only the bandwidth probe (write/read/copy ceilings)")
     ap.add_argument(
         "--compile-until",
         type=float,
@@ -364,6 +391,9 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("scfs.bench.search needs a CUDA GPU", file=sys.stderr)
         return 2
+    if args.probe:
+        probe()
+        return 0
     run(args.quick, not args.no_compile, args.out, args.tag, args.compile_until)
     return 0
 

@@ -202,6 +202,17 @@ def trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
     return kw
 
 
+def _eval_device(cfg: DictConfig) -> Any:
+    """Where the kNN of the network at init runs (before the Trainer exists): this process's GPU on GPU recipes.
+    On the CPU a ResNet-18 over the 60,000 CIFAR-10 images takes minutes (measured: 5.5 min of an H200 run)."""
+    import torch
+
+    accel = str(cfg.trainer.get("accelerator", "cpu"))
+    if accel in ("gpu", "cuda", "auto") and torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
 def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     """Pretrain, evaluate with kNN and return the summary dict (also written to `<run_dir>/summary.json`).
 
@@ -243,8 +254,11 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
                                "run_dir": str(run_dir)}
     bank, query = dm.knn_loaders()
     if cfg.eval.knn_at_start:
-        summary["knn_init"] = evaluate_backbone_knn(model.backbone("teacher"), bank, query, ks,
-                                                    cfg.eval.knn_temperature)
+        teacher, dev = model.backbone("teacher"), _eval_device(cfg)
+        home = next(teacher.parameters()).device
+        summary["knn_init"] = evaluate_backbone_knn(teacher.to(dev), bank, query, ks, cfg.eval.knn_temperature,
+                                                    device=dev)
+        teacher.to(home)  # the whole module goes to its device together in trainer.fit
 
     logger = make_logger(cfg, run_dir)
     logger.log_hyperparams(scrub(OmegaConf.to_container(cfg, resolve=True)))

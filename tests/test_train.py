@@ -66,3 +66,20 @@ def test_resume_auto_finds_latest_and_bad_path_is_clear(tmp_path):
     assert find_resume_checkpoint("auto", "x", runs_root=tmp_path) == str(ck / "last.ckpt")
     with pytest.raises(FileNotFoundError, match="resume="):
         find_resume_checkpoint(str(tmp_path / "missing.ckpt"), "x")
+
+
+def test_knn_runs_on_the_runs_gpu_not_on_the_cpu(monkeypatch):
+    """kNN before and after fit runs outside the Trainer (whose teardown moves the module to the CPU): on GPU
+    recipes it must pick this process's GPU, or a CIFAR-10 kNN takes minutes on the host (seen on an H200)."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from scfs.train import _eval_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert _eval_device(OmegaConf.create({"trainer": {"accelerator": "gpu"}})) == torch.device("cuda", 1)
+    assert _eval_device(OmegaConf.create({"trainer": {"accelerator": "cpu"}})) == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert _eval_device(OmegaConf.create({"trainer": {"accelerator": "auto"}})) == torch.device("cpu")

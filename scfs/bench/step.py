@@ -153,6 +153,7 @@ def measure(cfg: Any, args: argparse.Namespace, suite: str) -> dict[str, Any]:
         def on_train_end(self, *a: Any) -> None:
             self._mark()
 
+    prof = StepProfile(args.warmup, args.profile, cuda) if args.profile else None
     L.seed_everything(0, verbose=False)
     dm, model = build(cfg)
     b = int(cfg.batch_size)
@@ -165,7 +166,8 @@ def measure(cfg: Any, args: argparse.Namespace, suite: str) -> dict[str, Any]:
     kw.pop("limit_train_batches", None)
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    trainer = L.Trainer(**kw, callbacks=[Timer(), OnlineLinearMonitor(num_classes=10)])
+    callbacks = [Timer(), OnlineLinearMonitor(num_classes=10)] + ([prof] if prof else [])
+    trainer = L.Trainer(**kw, callbacks=callbacks)
     trainer.fit(model, datamodule=dm)
     if cuda:
         torch.cuda.synchronize()
@@ -180,12 +182,60 @@ def measure(cfg: Any, args: argparse.Namespace, suite: str) -> dict[str, Any]:
     if cuda:
         out["peak_GiB"] = torch.cuda.max_memory_allocated() / 2**30
         out["aug_ms"] = _aug_ms(model, b, 256 if suite != "cifar" else 32)
+    if prof is not None:
+        out["profile"] = prof.summary()
     if suite == "cifar":
         out["epochs_per_min"] = 60.0 / (50_000 / out["img_per_s"])
     del trainer, model, dm
     if cuda:
         torch.cuda.empty_cache()
     return out
+
+
+def StepProfile(start: int, n: int, cuda: bool) -> Any:  # noqa: N802 - a Callback factory (Lightning imported lazily)
+    """Callback: `torch.profiler` over `n` steps after `start` warm-up steps. Where a step's time goes when it is
+    not FLOPs: operator and kernel-launch counts per step (launch-bound small kernels show up as many launches
+    and a low GPU busy share) and the top operators by self time (GPU time on CUDA, CPU time otherwise)."""
+    import lightning as L
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    class _Profile(L.Callback):
+        def __init__(self) -> None:
+            self.prof: Any = None
+            self.steps = 0
+
+        def on_train_batch_start(self, trainer: Any, *a: Any) -> None:
+            if trainer.global_step == start and self.prof is None:
+                acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+                self.prof = profile(activities=acts)
+                self.prof.__enter__()
+
+        def on_train_batch_end(self, trainer: Any, *a: Any) -> None:
+            if self.prof is not None and self.steps < n:
+                self.steps += 1
+                if self.steps == n:
+                    if cuda:
+                        torch.cuda.synchronize()
+                    self.prof.__exit__(None, None, None)
+
+        def summary(self) -> dict[str, Any]:
+            if self.prof is None or self.steps < n:
+                return {"error": "profiler did not cover the requested steps"}
+            ev = self.prof.key_averages()
+            aten = sum(e.count for e in ev if e.key.startswith("aten::"))
+            launch_names = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC")
+            launches = sum(e.count for e in ev if e.key in launch_names)
+            key = "self_device_time_total" if cuda else "self_cpu_time_total"
+            top = sorted(ev, key=lambda e: getattr(e, key, 0.0), reverse=True)[:12]
+            out = {"steps": n, "aten_ops_per_step": aten / n, "kernel_launches_per_step": launches / n,
+                   "top": [{"op": e.key, "count_per_step": e.count / n,
+                            "self_ms_per_step": getattr(e, key, 0.0) / 1e3 / n} for e in top]}
+            if cuda:
+                out["gpu_busy_ms_per_step"] = sum(getattr(e, "self_device_time_total", 0.0) for e in ev) / 1e3 / n
+            return out
+
+    return _Profile()
 
 
 def _quantiles(v: list[float]) -> tuple[float, float]:
@@ -251,6 +301,17 @@ def markdown(result: dict) -> str:
         lines.append(f"| {r['method']} | {r['B']} | {r['setting']} | {f('step_ms')} | {f('img_per_s', '{:.0f}')} | "
                      f"{f('warmup_s')} | {f('peak_GiB')} | {f('aug_ms', '{:.2f}')} | {f('ratio_scfs_dino', '{:.2f}')}"
                      f" | {ref} | {f('scaling_efficiency', '{:.2f}')} | {f('epochs_per_min')} |")
+    prof_rows = [r for r in result["rows"] if "profile" in r and "error" not in r["profile"]]
+    if prof_rows:
+        lines += ["", "Profile (`--profile`): per step, op and kernel-launch counts, the top ops by self time.",
+                  "", "| method | B/GPU | setting | aten ops | kernel launches | GPU busy ms | top ops (self ms) |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in prof_rows:
+            p = r["profile"]
+            top = ", ".join(f"{t['op']} {t['self_ms_per_step']:.2f}" for t in p["top"][:5])
+            busy = f"{p['gpu_busy_ms_per_step']:.1f}" if "gpu_busy_ms_per_step" in p else "-"
+            lines.append(f"| {r['method']} | {r['B']} | {r['setting']} | {p['aten_ops_per_step']:.0f} | "
+                         f"{p['kernel_launches_per_step']:.0f} | {busy} | {top} |")
     return "\n".join(lines) + "\n"
 
 
@@ -314,6 +375,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--compare", default=None, help="1-process JSON record: adds the scaling efficiency")
     ap.add_argument("--strict", action="store_true", help="raise instead of recording a failing row")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="also profile N steps after the warm-up: op / kernel-launch counts and top ops per row")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = ap.parse_args(argv)
     if args.data == "real" and not args.data_root:

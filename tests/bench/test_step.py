@@ -22,3 +22,15 @@ def test_step_benchmark_tiny_cpu_writes_json_and_markdown(tmp_path: Path) -> Non
     scfs = next(r for r in rec["rows"] if r["method"] == "scfs")
     assert scfs["ratio_scfs_dino"] > 0
     assert "| scfs | 8 | fp32 |" in js.with_suffix(".md").read_text()
+
+
+def test_step_profile_counts_ops_per_step(tmp_path: Path) -> None:
+    """--profile: SCFS runs the DINO step plus its per-stage terms, so it must count more ops per step."""
+    torch.set_num_threads(1)
+    assert main(["--device", "cpu", "--tiny", "--warmup", "1", "--steps", "2", "--profile", "1", "--strict",
+                 "--out", str(tmp_path)]) == 0
+    (js,) = tmp_path.glob("step-cpu-*-tiny.json")
+    prof = {r["method"]: r["profile"] for r in json.loads(js.read_text())["rows"]}
+    assert prof["scfs"]["aten_ops_per_step"] > prof["dino"]["aten_ops_per_step"] > 100
+    assert prof["scfs"]["top"] and all(t["self_ms_per_step"] >= 0 for t in prof["scfs"]["top"])
+    assert "Profile (`--profile`)" in js.with_suffix(".md").read_text()

@@ -66,6 +66,9 @@ def _devices(cfg: DictConfig) -> int:
     return max(len(list(d)), 1)
 
 
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
 def validate_config(cfg: DictConfig) -> None:
     """Raise `ConfigError` on the first invalid value."""
     _check(cfg, "method.name", lambda v: v in METHODS, f"one of {', '.join(METHODS)}")
@@ -97,6 +100,7 @@ def validate_config(cfg: DictConfig) -> None:
     _check(cfg, "optim.weight_decay", lambda v: v >= 0, "a number >= 0", required=False)
     _check(cfg, "optim.warmup_epochs", lambda v: v >= 0, "a number of epochs >= 0", required=False)
     _check(cfg, "batch_size", _pos_int, "an integer > 0 (images per device)")
+    _check(cfg, "compile_mode", lambda v: v in COMPILE_MODES, f"one of {', '.join(COMPILE_MODES)}", required=False)
     _check(cfg, "num_workers", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0", required=False)
     _check(cfg, "trainer.max_epochs", lambda v: isinstance(v, int) and v >= 1, "an integer >= 1", required=False)
     global_batch = _get(cfg, "global_batch_size")

@@ -155,6 +155,7 @@ def build(cfg: DictConfig):
                        OmegaConf.to_container(cfg.optim, resolve=True),
                        batch_size=batch_size, n_local=cfg.crops.n_local, crops=crops if batch_aug else None,
                        seed=cfg.seed, compile=bool(cfg.get("compile", False)),
+                       compile_mode=str(cfg.get("compile_mode", "default")),
                        finite_check_every_n_steps=int(cfg.get("finite_check_every_n_steps", 1)))
     return dm, model
 

@@ -66,6 +66,7 @@ BAD = [
     ("data=cifar10 data.root=/definitely/not/here", "data.root"),
     ("data.image_size=4", "data.image_size"),
     ("trainer.max_epochs=0", "trainer.max_epochs"),
+    ("compile_mode=turbo", "compile_mode"),
 ]
 
 

@@ -83,3 +83,21 @@ def test_knn_runs_on_the_runs_gpu_not_on_the_cpu(monkeypatch):
     assert _eval_device(OmegaConf.create({"trainer": {"accelerator": "cpu"}})) == torch.device("cpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert _eval_device(OmegaConf.create({"trainer": {"accelerator": "auto"}})) == torch.device("cpu")
+
+
+def test_compile_mode_reaches_every_compiled_module(monkeypatch):
+    """`compile=true compile_mode=reduce-overhead`: backbones and heads of student and teacher are compiled with
+    that mode (CUDA graphs); `default` passes no mode. Nothing is compiled here: nn.Module.compile is recorded."""
+    from helpers import compose_cfg
+    from torch import nn
+
+    from scfs.train import build
+
+    seen: list[dict] = []
+    monkeypatch.setattr(nn.Module, "compile", lambda self, **kw: seen.append(kw))
+    _, model = build(compose_cfg(["compile=true", "compile_mode=reduce-overhead"]))
+    n_modules = 2 * (2 + len(model.student["stage_heads"]))
+    assert seen == [{"mode": "reduce-overhead"}] * n_modules
+    seen.clear()
+    build(compose_cfg(["compile=true"]))
+    assert seen == [{}] * n_modules

@@ -57,6 +57,7 @@ SETTINGS = {  # name -> (trainer.precision, backbone.channels_last, compile)
     "bf16": ("bf16-mixed", False, False),
     "bf16_cl": ("bf16-mixed", True, False),
     "bf16_cl_compile": ("bf16-mixed", True, True),
+    "bf16_cl_graphs": ("bf16-mixed", True, "reduce-overhead"),  # torch.compile + CUDA graphs
 }
 TINY = ["backbone=tiny", "backbone.channels=[8,16,16,32]", "method.out_dim=64", "method.hidden_dim=32",
         "method.bottleneck_dim=16", "method.stage_out_dim=32", "method.stage_hidden_dim=16",
@@ -70,14 +71,14 @@ def suite_rows(suite: str, quick: bool, tiny: bool, batches: list[int] | None) -
         return [(m, b, s) for m in ("scfs", "dino") for b in (batches or [8]) for s in ("fp32",)]
     if suite == "cifar":
         bs = batches or [512]
-        sets = ["bf16_cl"] if quick else ["bf16", "bf16_cl", "bf16_cl_compile"]
+        sets = ["bf16_cl"] if quick else ["bf16", "bf16_cl", "bf16_cl_compile", "bf16_cl_graphs"]
         return [(m, b, s) for m in ("scfs", "dino") for b in bs for s in sets]
     bs = batches or [32, 64]
     rows = []
     for m in ("scfs", "dino"):
         for b in bs:
             sets = ["bf16", "bf16_cl"] if quick else (["fp32", "bf16", "bf16_cl"] if b == bs[0] else
-                                                       ["bf16", "bf16_cl", "bf16_cl_compile"])
+                                                       ["bf16", "bf16_cl", "bf16_cl_compile", "bf16_cl_graphs"])
             rows += [(m, b, s) for s in sets]
     return rows
 
@@ -89,7 +90,8 @@ def compose(suite: str, method: str, batch: int, setting: str, args: argparse.Na
     precision, cl, comp = SETTINGS[setting]
     exp = "cifar10" if suite == "cifar" else "imagenet"
     ov = [f"+experiment={exp}", f"method={method}", f"batch_size={batch}", "global_batch_size=null",
-          f"trainer.precision={precision}", f"backbone.channels_last={str(cl).lower()}", f"compile={str(comp).lower()}",
+          f"trainer.precision={precision}", f"backbone.channels_last={str(cl).lower()}",
+          f"compile={str(bool(comp)).lower()}", f"compile_mode={comp if isinstance(comp, str) else 'default'}",
           f"trainer.devices={args.devices}", "logger=csv", "trainer.enable_progress_bar=false"]
     if args.data == "synthetic":  # the datamodule is replaced; shapes passes validation and keeps batch_aug on
         ov += ["data=shapes"]
@@ -269,7 +271,7 @@ def add_reference(rows: list[dict], suite: str, compare: dict | None) -> None:
     by = {(r["method"], r["B"], r["setting"]): r for r in rows if "step_ms" in r}
     base = {(r["method"], r["B"], r["setting"]): r for r in (compare or {}).get("rows", []) if "img_per_s" in r}
     for r in rows:
-        pub = PUBLISHED.get((suite, r["method"], r["B"], r["setting"].replace("_compile", "")))
+        pub = PUBLISHED.get((suite, r["method"], r["B"], r["setting"].replace("_compile", "").replace("_graphs", "")))
         if pub:
             r["published"] = {"step_ms": pub[0], "img_per_s": pub[1], "setting": pub[2]}
         dino = by.get(("dino", r["B"], r["setting"]))

@@ -85,6 +85,7 @@ class SCFSModule(L.LightningModule):
         seed: int = 0,
         compile: bool = False,
         finite_check_every_n_steps: int = 1,
+        compile_mode: str = "default",
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -113,6 +114,7 @@ class SCFSModule(L.LightningModule):
                                                for k, v in dict(crops).items()})
         self._aug_gen: torch.Generator | None = None
         self.compile_nets = bool(compile)
+        self.compile_mode = compile_mode
         self.finite_every = max(int(finite_check_every_n_steps), 1)
         self._nonfinite: torch.Tensor | None = None  # device flag: a non-finite loss since the last check
         if self.compile_nets:
@@ -122,12 +124,14 @@ class SCFSModule(L.LightningModule):
 
     def _compile(self) -> None:
         """`torch.compile` backbones and heads of student and teacher in place (`nn.Module.compile`): parameter
-        names, checkpoints and the EMA are unchanged; global and local view sizes give two graphs each."""
+        names, checkpoints and the EMA are unchanged; global and local view sizes give two graphs each.
+        `compile_mode="reduce-overhead"` replays them as CUDA graphs (the step is launch-bound at small batches)."""
+        kw = {} if self.compile_mode == "default" else {"mode": self.compile_mode}
         for net in (self.student, self.teacher):
-            net["backbone"].compile()
-            net["head"].compile()
+            net["backbone"].compile(**kw)
+            net["head"].compile(**kw)
             for head in net["stage_heads"].values():
-                head.compile()
+                head.compile(**kw)
 
     # ---- schedules -------------------------------------------------------------------------------------
     @property

@@ -62,7 +62,23 @@ def main(argv: list[str] | None = None) -> int:
         env = dict(os.environ)
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = gpus[i % len(gpus)]
-        pending.append({"label": label, "overrides": ov, "run_dir": str(run_dir), "cmd": cmd, "env": env})
+        pending.append({"index": i, "label": label, "overrides": ov, "run_dir": str(run_dir), "cmd": cmd, "env": env})
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    ks = [int(k) for k in str(args.k).split(",") if k]
+    command = " ".join(shlex.quote(a) for a in ["python", "-m", "scfs.sweep", *(argv or sys.argv[1:])])
+
+    def write(done: list[dict], final: bool) -> str:
+        """The record so far: rewritten after every finished run, so a sweep cut short keeps what it measured."""
+        rows = sorted(done, key=lambda r: r["index"])
+        record = {"command": command, "common": args.common, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+                  "complete": final, "runs": rows}
+        out.write_text(json.dumps(record, indent=2, default=str))
+        table = _table(rows, ks)
+        note = "" if final else f"\n\n(partial: {len(rows)} of {len(args.runs)} runs finished so far)"
+        out.with_suffix(".md").write_text(f"Command: `{command}`\n\n{table}{note}\n")
+        return table
 
     running: list[tuple[dict, subprocess.Popen, object]] = []
     done: list[dict] = []
@@ -87,17 +103,8 @@ def main(argv: list[str] | None = None) -> int:
             r["knn_curve"] = json.loads(cj.read_text()) if cj.exists() else []
             print(f"[sweep] done {r['label']} rc={proc.returncode}", flush=True)
             done.append({k: v for k, v in r.items() if k not in ("env",)})
-    order = {s: i for i, s in enumerate(args.runs)}
-    done.sort(key=lambda r: [i for s, i in order.items() if r["overrides"] in s][0])
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    cmd = ["python", "-m", "scfs.sweep", *(argv or sys.argv[1:])]
-    record = {"command": " ".join(shlex.quote(a) for a in cmd),
-              "common": args.common, "date": time.strftime("%Y-%m-%d %H:%M:%S"), "runs": done}
-    out.write_text(json.dumps(record, indent=2, default=str))
-    table = _table(done, [int(k) for k in str(args.k).split(",") if k])
-    out.with_suffix(".md").write_text(f"Command: `{record['command']}`\n\n{table}\n")
-    print(table)
+            write(done, final=False)
+    print(write(done, final=True))
     return 0 if all(r["rc"] == 0 for r in done) else 1
 
 

@@ -6,13 +6,14 @@
 # The CIFAR-10 JPEG archive travels in .gpudata/ (git-excluded; copy ../shared/data/cifar10-jpeg.tar.xz there).
 # MAX_TIME caps each run's training (Lightning trainer.max_time) so that the call ends inside the device limit:
 # a capped run still writes its summary, and `resume=auto` continues it on the same machine.
+# RUNS (label:overrides, space-separated, no spaces inside one), PARALLEL, ROOT: see gpu_cifar10_ablation.sh.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 WANDB_MODE=disabled OMP_NUM_THREADS=4
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 PY=${PY:-python3}
 GPUS=${GPUS:-$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd, -)}  # runs spread round robin
 NGPU=$(echo "$GPUS" | tr , "\n" | wc -l)
-EPOCHS=${EPOCHS:-30}; SEED=${SEED:-0}; TAG=${TAG:-e${EPOCHS}-s${SEED}}
+EPOCHS=${EPOCHS:-30}; SEED=${SEED:-0}; TAG=${TAG:-e${EPOCHS}-s${SEED}}; ROOT=${ROOT:-runs/cifar10}
 MAX_TIME=${MAX_TIME:-00:00:07:00}
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$OUT/gpu.txt"
 [ -d data/cifar10/train ] || $PY -m scfs.data.prepare cifar10 --archive "${ARCHIVE:-.gpudata/cifar10-jpeg.tar.xz}" \
@@ -21,11 +22,11 @@ COMMON="+experiment=cifar10 data.root=data/cifar10 logger=csv eval.figure=false 
 +trainer.max_time=$MAX_TIME ${EXTRA:-}"
 RUNS=${RUNS:-"scfs:method=scfs dino:method=dino"}
 # shellcheck disable=SC2086
-$PY -m scfs.sweep --gpus "$GPUS" --parallel 2 --k 20,200 --root runs/cifar10 --out "$OUT/cifar10-$TAG.json" \
+$PY -m scfs.sweep --gpus "$GPUS" --parallel "${PARALLEL:-2}" --k 20,200 --root "$ROOT" --out "$OUT/cifar10-$TAG.json" \
   --common "$COMMON" $RUNS 2>&1 | grep -v "^\[sweep\] start"
 if [ "${LINEAR:-1}" = 1 ]; then
   i=0
-  for d in runs/cifar10/*/; do
+  for d in "$ROOT"/*/; do
     ck="$d/checkpoints/last.ckpt"; [ -f "$ck" ] || continue
     CUDA_VISIBLE_DEVICES=$(echo "$GPUS" | cut -d, -f$((i % NGPU + 1))) timeout ${LINEAR_LIMIT:-150} $PY -m scfs.eval.linear ckpt="$ck" \
       +experiment=cifar10 data.root=data/cifar10 fast=true logger.wandb=false \
@@ -33,11 +34,11 @@ if [ "${LINEAR:-1}" = 1 ]; then
     i=$((i + 1))
   done
   wait
-  for d in runs/cifar10/*/; do
+  for d in "$ROOT"/*/; do
     echo "== $(basename "$d") linear"; grep -h -i "top-1\|top1\|error" "$d/linear.log" | tail -n 3
     cp "$d/linear/metrics.json" "$OUT/$(basename "$d")-linear.json" 2>/dev/null
   done
 fi
-tar czf "$OUT/cifar10-$TAG-runs.tgz" runs/cifar10/*/summary.json runs/cifar10/*/knn_curve.json runs/cifar10/*/csv \
-  runs/cifar10/*/stdout.log runs/cifar10/*/linear.log 2>/dev/null
+tar czf "$OUT/cifar10-$TAG-runs.tgz" "$ROOT"/*/summary.json "$ROOT"/*/knn_curve.json "$ROOT"/*/csv \
+  "$ROOT"/*/stdout.log "$ROOT"/*/linear.log 2>/dev/null
 ls -la "$OUT"

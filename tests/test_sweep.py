@@ -14,3 +14,21 @@ def test_table_lists_every_k_and_failed_runs():
     assert len({line.count("|") for line in lines}) == 1, "rows and header must have the same number of cells"
     assert "41.5 | +11.5" in lines[2] and "39.0 | +11.0" in lines[2]
     assert "failed (rc 1)" in lines[3]
+
+
+def test_sweep_records_every_run_even_failed_ones(tmp_path):
+    """Two runs whose config is refused at start-up (exit 2, seconds): the record and table still list both,
+    in the order given, and say the sweep completed."""
+    import json
+
+    from scfs.sweep import main
+
+    out = tmp_path / "rec.json"
+    rc = main(["bad1:method=byol", "bad2:search.mode=magic", "--parallel", "2", "--out", str(out),
+               "--root", str(tmp_path / "runs"), "--k", "20,200"])
+    assert rc == 1
+    rec = json.loads(out.read_text())
+    assert rec["complete"] is True and [r["label"] for r in rec["runs"]] == ["bad1", "bad2"]
+    assert all(r["rc"] == 2 and r["summary"] is None for r in rec["runs"])
+    md = out.with_suffix(".md").read_text()
+    assert md.count("failed (rc 2)") == 2 and "kNN200 final" in md

@@ -5,6 +5,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <limits>
+#include <tuple>
 
 #include "search_kernels.h"
 
@@ -34,6 +35,27 @@ T* opt_ptr(const c10::optional<torch::Tensor>& t) {
 }
 
 cudaStream_t stream() { return c10::cuda::getCurrentCUDAStream().stream(); }
+
+// Block order of the weighting pass, process-wide (set from Python: scfs.search.cuda_backend.set_weighting).
+struct WeightingConfig {
+  int order = scfs::kWeightTiled;
+  int64_t chunk_bytes = int64_t{4} << 20;
+  int64_t block_bytes = int64_t{8} << 10;
+};
+WeightingConfig g_weighting;
+
+void set_weighting(int64_t order, int64_t chunk_bytes, int64_t block_bytes) {
+  TORCH_CHECK(order == scfs::kWeightTiled || order == scfs::kWeightChunked,
+              "scfs search: weighting order must be 0 (tiled) or 1 (chunked), got ", order);
+  TORCH_CHECK(chunk_bytes >= 1 && block_bytes >= 1, "scfs search: chunk and block bytes must be >= 1");
+  g_weighting.order = static_cast<int>(order);
+  g_weighting.chunk_bytes = chunk_bytes;
+  g_weighting.block_bytes = block_bytes;
+}
+
+std::tuple<int64_t, int64_t, int64_t> get_weighting() {
+  return {g_weighting.order, g_weighting.chunk_bytes, g_weighting.block_bytes};
+}
 
 void run_sim(const torch::Tensor& f3, const torch::Tensor& q, const torch::Tensor& sim, float* a_out,
              const torch::Tensor& fnorm, const torch::Tensor& qnorm, double eps) {
@@ -80,6 +102,9 @@ void run_weight(const torch::Tensor& g3, const torch::Tensor& out3, const torch:
   };
   const int64_t V16 = scfs::weight_vec_elems(dt);
   p.vec = fits(V16) ? V16 : (V16 == 8 && fits(4) ? 4 : 1);
+  p.order = g_weighting.order;
+  p.chunk_bytes = g_weighting.chunk_bytes;
+  p.block_bytes = g_weighting.block_bytes;
   scfs::weight_config(&p, dt);
   check(scfs::launch_weight(p, dt, stream()), "weighting");
 }
@@ -150,4 +175,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("bwd_a", &bwd_a, "da and dg");
   m.def("bwd_f", &bwd_f, "df and per-tile dq partials");
   m.def("pixel_tile", &scfs::pixel_tile, "pixels per block");
+  m.def("set_weighting", &set_weighting, "weighting-pass block order (0 tiled, 1 chunked), chunk and block bytes");
+  m.def("get_weighting", &get_weighting, "(order, chunk bytes, block bytes) of the weighting pass");
 }

@@ -5,8 +5,13 @@
 //     order finalize: deterministic, no atomics, independent of B).
 //  2. weight_kernel: the write-bound part (N copies): 16-byte loads/stores along the contiguous axis when
 //     aligned, the block's weights staged in shared memory, many blocks (pixel tiles x row chunks x B).
+//     weight_chunked_kernel (WeightParams::order == kWeightChunked, off by default, unverified on a GPU): the
+//     same products with one n per block and a 1-d grid ordered chunk -> n -> unit (see that kernel).
 // Portable: no warp-size assumption, no warp shuffles, no inline PTX; bf16 handled as raw bits.
 #include "search_common.cuh"
+#include "search_order.h"
+
+#include <limits>
 
 namespace scfs {
 namespace {
@@ -168,6 +173,61 @@ __global__ void __launch_bounds__(NT) weight_kernel(WeightParams prm) {
   }
 }
 
+// Block shape of the weighting kernels: TX threads along K (one 128-byte line per row when vectorised), TYW
+// rows per step, TK elements of K per block.
+template <typename T, int V>
+struct WShape {
+  static constexpr int TX = V == 1 ? 32 : 128 / (V * static_cast<int>(sizeof(T)));
+  static constexpr int TYW = NT / TX;
+  static constexpr int TK = TX * V;
+};
+
+// Chunked order: out[n, b, r, k] = a[n, b, (AIN ? k : r)] * g[b, r, k] for ONE n per block. A unit is rch rows
+// x TK elements of K of one image, units numbered in memory order (K tile fastest, then row chunk, then b).
+// The 1-d grid is ordered chunk -> n -> unit: blocks [c*N*U + n*U, c*N*U + (n+1)*U) write output slice n of
+// chunk c (U = chunk_units units), so blocks in flight together write one slice contiguously and re-read the
+// chunk of g from L2 for each n. The last chunk holds the remaining units (no idle blocks). The product is
+// the tiled kernel's (w = a; w *= v; then the same rounding to T), so outputs are bitwise identical.
+template <typename T, int V, bool AIN>
+__global__ void __launch_bounds__(NT) weight_chunked_kernel(WeightParams prm) {
+  constexpr int TX = WShape<T, V>::TX, TYW = WShape<T, V>::TYW, TK = WShape<T, V>::TK;
+  __shared__ __align__(16) float sa[AIN ? TK : 4];
+  const int tx = threadIdx.x % TX, ty = threadIdx.x / TX;
+  const ChunkedUnit u = chunked_unit(blockIdx.x, prm.N, prm.B, (prm.R + prm.rch - 1) / prm.rch,
+                                     (prm.K + TK - 1) / TK, prm.chunk_units);
+  const int n = u.n, b = u.b, kt = u.kt, rt = u.rt;
+  const int k0 = kt * TK, k = k0 + tx * V;
+  const int r0 = rt * prm.rch, r1 = min(r0 + prm.rch, prm.R);
+  const float* a = prm.a + (static_cast<int64_t>(n) * prm.B + b) * prm.P;
+  if (AIN) {
+    for (int e = threadIdx.x; e < TK; e += NT) sa[e] = k0 + e < prm.K ? a[k0 + e] : 0.f;
+    __syncthreads();
+  }
+  if (k >= prm.K) return;  // V > 1: the host checked K % V == 0, so a vector is all in or all out
+  const T* g = static_cast<const T*>(prm.g) + static_cast<int64_t>(b) * prm.gb + static_cast<int64_t>(k) * prm.gk;
+  T* out = static_cast<T*>(prm.out) + static_cast<int64_t>(n) * prm.on + static_cast<int64_t>(b) * prm.ob +
+           static_cast<int64_t>(k) * prm.ok;
+  float wa[V];
+  if (AIN) VecIO<T, V>::load_f32(&sa[tx * V], wa);
+#pragma unroll 4
+  for (int r = r0 + ty; r < r1; r += TYW) {
+    float v[V];
+    VecIO<T, V>::load(g + static_cast<int64_t>(r) * prm.gr, v);
+    float w[V];
+    if (AIN) {
+#pragma unroll
+      for (int j = 0; j < V; ++j) w[j] = wa[j];
+    } else {
+      const float an = a[r];
+#pragma unroll
+      for (int j = 0; j < V; ++j) w[j] = an;
+    }
+#pragma unroll
+    for (int j = 0; j < V; ++j) w[j] *= v[j];
+    VecIO<T, V>::store(out + static_cast<int64_t>(r) * prm.orow, w);
+  }
+}
+
 // Launchers as plain statements (no macros) so that hipify rewrites every kernel launch.
 struct SimL {
   template <typename T, int NM>
@@ -175,7 +235,23 @@ struct SimL {
 };
 
 template <typename T, int V>
+cudaError_t weight_chunked_run(const WeightParams& p, cudaStream_t s) {
+  constexpr int TK = WShape<T, V>::TK;
+  const int64_t units = static_cast<int64_t>((p.K + TK - 1) / TK) * ((p.R + p.rch - 1) / p.rch) * p.B;
+  const int64_t blocks = units * p.N;
+  if (blocks > std::numeric_limits<int>::max()) return cudaErrorInvalidConfiguration;
+  const dim3 grid(static_cast<unsigned>(blocks));
+  if (p.a_inner) {
+    weight_chunked_kernel<T, V, true><<<grid, NT, 0, s>>>(p);
+  } else {
+    weight_chunked_kernel<T, V, false><<<grid, NT, 0, s>>>(p);
+  }
+  return cudaGetLastError();
+}
+
+template <typename T, int V>
 cudaError_t weight_run(const WeightParams& p, cudaStream_t s) {
+  if (p.order == kWeightChunked) return weight_chunked_run<T, V>(p, s);
   constexpr int TK = V == 1 ? 32 : 128 / static_cast<int>(sizeof(T));
   const dim3 grid((p.K + TK - 1) / TK, (p.R + p.rch - 1) / p.rch, p.B);
   if (p.a_inner) {
@@ -217,6 +293,13 @@ void weight_config(WeightParams* p, DType dt) {
   const int V = p->vec > 1 ? p->vec : 1;
   const int esize = dt == kF32 ? 4 : 2;
   const int TK = V == 1 ? 32 : 128 / esize, TYW = NT / (TK / V);
+  if (p->order == kWeightChunked) {
+    // rows per block: about block_bytes of g (a whole number of TYW-row steps, no more than the map has);
+    // units per chunk: about chunk_bytes of g, at least one
+    chunked_sizes(p->R, TYW, static_cast<int64_t>(TK) * esize, p->block_bytes, p->chunk_bytes, &p->rch,
+                  &p->chunk_units);
+    return;
+  }
   const int64_t ktiles = (p->K + TK - 1) / TK;
   int iters = 4;  // rows per thread: fewer when that leaves the GPU short of blocks
   while (iters > 1 && ktiles * ((p->R + TYW * iters - 1) / (TYW * iters)) * p->B < 4096) iters /= 2;
@@ -234,6 +317,7 @@ cudaError_t launch_sim(const SimParams& p, DType dt, cudaStream_t s) {
 
 cudaError_t launch_weight(const WeightParams& p, DType dt, cudaStream_t s) {
   if (p.N < 1 || p.N > WMAXN || p.R < 1 || p.K < 1 || p.B < 1 || p.rch < 1) return cudaErrorInvalidValue;
+  if (p.order != kWeightTiled && (p.order != kWeightChunked || p.chunk_units < 1)) return cudaErrorInvalidValue;
   switch (dt) {
     case kF32: return weight_by_vec<float>(p, s);
     case kBF16: return weight_by_vec<bf16_t>(p, s);

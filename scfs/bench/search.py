@@ -10,8 +10,14 @@ For the Triton and CUDA backends two more numbers separate kernel time from disp
 * host us: Python + launch time per call, measured as wall time of back-to-back calls that do not wait for the
   GPU (the GPU is never the bottleneck of that loop unless its queue fills).
 Rows run forward first (all stages), then forward+backward, so a run cut short keeps the forward table.
+``--weighting both`` (default) times the CUDA backend under both weighting-pass orders side by side: ``cuda`` is
+the tiled order (the default of the op), ``cuda-chunked`` the chunked one (see
+``scfs.search.cuda_backend.set_weighting``; sizes from SCFS_SEARCH_WEIGHT_CHUNK_KIB / _BLOCK_KIB); forward rows
+also record whether the two orders' features are bitwise identical.
 Writes benchmarks/results/search-<gpu>-<date>[-<tag>].{json,md} and prints the table.
-Usage: python -m scfs.bench.search [--quick] [--no-compile] [--tag T] [--out DIR]
+``--probe`` prints bandwidth ceilings (write/read/copy, broadcast copies) next to the CUDA forward and the
+weighting pass alone under each order, with a sweep of chunked chunk/block sizes.
+Usage: python -m scfs.bench.search [--quick] [--no-compile] [--tag T] [--out DIR] [--weighting tiled|chunked|both]
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from scfs.search import feature_search
+from scfs.search import cuda_backend, feature_search
 from scfs.search.reference import published_loop, reference_search
 
 STAGES = {"layer2": (512, 28, 28), "layer3": (1024, 14, 14), "layer4": (2048, 7, 7)}
@@ -51,8 +57,17 @@ def floor_bytes(b: int, c: int, p: int, cg: int, esize: int, backward: bool) -> 
     return fwd + ((N_CROPS * b * cg * p + 2 * b * c * p) * esize if backward else 0)
 
 
-def make_fns(feats, queries, weight, backward: bool, use_compile: bool) -> dict:
-    """name -> zero-arg callable; forward returns features, fwd+bwd also runs the backward."""
+CUDA_IMPLS = {"cuda": "tiled", "cuda-chunked": "chunked"}  # impl name -> weighting-pass order
+
+
+def cuda_impls(weighting: str) -> dict[str, str]:
+    """The CUDA impls to time for --weighting tiled|chunked|both."""
+    return {k: v for k, v in CUDA_IMPLS.items() if weighting in ("both", v)}
+
+
+def make_fns(feats, queries, weight, backward: bool, use_compile: bool, weighting: str = "both") -> dict:
+    """name -> zero-arg callable; forward returns features, fwd+bwd also runs the backward. Each CUDA impl sets
+    its weighting order before the call (a Python attribute check and, on a change, one binding call)."""
     grad = torch.randn(
         (
             N_CROPS * feats.shape[0],
@@ -81,8 +96,15 @@ def make_fns(feats, queries, weight, backward: bool, use_compile: bool) -> dict:
     if use_compile:
         comp = torch.compile(lambda f, q, w: reference_search(f, q, "soft", w, 0.25, 0.1, 1e-6)[0])
         fns["compile"] = lambda: comp(feats, queries, weight)
-    for be in ("triton", "cuda"):
-        fns[be] = lambda be=be: feature_search(feats, queries, weight=weight, backend=be).features
+    fns["triton"] = lambda: feature_search(feats, queries, weight=weight, backend="triton").features
+
+    def cuda(order: str):
+        if order != cuda_backend.WEIGHTING:
+            cuda_backend.set_weighting(order)
+        return feature_search(feats, queries, weight=weight, backend="cuda").features
+
+    for impl, order in cuda_impls(weighting).items():
+        fns[impl] = lambda order=order: cuda(order)
     if not backward:
         return {k: (lambda fn=fn: fn()) for k, fn in fns.items()}
     return {k: (lambda fn=fn: torch.autograd.grad(fn(), ins, grad)) for k, fn in fns.items()}
@@ -149,7 +171,14 @@ def peak_mib(fn) -> float:
     return (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
-def run(quick: bool, use_compile: bool, out_dir: Path, tag: str = "", compile_until_s: float = 1e9) -> dict:
+def run(
+    quick: bool,
+    use_compile: bool,
+    out_dir: Path,
+    tag: str = "",
+    compile_until_s: float = 1e9,
+    weighting: str = "both",
+) -> dict:
     from triton.testing import do_bench
 
     torch.backends.cudnn.benchmark = True
@@ -167,6 +196,7 @@ def run(quick: bool, use_compile: bool, out_dir: Path, tag: str = "", compile_un
         copy_bw_TBps=bw / 1e12,
         n_crops=N_CROPS,
         timer="triton.testing.do_bench median, L2 flushed; graph = CUDA-graph replay, L2 flushed, no host work",
+        weighting=dict(cuda_backend.weighting(), impls=cuda_impls(weighting)),
     )
     stem = out_dir / (f"search-{gpu}-{stamp}" + (f"-{tag}" if tag else ""))
     flush = torch.empty(2**26, dtype=torch.int32, device=dev)  # 256 MB, as do_bench's L2 flush
@@ -187,7 +217,7 @@ def run(quick: bool, use_compile: bool, out_dir: Path, tag: str = "", compile_un
                                 if t is not None:
                                     t.requires_grad_(True)
                         with_compile = use_compile and time.perf_counter() - t_start < compile_until_s
-                        fns = make_fns(feats, queries, weight, backward, with_compile)
+                        fns = make_fns(feats, queries, weight, backward, with_compile, weighting)
                         with torch.no_grad():
                             want = reference_search(
                                 feats.detach().double(),
@@ -228,7 +258,9 @@ def run(quick: bool, use_compile: bool, out_dir: Path, tag: str = "", compile_un
                                     peak_MiB=mem,
                                     correct=bool(ok),
                                 )
-                                if impl in ("triton", "cuda"):
+                                if impl == "cuda-chunked" and not backward and "cuda" in fns:
+                                    row["impls"][impl]["same_as_tiled"] = torch.equal(res, fns["cuda"]())
+                                if impl == "triton" or impl in CUDA_IMPLS:
                                     gms = graph_ms(fn, flush)
                                     row["impls"][impl]["graph_ms"] = gms
                                     row["impls"][impl]["graph_pct_copy"] = (
@@ -266,7 +298,7 @@ def save(result: dict, stem: Path) -> str:
 def fast_p(rows: list[dict]) -> dict:
     """KernelBench fast_p: share of cases where the impl is correct and > p times faster than the baseline."""
     out = {}
-    for impl in ("triton", "cuda", "compile"):
+    for impl in ("triton", *CUDA_IMPLS, "compile"):
         for base in ("ref", "published"):
             for p in (1.0, 2.0):
                 hits = [
@@ -279,7 +311,7 @@ def fast_p(rows: list[dict]) -> dict:
     return out
 
 
-ORDER = ("published", "ref", "ref+conv", "compile", "triton", "cuda")
+ORDER = ("published", "ref", "ref+conv", "compile", "triton", "cuda", "cuda-chunked")
 
 
 def fmt_row(row: dict) -> str:
@@ -301,27 +333,41 @@ def _cell(x: dict | None, key: str = "ms", pct: str = "pct_copy") -> str:
     return f"{x[key]:.3f} ({x[pct]:.0f}%)"
 
 
+def _weighting_note(meta: dict) -> str:
+    w = meta.get("weighting") or {}
+    if not w:
+        return "not recorded"
+    return f"chunk {w.get('chunk_kib', 0):g} KiB, block {w.get('block_kib', 0):g} KiB of g; timed: {w.get('impls')}"
+
+
 def markdown(result: dict) -> str:
     m = result["meta"]
     lines = [
         f"# Search op benchmark: {m['gpu']}, {m['date']}",
         "",
         f"torch {m['torch']}; N={m['n_crops']}; copy bandwidth {m['copy_bw_TBps']:.2f} TB/s; {m['timer']}.",
+        f"CUDA weighting pass: cuda = tiled order, cuda-chunked = chunked order ({_weighting_note(m)}).",
         "Cells: median ms (% of copy bandwidth over the floor bytes). graph = the same call replayed from a CUDA",
         "graph (kernel time, no host work); host = Python + launch microseconds per call. x = CUDA (do_bench)",
         "speed-up over the published loop / torch.compile / reference search + cuDNN 1x1 conv (projection rows).",
         "",
         "| stage | B | dtype | proj | pass | floor ms | published | ref eager | ref+conv | compile | triton "
-        "| triton graph | cuda | cuda graph | triton host us | cuda host us | cuda x pub | cuda x compile "
+        "| triton graph | cuda | cuda graph | cuda-chunked | cuda-chunked graph | chunked x tiled (graph) "
+        "| triton host us | cuda host us | cuda x pub | cuda x compile "
         "| cuda x ref+conv | cuda peak MiB | ok |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
         im = r["impls"]
         cells = [_cell(im.get(k)) for k in ORDER[:5]]
         cells.append(_cell(im.get("triton"), "graph_ms", "graph_pct_copy"))
-        cells.append(_cell(im.get("cuda")))
-        cells.append(_cell(im.get("cuda"), "graph_ms", "graph_pct_copy"))
+        for k in CUDA_IMPLS:
+            cells.append(_cell(im.get(k)))
+            cells.append(_cell(im.get(k), "graph_ms", "graph_pct_copy"))
+        tiled_g, chunk_g = (im.get(k, {}).get("graph_ms") for k in CUDA_IMPLS)
+        same = im.get("cuda-chunked", {}).get("same_as_tiled")
+        ratio = f"{tiled_g / chunk_g:.2f}" if tiled_g and chunk_g else "-"
+        cells.append(ratio + ("" if same is None else (" bitwise same" if same else " DIFFERENT")))
         for k in ("triton", "cuda"):
             h = im.get(k, {}).get("host_us")
             cells.append(f"{h:.0f}" if h is not None else "-")
@@ -329,7 +375,11 @@ def markdown(result: dict) -> str:
         for k, f in (("x_published", ".1f"), ("x_compile", ".2f"), ("x_ref_conv", ".2f")):
             cells.append(format(cu[k], f) if cu.get(k) else "-")
         cells.append(f"{cu['peak_MiB']:.0f}" if "peak_MiB" in cu else "-")
-        ok = all(v.get("correct", False) for k, v in im.items() if k in ("triton", "cuda"))
+        ok = all(
+            v.get("correct", False) and v.get("same_as_tiled", True)
+            for k, v in im.items()
+            if k == "triton" or k in CUDA_IMPLS
+        )
         lines.append(
             f"| {r['stage']} | {r['B']} | {r['dtype']} | {r['proj']} | {r['pass_']} | {r['floor_ms']:.3f} | "
             + " | ".join(cells)
@@ -337,7 +387,9 @@ def markdown(result: dict) -> str:
         )
     lines += [
         "",
-        "ok: Triton and CUDA outputs within tolerance of the float64 reference (fp32 2e-5, bf16 2e-2 relative). The",
+        "ok: Triton and CUDA outputs within tolerance of the float64 reference (fp32 2e-5, bf16 2e-2 relative), and",
+        "(forward) the chunked order's features bitwise equal to the tiled order's. chunked x tiled = tiled graph ms /",
+        "chunked graph ms (> 1: chunked faster). The",
         "baselines' fp32 projection rows run cuDNN/cuBLAS with PyTorch's default TF32 convolutions, so they",
         "may miss the fp32 tolerance; the fused path keeps full fp32 GEMMs.",
         "",
@@ -348,21 +400,30 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def probe() -> None:
+PROBE_CHUNK_KIB = (1024, 4096, 16384)
+PROBE_BLOCK_KIB = (4, 8, 32)
+
+
+def probe(weighting: str = "both") -> None:
     """Bandwidth ceilings of write-dominated streams: pure write / read / copy and 1-read:8-write broadcasts,
-    next to the CUDA search forward on layer2 (separates the hardware ceiling from the kernel)."""
+    next to the CUDA search forward on layer2 (separates the hardware ceiling from the kernel). Then the
+    weighting pass alone (similarity precomputed) under each order asked for, the chunked order over a sweep of
+    chunk / block sizes, each checked bitwise against the tiled output."""
     from triton.testing import do_bench
 
     def tbps(nbytes: int, fn) -> str:
         ms = do_bench(fn, warmup=25, rep=150, return_mode="median")
         return f"{ms:.3f} ms  {nbytes / ms / 1e9:.2f} TB/s"
 
+    orders = [o for o in ("tiled", "chunked") if weighting in ("both", o)]
+    before = cuda_backend.weighting()
+    print(f"weighting option in force: {before}", flush=True)
     x = torch.empty(2**28, device="cuda").normal_()  # 1 GiB fp32
     y = torch.empty_like(x)
-    print("copy 1 GiB (read+write)          ", tbps(2 * x.numel() * 4, lambda: y.copy_(x)))
-    print("zero_ 1 GiB (write only)         ", tbps(x.numel() * 4, lambda: y.zero_()))
-    print("fill_ 1 GiB (write only)         ", tbps(x.numel() * 4, lambda: y.fill_(1.0)))
-    print("sum 1 GiB (read only)            ", tbps(x.numel() * 4, lambda: x.sum()))
+    print("copy 1 GiB (read+write)          ", tbps(2 * x.numel() * 4, lambda: y.copy_(x)), flush=True)
+    print("zero_ 1 GiB (write only)         ", tbps(x.numel() * 4, lambda: y.zero_()), flush=True)
+    print("fill_ 1 GiB (write only)         ", tbps(x.numel() * 4, lambda: y.fill_(1.0)), flush=True)
+    print("sum 1 GiB (read only)            ", tbps(x.numel() * 4, lambda: x.sum()), flush=True)
     for dtype in (torch.float32, torch.bfloat16):
         g = torch.randn(32, 512, 28, 28, device="cuda", dtype=dtype)
         out = torch.empty(8, *g.shape, device="cuda", dtype=dtype)
@@ -371,7 +432,49 @@ def probe() -> None:
         name = str(dtype).replace("torch.", "")
         print(f"{name} layer2 broadcast copy 1r:8w", tbps(nb, lambda g=g, out=out: out.copy_(g.expand(8, *g.shape))))
         print(f"{name} layer2 8 separate copies   ", tbps(nb, lambda g=g, out=out: [o.copy_(g) for o in out]))
-        print(f"{name} layer2 search cuda fwd     ", tbps(nb, lambda g=g, q=q: feature_search(g, q, backend="cuda")))
+        for order in orders:
+            cuda_backend.set_weighting(order)
+            label = f"{name} layer2 search cuda fwd {order}"
+            print(f"{label:33s}", tbps(nb, lambda g=g, q=q: feature_search(g, q, backend="cuda")), flush=True)
+    # the weighting pass alone: out3 (N*B, C, P) = a (N, B, P) * g3, through the binding's fwd with a given
+    ops = cuda_backend.ops()
+    maps = (
+        ("layer2 fp32", (32, 512, 28, 28), torch.float32, False),
+        ("layer2 bf16", (32, 512, 28, 28), torch.bfloat16, False),
+        ("layer2 bf16 channels_last", (32, 512, 28, 28), torch.bfloat16, True),
+        ("layer4 fp32 (P=49: scalar)", (32, 2048, 7, 7), torch.float32, False),
+    )
+    print("weighting pass alone, N=8 (TB/s over read g once + write 8 copies):", flush=True)
+    for label, (b, c, h, w), dtype, cl in maps:
+        fmt = torch.channels_last if cl else torch.contiguous_format
+        feats = torch.randn(b, c, h, w, device="cuda").to(dtype).contiguous(memory_format=fmt)
+        f3 = feats.flatten(2)
+        q = torch.randn(8, b, c, device="cuda", dtype=dtype)
+        a = torch.rand(8, b, h * w, device="cuda")
+        sim = torch.empty_like(a)
+        fnorm = torch.empty(b, h * w, device="cuda")
+        qnorm = torch.empty(8, b, device="cuda")
+        outs = {}
+        nb = 9 * feats.numel() * feats.element_size()
+
+        def weigh(out3, f3=f3, q=q, a=a, sim=sim, fnorm=fnorm, qnorm=qnorm):
+            ops.fwd(f3, q, f3, out3, sim, None, fnorm, qnorm, a, 1e-6)
+
+        configs = [("tiled", None, None)] if "tiled" in orders else []
+        if "chunked" in orders:
+            configs += [("chunked", ck, bk) for ck in PROBE_CHUNK_KIB for bk in PROBE_BLOCK_KIB]
+        for order, ck, bk in configs:
+            cuda_backend.set_weighting(order, chunk_kib=ck, block_kib=bk)
+            out = torch.full((8 * b, c, h, w), float("nan"), device="cuda", dtype=dtype, memory_format=fmt)
+            out3 = out.flatten(2)
+            res = tbps(nb, lambda out3=out3: weigh(out3))
+            outs[(order, ck, bk)] = out
+            ref = outs.get(("tiled", None, None))
+            same = "" if ref is None or order == "tiled" else ("  same" if torch.equal(out, ref) else "  DIFFERENT")
+            size = "" if order == "tiled" else f" chunk {ck:>5} KiB block {bk:>2} KiB"
+            print(f"  {label:27s} {order:7s}{size:28s} {res}{same}", flush=True)
+        del outs
+    cuda_backend.set_weighting(before["order"], chunk_kib=before["chunk_kib"], block_kib=before["block_kib"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -381,6 +484,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--tag", default="", help="suffix of the result file names")
     ap.add_argument("--probe", action="store_true", help="only the bandwidth probe (write/read/copy ceilings)")
+    ap.add_argument(
+        "--weighting",
+        choices=("tiled", "chunked", "both"),
+        default="both",
+        help="CUDA weighting-pass order(s) to time: cuda (tiled) and/or cuda-chunked columns; probe lines too",
+    )
     ap.add_argument(
         "--compile-until",
         type=float,
@@ -392,9 +501,9 @@ def main(argv: list[str] | None = None) -> int:
         print("scfs.bench.search needs a CUDA GPU", file=sys.stderr)
         return 2
     if args.probe:
-        probe()
+        probe(args.weighting)
         return 0
-    run(args.quick, not args.no_compile, args.out, args.tag, args.compile_until)
+    run(args.quick, not args.no_compile, args.out, args.tag, args.compile_until, args.weighting)
     return 0
 
 

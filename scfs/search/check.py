@@ -2,14 +2,20 @@
 
 Fresh random inputs per run (seed printed), shapes/dtypes/modes swept, outputs NaN-poisoned before each call,
 bitwise-identical reruns, batch invariance, zero-norm pixels/queries, NaN propagation.
-Usage: ``python -m scfs.search.check [--quick] [--backends cuda,triton]``; exits non-zero on any failure.
+The CUDA backend runs under each weighting-pass order asked for (``--weighting tiled|chunked|both``, default
+both; see ``scfs.search.cuda_backend.set_weighting``); with both, every case is also run forward under the chunked
+order at several chunk/block sizes and must match the tiled order bitwise.
+Usage: ``python -m scfs.search.check [--quick] [--backends cuda,triton] [--weighting both]``; exits non-zero on
+any failure.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -185,6 +191,64 @@ def check_special(backend: str, device: torch.device, gen: torch.Generator) -> l
     return fails
 
 
+# chunked-order sizes the cross-check runs: those in force (defaults or SCFS_SEARCH_WEIGHT_*_KIB), one unit per
+# chunk and the smallest blocks, and a chunk of a few units (a partial last chunk on most shapes)
+CHUNKED_SIZES = ((None, None), (1.0, 1.0), (40.0, 4.0))
+
+
+@contextlib.contextmanager
+def weighting(order: str, chunk_kib: float | None = None, block_kib: float | None = None) -> Iterator[None]:
+    """Run the CUDA backend's weighting pass in this order (and sizes; None keeps the size in force) inside the
+    block, restoring the option after."""
+    from scfs.search import cuda_backend
+
+    before = (cuda_backend.WEIGHTING, cuda_backend.WEIGHT_CHUNK_KIB, cuda_backend.WEIGHT_BLOCK_KIB)
+    cuda_backend.set_weighting(order, chunk_kib=chunk_kib, block_kib=block_kib)  # None: keep the size in force
+    try:
+        yield
+    finally:
+        cuda_backend.set_weighting(before[0], chunk_kib=before[1], block_kib=before[2])
+
+
+def bitwise_difference(x: torch.Tensor, y: torch.Tensor) -> str:
+    """'' when x and y have the same dtype, shape, strides and bits (NaN payloads included), else what differs."""
+    if x.dtype != y.dtype or x.shape != y.shape or x.stride() != y.stride():
+        return f"layout differs: {x.dtype} {tuple(x.shape)} {x.stride()} vs {y.dtype} {tuple(y.shape)} {y.stride()}"
+    bits = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}[x.element_size()]
+    xb, yb = x.detach().contiguous().view(bits), y.detach().contiguous().view(bits)
+    if torch.equal(xb, yb):
+        return ""
+    return f"differ in {int((xb != yb).sum())} of {x.numel()} elements"
+
+
+def check_weighting_orders(case: Case, device: torch.device, gen: torch.Generator) -> list[str]:
+    """CUDA forward under the chunked order (several chunk/block sizes) is bitwise identical to the tiled order:
+    features, similarity and weights, outputs NaN-poisoned before each call."""
+    feats, queries, weight = make_inputs(case, device, gen)
+    fails: list[str] = []
+
+    def fwd():
+        with torch.no_grad():
+            return feature_search(
+                feats, queries, mode=case.mode, weight=weight, topk=0.3, temperature=0.5, backend="cuda"
+            )
+
+    kernel_fn.POISON = True
+    try:
+        with weighting("tiled"):
+            want = fwd()
+        for chunk_kib, block_kib in CHUNKED_SIZES:
+            with weighting("chunked", chunk_kib, block_kib):
+                got = fwd()
+            for name, x, y in zip(("features", "similarity", "weights"), got, want):
+                why = bitwise_difference(x, y)
+                if why:
+                    fails.append(f"chunk {chunk_kib} KiB block {block_kib} KiB: {name} {why} (vs tiled)")
+    finally:
+        kernel_fn.POISON = False
+    return fails
+
+
 def available(device: torch.device) -> list[str]:
     probe = torch.zeros(1, 16, 1, 1, device=device)
     qprobe = torch.zeros(1, 1, 16, device=device)
@@ -197,6 +261,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="first few cases only")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--special-only", action="store_true", help="only the zero-norm / NaN checks")
+    ap.add_argument(
+        "--weighting",
+        choices=("tiled", "chunked", "both"),
+        default="both",
+        help="weighting-pass order(s) of the CUDA backend; both also cross-checks them bitwise",
+    )
     args = ap.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
@@ -207,19 +277,34 @@ def main(argv: list[str] | None = None) -> int:
         cases = cases[:6]
     if args.special_only:
         cases = []
-    print(f"seed={seed} device={device} backends={backends} cases={len(cases)}", flush=True)
-    n_fail = 0
+    orders = ("tiled", "chunked") if args.weighting == "both" else (args.weighting,)
+    runs: list[tuple[str, str, str | None]] = []  # (label, backend, weighting order)
     for backend in backends:
-        for case in cases:
-            fails = check_case(backend, case, device, gen)
-            n_fail += bool(fails)
-            print(
-                f"{'FAIL' if fails else 'ok  '} {backend:7s} {case}" + (": " + "; ".join(fails) if fails else ""),
-                flush=True,
-            )
-        fails = check_special(backend, device, gen)
+        if backend == "cuda":
+            runs += [("cuda" if o == "tiled" else f"cuda/{o}", backend, o) for o in orders]
+        else:
+            runs.append((backend, backend, None))
+    print(f"seed={seed} device={device} backends={backends} weighting={orders} cases={len(cases)}", flush=True)
+    n_fail = 0
+
+    def report(label: str, what: str, fails: list[str]) -> None:
+        nonlocal n_fail
         n_fail += bool(fails)
-        print(f"{'FAIL' if fails else 'ok  '} {backend:7s} zero-norm/NaN" + (": " + "; ".join(fails) if fails else ""))
+        tail = ": " + "; ".join(fails) if fails else ""
+        print(f"{'FAIL' if fails else 'ok  '} {label:12s} {what}{tail}", flush=True)
+
+    for label, backend, order in runs:
+        with weighting(order) if order is not None else contextlib.nullcontext():
+            if order is not None:
+                from scfs.search import cuda_backend
+
+                print(f"== {label}: weighting {cuda_backend.weighting()}", flush=True)
+            for case in cases:
+                report(label, str(case), check_case(backend, case, device, gen))
+            report(label, "zero-norm/NaN", check_special(backend, device, gen))
+    if "cuda" in backends and len(orders) == 2:
+        for case in cases:
+            report("cuda t==c", str(case), check_weighting_orders(case, device, gen))
     print(f"{n_fail} failing checks", flush=True)
     return 1 if n_fail else 0
 

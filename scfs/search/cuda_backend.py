@@ -4,6 +4,10 @@ The build is cached by torch (TORCH_EXTENSIONS_DIR); set TORCH_CUDA_ARCH_LIST to
 that can be decided once is decided once per process (sources present, extension built or the reason why not);
 the per-call path is a dictionary-free attribute lookup plus the C++ binding, which allocates the soft-mode
 outputs itself.
+
+The block order of the forward weighting pass is a process-wide option (``set_weighting``, or the environment
+variables ``SCFS_SEARCH_WEIGHTING=tiled|chunked``, ``SCFS_SEARCH_WEIGHT_CHUNK_KIB``, ``SCFS_SEARCH_WEIGHT_BLOCK_KIB``
+read when the extension is first used); ``tiled`` is the default and the only order verified on a GPU so far.
 """
 
 from __future__ import annotations
@@ -22,14 +26,99 @@ from scfs.search.kernel_fn import alloc
 log = logging.getLogger("scfs.search")
 CSRC = Path(__file__).resolve().parents[2] / "csrc"
 SOURCES = [CSRC / "search_binding.cpp", CSRC / "search_kernels.cu", CSRC / "search_kernels_bwd.cu"]
+HEADERS = [CSRC / "search_kernels.h", CSRC / "search_common.cuh", CSRC / "search_order.h"]
 _ext: ModuleType | None = None
 _error: str | None = None
+
+WEIGHTING_ORDERS = ("tiled", "chunked")
+DEFAULT_CHUNK_KIB = 4096
+DEFAULT_BLOCK_KIB = 8
+
+
+def _env_kib(name: str, default: float) -> float:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return float(default)
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a number of KiB, got {raw!r}") from None
+
+
+# The weighting-pass option (see set_weighting); the environment decides it until set_weighting is called.
+WEIGHTING: str = os.environ.get("SCFS_SEARCH_WEIGHTING", "").strip().lower() or "tiled"
+WEIGHT_CHUNK_KIB: float = _env_kib("SCFS_SEARCH_WEIGHT_CHUNK_KIB", DEFAULT_CHUNK_KIB)
+WEIGHT_BLOCK_KIB: float = _env_kib("SCFS_SEARCH_WEIGHT_BLOCK_KIB", DEFAULT_BLOCK_KIB)
+
+
+def _validate(order: str, chunk_kib: float, block_kib: float) -> None:
+    if order not in WEIGHTING_ORDERS:
+        raise ValueError(
+            f"search weighting order (SCFS_SEARCH_WEIGHTING / set_weighting) must be one of {WEIGHTING_ORDERS}, "
+            f"got {order!r}"
+        )
+    if not (chunk_kib * 1024 >= 1 and block_kib * 1024 >= 1):
+        raise ValueError(f"weighting chunk and block sizes must be >= 1 byte, got {chunk_kib} KiB, {block_kib} KiB")
+
+
+def set_weighting(order: str | None = None, *, chunk_kib: float | None = None, block_kib: float | None = None) -> None:
+    """Pick the block order of the CUDA forward weighting pass, process-wide (all modes; backward unaffected).
+
+    The weighting pass writes N weighted copies of the (B, C, H, W) map, ``out[n*B+b, c, p] = a[n,b,p] *
+    g[b,c,p]``, and carries most of the forward's bytes. Two orders compute exactly the same products, so their
+    outputs are bitwise identical:
+
+    * ``"tiled"`` (default): a block reads its tile of g once and writes it to all N outputs. On an H200
+      (benchmarks/results/search-h200-2026-11-30-v2.md) this runs at ~2.2 TB/s, half the 4.6 TB/s of pure
+      writes, because every block writes N output slices that lie 49 MiB apart at the same time; "8 separate
+      copies" of the map run faster while moving 1.8x the bytes.
+    * ``"chunked"``: the map is processed in chunks of about ``chunk_kib`` KiB of g; for each chunk the N outputs
+      are written one n at a time, one n per block, on a 1-d grid ordered chunk -> n -> unit (about
+      ``block_kib`` KiB of g per block), so blocks in flight together write one output slice contiguously and
+      the chunk of g is re-read from L2 rather than DRAM. 16-byte vector loads/stores where aligned, as tiled.
+
+    The chunked order exists to test that hypothesis. It is UNVERIFIED: it was compiled (nvcc sm_80/sm_90, hipcc
+    gfx90a) and its block decode checked on the CPU, but it has not run on a GPU. Keep the default until a GPU
+    record (``python -m scfs.search.check --weighting both`` all ok and ``python -m scfs.bench.search --weighting
+    both`` faster; see scripts/gpu_search.sh) says otherwise.
+
+    Arguments left as None keep their current value. The environment gives the initial values:
+    ``SCFS_SEARCH_WEIGHTING=tiled|chunked``, ``SCFS_SEARCH_WEIGHT_CHUNK_KIB`` (default 4096),
+    ``SCFS_SEARCH_WEIGHT_BLOCK_KIB`` (default 8).
+    """
+    global WEIGHTING, WEIGHT_CHUNK_KIB, WEIGHT_BLOCK_KIB
+    new = (
+        WEIGHTING if order is None else order,
+        WEIGHT_CHUNK_KIB if chunk_kib is None else float(chunk_kib),
+        WEIGHT_BLOCK_KIB if block_kib is None else float(block_kib),
+    )
+    _validate(*new)
+    WEIGHTING, WEIGHT_CHUNK_KIB, WEIGHT_BLOCK_KIB = new
+    if _ext is not None:
+        _apply(_ext)
+
+
+def weighting() -> dict:
+    """The weighting-pass option in force: order, chunk_kib, block_kib (as the extension has it once built)."""
+    if _ext is not None:
+        order, chunk, block = _ext.get_weighting()
+        return dict(order=WEIGHTING_ORDERS[order], chunk_kib=chunk / 1024, block_kib=block / 1024)
+    return dict(order=WEIGHTING, chunk_kib=WEIGHT_CHUNK_KIB, block_kib=WEIGHT_BLOCK_KIB)
+
+
+def _apply(ext: ModuleType) -> None:
+    _validate(WEIGHTING, WEIGHT_CHUNK_KIB, WEIGHT_BLOCK_KIB)
+    ext.set_weighting(
+        WEIGHTING_ORDERS.index(WEIGHTING),
+        max(1, round(WEIGHT_CHUNK_KIB * 1024)),
+        max(1, round(WEIGHT_BLOCK_KIB * 1024)),
+    )
 
 
 def _build() -> ModuleType:
     from torch.utils.cpp_extension import load
 
-    missing = [str(s) for s in SOURCES if not s.exists()]
+    missing = [str(s) for s in (*SOURCES, *HEADERS) if not s.exists()]
     if missing:
         raise FileNotFoundError(f"kernel sources not found: {missing}")
     print(
@@ -55,10 +144,12 @@ def extension() -> ModuleType:
     if _error is not None:
         raise RuntimeError(_error)
     try:
-        _ext = _build()
+        ext = _build()
     except Exception as exc:  # noqa: BLE001 - any build failure makes the backend unavailable, with its reason
         _error = f"building the CUDA extension failed: {type(exc).__name__}: {str(exc)[-2000:]}"
         raise RuntimeError(_error) from exc
+    _apply(ext)  # a bad SCFS_SEARCH_WEIGHTING raises ValueError here, before any kernel runs
+    _ext = ext
     return _ext
 
 

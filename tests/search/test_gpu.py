@@ -24,6 +24,18 @@ def test_backend_matches_float64_reference(backend, case, cuda_gen):
     assert check.check_case(backend, case, torch.device("cuda"), cuda_gen) == []
 
 
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_chunked_weighting_is_bitwise_tiled(case, cuda_gen):
+    """The chunked weighting order (off by default) gives the tiled order's outputs bit for bit."""
+    assert check.check_weighting_orders(case, torch.device("cuda"), cuda_gen) == []
+
+
+@pytest.mark.parametrize("case", CASES[::3], ids=str)
+def test_chunked_weighting_matches_float64_reference(case, cuda_gen):
+    with check.weighting("chunked", 40.0, 4.0):
+        assert check.check_case("cuda", case, torch.device("cuda"), cuda_gen) == []
+
+
 @pytest.mark.parametrize("backend", ["triton", "cuda"])
 def test_zero_norm_and_nan(backend, cuda_gen):
     assert check.check_special(backend, torch.device("cuda"), cuda_gen) == []

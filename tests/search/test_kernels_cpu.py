@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import subprocess
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,12 @@ from scfs.search import check
 
 CSRC = Path(__file__).resolve().parents[2] / "csrc"
 KERNEL_SOURCES = ("search_kernels.cu", "search_kernels_bwd.cu")
+HEADERS = ("search_kernels.h", "search_common.cuh", "search_order.h")
+# kernels each object must contain (both weighting orders of the forward; the chunked one is off by default)
+KERNELS = {
+    "search_kernels.cu": ("sim_kernel", "finalize_kernel", "weight_kernel", "weight_chunked_kernel"),
+    "search_kernels_bwd.cu": ("bwd_a_kernel", "bwd_f_kernel"),
+}
 interp = pytest.mark.skipif(
     torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1",
     reason="Triton interpreter tests run on CPU-only machines (TRITON_INTERPRET=1)",
@@ -56,7 +63,24 @@ def test_cuda_source_compiles_standalone(tmp_path, arch, source):
     ]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
-    assert obj.stat().st_size > 0
+    data = obj.read_bytes()
+    for kernel in KERNELS[source]:
+        assert kernel.encode() in data, f"{kernel} not compiled into {obj.name}"
+
+
+@pytest.mark.skipif(_cuda_home() is None, reason="no CUDA toolkit (bin/nvcc + include/cuda_runtime.h) found")
+def test_binding_compiles_against_torch_headers():
+    """The torch binding (set_weighting / get_weighting included) parses with torch's headers: C++20 syntax only."""
+    from torch.utils import cpp_extension
+
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler")
+    os.environ.setdefault("CUDA_HOME", str(_cuda_home()))
+    incs = [*cpp_extension.include_paths(), sysconfig.get_paths()["include"], str(_cuda_home() / "include"), str(CSRC)]
+    cmd = [cxx, "-std=c++20", "-fsyntax-only", "-DTORCH_EXTENSION_NAME=scfs_search_check", *(f"-I{i}" for i in incs)]
+    res = subprocess.run([*cmd, str(CSRC / "search_binding.cpp")], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-4000:]
 
 
 @pytest.mark.skipif(shutil.which("hipcc") is None, reason="hipcc not installed (apt-get install hipcc libamdhip64-dev)")
@@ -64,7 +88,7 @@ def test_cuda_source_compiles_standalone(tmp_path, arch, source):
 def test_hipified_source_compiles_for_gfx90a(tmp_path, source):
     from torch.utils.hipify import hipify_python
 
-    for f in (*KERNEL_SOURCES, "search_kernels.h", "search_common.cuh"):
+    for f in (*KERNEL_SOURCES, *HEADERS):
         shutil.copy(CSRC / f, tmp_path / f)
     hipify_python.hipify(
         project_directory=str(tmp_path),
@@ -74,7 +98,7 @@ def test_hipified_source_compiles_for_gfx90a(tmp_path, source):
         is_pytorch_extension=True,
     )
     src = tmp_path / "hip" / source.replace(".cu", ".hip")
-    text = src.read_text() + (tmp_path / "hip" / "search_common.cuh").read_text()
+    text = src.read_text() + "".join((tmp_path / "hip" / h).read_text() for h in HEADERS)
     assert "<<<" not in text and "_sync(" not in text and re.search(r"\basm\b", text) is None
     assert "warpSize" not in text and "32 lanes" not in text
     obj = tmp_path / f"{source}_gfx90a.o"
@@ -87,4 +111,6 @@ def test_hipified_source_compiles_for_gfx90a(tmp_path, source):
         env=env,
     )
     assert res.returncode == 0, res.stderr
-    assert obj.stat().st_size > 0
+    data = obj.read_bytes()
+    for kernel in KERNELS[source]:
+        assert kernel.encode() in data, f"{kernel} not compiled into {obj.name}"

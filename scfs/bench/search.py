@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import platform
 import re
 import sys
@@ -34,6 +33,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from scfs.bench.records import save_record
 from scfs.search import cuda_backend, feature_search
 from scfs.search.reference import published_loop, reference_search
 
@@ -287,12 +287,7 @@ def run(
 
 
 def save(result: dict, stem: Path) -> str:
-    """Write <stem>.json and <stem>.md (after every row, so a run cut short still leaves its numbers)."""
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
-    md = markdown(result)
-    stem.with_suffix(".md").write_text(md)
-    return md
+    return save_record(result, stem, markdown)
 
 
 def fast_p(rows: list[dict]) -> dict:

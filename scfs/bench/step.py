@@ -37,6 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from scfs.bench.records import save_record
+
 CONF = str(Path(__file__).resolve().parent.parent.parent / "conf")
 
 # ../shared/MEASUREMENTS.md: published SCFS implementation, one H200, synthetic input (measured separately).
@@ -318,11 +320,7 @@ def markdown(result: dict) -> str:
 
 
 def save(result: dict, stem: Path) -> str:
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
-    md = markdown(result)
-    stem.with_suffix(".md").write_text(md)
-    return md
+    return save_record(result, stem, markdown)
 
 
 def run(args: argparse.Namespace) -> dict:

@@ -49,6 +49,7 @@ class SSLDataModule(L.LightningDataModule):
                              "on the device); per-sample multi-crop runs in DataLoader workers")
         self.train_set: Dataset | None = None
         self._device_data: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._eval_data: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def _loader_kwargs(self) -> dict[str, Any]:
         kw: dict[str, Any] = {"num_workers": self.num_workers, "pin_memory": torch.cuda.is_available()}
@@ -98,20 +99,65 @@ class SSLDataModule(L.LightningDataModule):
         return DataLoader(self.train_set, batch_size=self.batch_size, sampler=sampler, drop_last=True,
                           **self._loader_kwargs())
 
+    def _eval_split(self, split: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """A split as uint8 + labels on `device`, decoded once (and cached on disk for image folders)."""
+        from scfs.data.datasets import build_dataset
+
+        cached = self._eval_data.get(split)
+        if cached is None or cached[0].device != device:
+            if split == "train" and self._device_data is not None and self._device_data[0].device == device:
+                cached = self._device_data
+            elif cached is not None:
+                cached = (cached[0].to(device), cached[1].to(device))
+            else:
+                imgs, labels = materialise(build_dataset(self.data_cfg, split, None), self.data_cfg, self.num_workers)
+                cached = (imgs.to(device), labels.to(device))
+            self._eval_data[split] = cached
+        return cached
+
     def eval_transform(self):
         from scfs.data.multicrop import EvalTransform
 
         size = self.data_cfg.get("eval_size") or self.crops_cfg.get("global_size", 224)
         return EvalTransform(size, resize=self.data_cfg.get("eval_resize"))
 
-    def knn_loaders(self) -> tuple[DataLoader, DataLoader]:
-        """(memory bank = train split, queries = val split), both with the evaluation transform."""
+    def knn_loaders(self) -> tuple[DataLoader | DeviceEvalBatches, DataLoader | DeviceEvalBatches]:
+        """(memory bank = train split, queries = val split), both with the evaluation transform.
+
+        With `on_device` and an evaluation view that is the image itself (eval size = image size, no resize, as
+        CIFAR-10 and shapes), both splits are decoded once, kept as uint8 on the device and normalised per batch
+        there (`DeviceEvalBatches`): a kNN evaluation then costs no JPEG decoding (30-40 s per CIFAR-10 kNN on
+        the GPU machine otherwise). Same values as the DataLoader path (tests/data/test_on_device.py)."""
         from scfs.data.datasets import build_dataset
 
         tf = self.eval_transform()
+        if self.on_device and tf.resize == tf.size:
+            device = self._device()
+            splits = [self._eval_split(split, device) for split in ("train", "val")]
+            if all(imgs.shape[-2:] == (tf.size, tf.size) for imgs, _ in splits):
+                return tuple(DeviceEvalBatches(imgs, labels, self.eval_batch_size, tf.mean, tf.std)  # type: ignore
+                             for imgs, labels in splits)
         bank, query = build_dataset(self.data_cfg, "train", tf), build_dataset(self.data_cfg, "val", tf)
         kw = {"batch_size": self.eval_batch_size, "shuffle": False, "num_workers": self.num_workers}
         return DataLoader(bank, **kw), DataLoader(query, **kw)
+
+
+class DeviceEvalBatches:
+    """`(normalised float images, labels)` batches of a uint8 split that lives on a device, in split order: the
+    evaluation view `EvalTransform` gives when it neither resizes nor crops (x / 255 - mean) / std."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, mean: Any, std: Any) -> None:
+        self.images, self.labels, self.batch_size = images, labels, int(batch_size)
+        self.mean = torch.tensor(mean, dtype=torch.float32, device=images.device).view(1, -1, 1, 1)
+        self.std = torch.tensor(std, dtype=torch.float32, device=images.device).view(1, -1, 1, 1)
+
+    def __len__(self) -> int:
+        return -(-len(self.images) // self.batch_size)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for i in range(0, len(self.images), self.batch_size):
+            x = self.images[i:i + self.batch_size].to(torch.float32) / 255.0
+            yield (x - self.mean) / self.std, self.labels[i:i + self.batch_size]
 
 
 class DeviceBatchLoader:

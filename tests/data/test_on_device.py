@@ -87,3 +87,29 @@ def test_training_runs_on_the_on_device_path(tmp_path: Path) -> None:
     trainer = L.Trainer(**trainer_kwargs(cfg), logger=False, enable_checkpointing=False)
     trainer.fit(model, datamodule=dm)
     assert trainer.global_step == 2 and isinstance(trainer.train_dataloader, DeviceBatchLoader)
+
+
+def test_on_device_knn_batches_equal_the_eval_transform_batches(tmp_path: Path) -> None:
+    """kNN bank and queries served from the device split carry the same normalised images and labels, in the
+    same order, as the DataLoader + EvalTransform path (and kNN accuracy is therefore the same)."""
+    from scfs.data.datamodule import DeviceEvalBatches
+
+    ref_dm, dev_dm = _dm(tmp_path, False), _dm(tmp_path, True)
+    ref_dm.eval_batch_size = dev_dm.eval_batch_size = 16
+    for ref, dev in zip(ref_dm.knn_loaders(), dev_dm.knn_loaders(), strict=True):
+        assert isinstance(dev, DeviceEvalBatches) and not isinstance(ref, DeviceEvalBatches)
+        xr, yr = map(torch.cat, zip(*ref, strict=True))
+        xd, yd = map(torch.cat, zip(*dev, strict=True))
+        assert xd.dtype == torch.float32 and xd.shape == xr.shape
+        torch.testing.assert_close(xd, xr, rtol=0, atol=1e-6)
+        assert torch.equal(yd, yr.long())
+
+
+def test_on_device_knn_falls_back_when_the_eval_view_resizes(tmp_path: Path) -> None:
+    """An evaluation view that resizes (eval_size != image size) keeps the DataLoader + EvalTransform path."""
+    from scfs.data.datamodule import DeviceEvalBatches
+
+    dm = SSLDataModule({**DATA, "root": str(tmp_path), "eval_size": 12}, CROPS, batch_size=8, batch_aug=True,
+                       seed=3, on_device=True)
+    dm.setup()
+    assert not any(isinstance(loader, DeviceEvalBatches) for loader in dm.knn_loaders())

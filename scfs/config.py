@@ -95,6 +95,8 @@ def validate_config(cfg: DictConfig) -> None:
     _check(cfg, "method.momentum_teacher", lambda v: 0 <= v <= 1, "a number in [0, 1]")
     _check(cfg, "method.center_momentum", lambda v: 0 <= v <= 1, "a number in [0, 1]", required=False)
     _check(cfg, "method.stage_weight", lambda v: v >= 0, "a number >= 0", required=False)
+    _check(cfg, "method.stage_norm", lambda v: v in ("batchnorm", "groupnorm1"), "batchnorm or groupnorm1",
+           required=False)
     _check(cfg, "optim.name", lambda v: v in OPTIMIZERS, f"one of {', '.join(OPTIMIZERS)}")
     _check(cfg, "optim.lr", _pos, "a learning rate > 0")
     _check(cfg, "optim.weight_decay", lambda v: v >= 0, "a number >= 0", required=False)

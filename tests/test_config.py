@@ -67,6 +67,7 @@ BAD = [
     ("data.image_size=4", "data.image_size"),
     ("trainer.max_epochs=0", "trainer.max_epochs"),
     ("compile_mode=turbo", "compile_mode"),
+    ("method.stage_norm=layernorm", "method.stage_norm"),
 ]
 
 

@@ -3,11 +3,9 @@
 Same global permutation sharded per rank, views drawn for the global batch and sliced per rank, gradients
 averaged by DDP, DINO centre all-reduced, EMA of identical weights, lr scaled by the global batch. BatchNorm
 statistics are per device unless SyncBatchNorm is on, and torch's SyncBatchNorm runs on CUDA only, so the CPU
-test uses a BatchNorm-free tiny backbone (`groupnorm1`) and DINO heads without BN. The per-stage heads' residual
-branch keeps its BatchNorm2d (not configurable): its last BN starts at weight 0 (identity branch), so over 4
-steps its per-device statistics move the weights by less than the tolerance; its running statistics differ
-(rank 0's are broadcast) and are not compared. The GPU variant (marked `gpu`, needs 2 GPUs) keeps every
-BatchNorm with `sync_bn=true` and compares everything.
+test uses a BatchNorm-free network: the tiny backbone and the stage heads' residual branches with `groupnorm1`
+(per-sample statistics) and DINO heads without BN, and compares every weight and buffer. The GPU variant
+(marked `gpu`, needs 2 GPUs) keeps every BatchNorm with `sync_bn=true` and compares everything too.
 
 Tolerance: the two runs differ only in float summation order (gradient all-reduce, per-rank means, conv
 batching), so losses and weights agree to ~1e-6 relative after 4 SGD steps; asserted at rtol=atol=1e-4.
@@ -35,7 +33,7 @@ def _run(out: Path, data: Path, overrides: list[str], timeout: int = 240) -> Non
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
 
 
-def _compare(tmp_path: Path, extra: list[str], ddp: list[str], b: int, skip_bn_stats: bool = False) -> None:
+def _compare(tmp_path: Path, extra: list[str], ddp: list[str], b: int) -> None:
     data = tmp_path / "data"
     _run(tmp_path / "single", data, [*COMMON, *extra, f"batch_size={2 * b}"])
     _run(tmp_path / "ddp", data, [*COMMON, *extra, *ddp, f"batch_size={b}"])
@@ -51,16 +49,14 @@ def _compare(tmp_path: Path, extra: list[str], ddp: list[str], b: int, skip_bn_s
     torch.testing.assert_close((r0["losses"] + r1["losses"]) / 2, one["losses"], rtol=1e-4, atol=1e-4)
     assert one["state"].keys() == r0["state"].keys()
     for k, v in one["state"].items():
-        if skip_bn_stats and k.endswith(("running_mean", "running_var")):
-            continue  # stage heads' BN statistics per device (train-mode forward uses batch stats; see doc)
         if v.is_floating_point():
             torch.testing.assert_close(r0["state"][k], v, rtol=1e-4, atol=1e-4, msg=lambda m, k=k: f"{k}: {m}")
             torch.testing.assert_close(r1["state"][k], r0["state"][k], rtol=0, atol=0)  # ranks stay identical
 
 
 def test_ddp_two_cpu_processes_match_one_process_with_the_global_batch(tmp_path: Path) -> None:
-    _compare(tmp_path, ["+backbone.norm_layer=groupnorm1", "trainer.accelerator=cpu"],
-             ["+trainer.strategy=ddp", "trainer.devices=2"], b=8, skip_bn_stats=True)
+    _compare(tmp_path, ["+backbone.norm_layer=groupnorm1", "method.stage_norm=groupnorm1", "trainer.accelerator=cpu"],
+             ["+trainer.strategy=ddp", "trainer.devices=2"], b=8)
 
 
 @pytest.mark.gpu

@@ -53,6 +53,7 @@ def _build_network(
                 use_bn=method_cfg.get("head_bn", False),
                 bottleneck_bn=method_cfg.get("bottleneck_bn", False),
                 norm_last_layer=method_cfg.get("norm_last_layer", True),
+                norm=method_cfg.get("stage_norm", "batchnorm"),
             )
             for s in stages
         }

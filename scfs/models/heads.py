@@ -67,6 +67,11 @@ class DINOHead(nn.Module):
         return self.last_layer(x)
 
 
+# The residual branch's norm layers: BatchNorm as published; GroupNorm(1, C) (per-sample statistics, as timm's
+# `groupnorm1`) where batch statistics must not depend on how the batch is split, e.g. the CPU DDP test.
+STAGE_NORMS = {"batchnorm": nn.BatchNorm2d, "groupnorm1": lambda c: nn.GroupNorm(1, c)}
+
+
 class StageHead(nn.Module):
     """Per-stage SCFS head: residual 1x1-3x3-1x1 bottleneck on a region map, GAP, then a DINO head.
 
@@ -90,15 +95,19 @@ class StageHead(nn.Module):
         use_bn: bool = False,
         bottleneck_bn: bool = False,
         norm_last_layer: bool = True,
+        norm: str = "batchnorm",
     ) -> None:
         super().__init__()
         mid = max(channels // reduction, 8)
+        if norm not in STAGE_NORMS:
+            raise ValueError(f"StageHead norm={norm!r}: allowed are {', '.join(STAGE_NORMS)}")
+        make = STAGE_NORMS[norm]
         self.conv1 = nn.Conv2d(channels, mid, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(mid)
+        self.bn1 = make(mid)
         self.conv2 = nn.Conv2d(mid, mid, 3, padding=1, bias=False)
-        self.bn2 = nn.BatchNorm2d(mid)
+        self.bn2 = make(mid)
         self.conv3 = nn.Conv2d(mid, channels, 1, bias=False)
-        self.bn3 = nn.BatchNorm2d(channels)
+        self.bn3 = make(channels)
         nn.init.zeros_(self.bn3.weight)  # start as identity: the residual branch is learnt on top of GAP(x)
         self.final_relu = final_relu
         self.proj = DINOHead(channels, out_dim, hidden_dim, bottleneck_dim, nlayers, use_bn=use_bn,

@@ -12,11 +12,12 @@ def test_dino_head_shapes_and_fixed_norm():
     assert not g.requires_grad and torch.all(g == 1)
 
 
+@pytest.mark.parametrize("norm", ["batchnorm", "groupnorm1"])
 @pytest.mark.parametrize("mode", ["soft", "hard", "softmax"])
-def test_stage_head_commuted_search_equals_materialised(mode):
-    """The commuted path (1x1 conv in front of the weighting, GAP of x by a matmul) is exact."""
+def test_stage_head_commuted_search_equals_materialised(mode, norm):
+    """The commuted path (1x1 conv in front of the weighting, GAP of x by a matmul) is exact, with either norm."""
     torch.manual_seed(0)
-    head = StageHead(16, out_dim=20, hidden_dim=16, bottleneck_dim=8).double()
+    head = StageHead(16, out_dim=20, hidden_dim=16, bottleneck_dim=8, norm=norm).double()
     torch.nn.init.normal_(head.bn3.weight)  # make the residual branch non-trivial
     head.eval()
     feats = torch.randn(3, 16, 5, 7, dtype=torch.float64)
@@ -53,3 +54,8 @@ def test_bottleneck_bn_removes_the_shared_component():
 def test_norm_last_layer_false_makes_the_norm_trainable():
     h = DINOHead(8, out_dim=10, hidden_dim=8, bottleneck_dim=4, norm_last_layer=False)
     assert h.last_layer.parametrizations.weight.original0.requires_grad
+
+
+def test_stage_head_unknown_norm_is_refused():
+    with pytest.raises(ValueError, match="norm='layernorm'.*batchnorm, groupnorm1"):
+        StageHead(16, norm="layernorm")

@@ -1,7 +1,8 @@
 """`python -m scfs.sweep`: run several `scfs.train` configurations side by side and tabulate them.
 
 Each run is a subprocess (`python -m scfs.train <common> <overrides>`) in its own run folder; runs go
-`--parallel` at a time (one GPU can hold several small runs; `--gpus 0,1` spreads them over GPUs). The
+`--parallel` at a time (one GPU can hold several small runs; `--gpus 0,1` spreads them over GPUs), and
+`--resume` continues each from its previous folder's last.ckpt (long runs in chunks with `chunk_minutes`). The
 summaries and kNN curves are gathered into one JSON record and a markdown table, so that tuning and
 ablations are reproducible from one command.
 """
@@ -39,6 +40,15 @@ def _table(rows: list[dict], ks: list[int]) -> str:
     return "\n".join(lines)
 
 
+def _latest_checkpoint(root: Path, index: int, label: str) -> Path | None:
+    """last.ckpt of the newest `<root>/<stamp>-<index>-<label>/` that has one (run folders sort by time stamp)."""
+    for d in sorted(root.glob(f"*-{index:02d}-{label}"), reverse=True):
+        ckpt = d / "checkpoints" / "last.ckpt"
+        if ckpt.is_file():
+            return ckpt
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("runs", nargs="+", help="one quoted override string per run, e.g. 'method=dino' (label=... optional "
@@ -48,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpus", default="", help="comma-separated GPU ids to spread runs over (round robin)")
     p.add_argument("--out", required=True, help="output JSON path (a .md table is written beside it)")
     p.add_argument("--root", default="runs/sweep", help="folder for the run folders")
+    p.add_argument("--resume", action="store_true",
+                   help="continue each run from the last.ckpt of its latest run folder under --root (same position "
+                        "and label): long runs in chunks, e.g. with chunk_minutes=8 in --common")
     p.add_argument("--k", default="20", help="kNN k values to tabulate, comma-separated (e.g. 20,200)")
     args = p.parse_args(argv)
 
@@ -59,6 +72,11 @@ def main(argv: list[str] | None = None) -> int:
         run_dir = Path(args.root) / f"{stamp}-{i:02d}-{label}"
         cmd = [sys.executable, "-m", "scfs.train", *shlex.split(args.common), *shlex.split(ov),
                f"hydra.run.dir={run_dir}"]
+        if args.resume:
+            prev = _latest_checkpoint(Path(args.root), i, label)
+            if prev is not None:
+                cmd.append(f"resume={prev}")
+                print(f"[sweep] {label}: continues {prev}", flush=True)
         env = dict(os.environ)
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = gpus[i % len(gpus)]

@@ -231,7 +231,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from scfs.eval.knn import evaluate_backbone_knn
-    from scfs.method.callbacks import KNNMonitor
+    from scfs.method.callbacks import KNNMonitor, WallClockBudget
     from scfs.method.checkpoint_io import AtomicCheckpointIO
     from scfs.method.monitors import OnlineLinearMonitor
     from scfs.reliability import BatchTooLargeError, oom_message
@@ -275,6 +275,9 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     online_every = cfg.eval.get("online_linear_every_n_epochs", 1)
     if online_every and hasattr(dm.train_set, "num_classes"):
         callbacks.append(OnlineLinearMonitor(num_classes=dm.train_set.num_classes, every_n_epochs=online_every))
+    budget = WallClockBudget(float(cfg.chunk_minutes)) if cfg.get("chunk_minutes") else None
+    if budget is not None:
+        callbacks.append(budget)
     callbacks += [ResumeState(), last]  # after the monitors: restores the RNG after they rebuilt their layers
     if cfg.trainer.get("enable_progress_bar", True):  # the bar reads logged values on the host (a sync) per refresh
         from lightning.pytorch.callbacks import TQDMProgressBar
@@ -312,6 +315,11 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
         summary["epochs"] = trainer.current_epoch
         summary["steps"] = trainer.global_step
         summary["seconds"] = round(time.time() - t0, 1)
+        if budget is not None and budget.stopped:
+            summary["stopped_by_chunk_budget"] = True
+            summary["resume_with"] = f"resume={ckpt_dir / 'last.ckpt'}"
+            log.info("chunk budget of %s min reached at step %d: continue with resume=%s", cfg.chunk_minutes,
+                     trainer.global_step, ckpt_dir / "last.ckpt")
         skipped = _skipped_files(dm.train_set, bank, query)
         if skipped:
             summary["skipped_files"] = skipped

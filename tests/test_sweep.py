@@ -32,3 +32,19 @@ def test_sweep_records_every_run_even_failed_ones(tmp_path):
     assert all(r["rc"] == 2 and r["summary"] is None for r in rec["runs"])
     md = out.with_suffix(".md").read_text()
     assert md.count("failed (rc 2)") == 2 and "kNN200 final" in md
+
+
+def test_resume_finds_the_newest_checkpoint_of_the_same_run(tmp_path):
+    """--resume: run i with label L continues from the newest <root>/<stamp>-<i>-<L>/checkpoints/last.ckpt."""
+    from scfs.sweep import _latest_checkpoint
+
+    for stamp, idx, label, ckpt in [("20261130-100000", 0, "scfs", True), ("20261130-110000", 0, "scfs", True),
+                                    ("20261130-120000", 0, "scfs", False), ("20261130-130000", 1, "scfs", True),
+                                    ("20261130-140000", 0, "dino", True)]:
+        d = tmp_path / f"{stamp}-{idx:02d}-{label}" / "checkpoints"
+        d.mkdir(parents=True)
+        if ckpt:
+            (d / "last.ckpt").write_bytes(b"x")
+    found = _latest_checkpoint(tmp_path, 0, "scfs")
+    assert found == tmp_path / "20261130-110000-00-scfs" / "checkpoints" / "last.ckpt"
+    assert _latest_checkpoint(tmp_path, 2, "scfs") is None

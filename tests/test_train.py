@@ -101,3 +101,33 @@ def test_compile_mode_reaches_every_compiled_module(monkeypatch):
     seen.clear()
     build(compose_cfg(["compile=true"]))
     assert seen == [{}] * n_modules
+
+
+def test_chunk_budget_stops_cleanly_and_resume_finishes_like_one_run(tmp_path, shapes_root):
+    """`chunk_minutes`: the run stops at the first budget check (every 20 steps; here mid-epoch), writes last.ckpt
+    and says how to continue; `resume=` from it ends at the same step, with the same weights, as one run."""
+    common = ["trainer.max_epochs=8", "trainer.limit_train_batches=3", "trainer.deterministic=true",
+              "eval.knn_at_start=false"]
+    whole = run(compose_cfg(common, data_root=shapes_root), tmp_path / "whole")
+    first = run(compose_cfg([*common, "chunk_minutes=1e-6"], data_root=shapes_root), tmp_path / "chunk1")
+    assert first["stopped_by_chunk_budget"] and first["steps"] == 20 and whole["steps"] == 24
+    ckpt = tmp_path / "chunk1" / "checkpoints" / "last.ckpt"
+    assert first["resume_with"] == f"resume={ckpt}" and ckpt.is_file()
+    second = run(compose_cfg([*common, f"resume={ckpt}"], data_root=shapes_root), tmp_path / "chunk2")
+    assert second["steps"] == 24 and "stopped_by_chunk_budget" not in second
+    a = torch.load(tmp_path / "whole" / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    b = torch.load(tmp_path / "chunk2" / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    for k, v in a.items():
+        torch.testing.assert_close(b[k], v, rtol=0, atol=0, msg=lambda m, k=k: f"{k}: {m}")
+
+
+def test_a_mid_epoch_max_steps_stop_resumes_at_the_next_batch(tmp_path, shapes_root):
+    """The last.ckpt of a run that stops mid-epoch (max_steps here; max_time and the chunk budget alike) is the
+    state after that step: resuming runs the remaining batches, not one fewer."""
+    common = ["trainer.max_epochs=8", "trainer.limit_train_batches=3", "eval.knn_at_start=false"]
+    first = run(compose_cfg([*common, "+trainer.max_steps=20"], data_root=shapes_root), tmp_path / "a")
+    assert first["steps"] == 20
+    ckpt = tmp_path / "a" / "checkpoints" / "last.ckpt"
+    second = run(compose_cfg([*common, "+trainer.max_steps=22", f"resume={ckpt}"], data_root=shapes_root),
+                 tmp_path / "b")
+    assert second["steps"] == 22

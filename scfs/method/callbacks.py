@@ -1,10 +1,11 @@
-"""Lightning callbacks of the method: the online kNN monitor."""
+"""Lightning callbacks of the method: the online kNN monitor, the wall-clock budget of a training chunk."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 
@@ -39,3 +40,36 @@ class KNNMonitor(L.Callback):
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.curve = list(state_dict.get("curve", []))
+
+
+class WallClockBudget(L.Callback):
+    """Stop training cleanly after `minutes` of this process's training time, so a long run goes in chunks:
+    `chunk_minutes=8` per call, then the same command with `resume=<last.ckpt>` (or `python -m scfs.sweep
+    --resume`) continues mid-epoch where it stopped. `LastCheckpoint` saves the step at which `should_stop` is set.
+
+    Unlike Lightning's `max_time`, whose elapsed time is restored from the checkpoint (a resumed run would stop at
+    once), the budget counts from this process's start of training. The decision is taken every `check_every`
+    steps and agreed by all ranks (one small collective then, none in between).
+    """
+
+    def __init__(self, minutes: float, check_every: int = 20) -> None:
+        if minutes <= 0:
+            raise ValueError(f"chunk_minutes={minutes} must be > 0 (or null for no budget)")
+        self.seconds, self.check_every = float(minutes) * 60.0, max(int(check_every), 1)
+        self.t0: float | None = None
+        self.stopped = False
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        import time
+
+        self.t0 = time.monotonic()
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        import time
+
+        if self.t0 is None or trainer.global_step % self.check_every:
+            return
+        over = time.monotonic() - self.t0 >= self.seconds
+        if trainer.strategy.reduce_boolean_decision(over, all=False):
+            self.stopped = trainer.should_stop = True

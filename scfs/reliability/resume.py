@@ -224,7 +224,10 @@ class LastCheckpoint(Checkpoint):
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        if self.every <= 0 or trainer.global_step % self.every:
+        # a run about to stop mid-epoch (should_stop from a callback: chunk budget, max_time; or max_steps) is saved
+        # here, as a step save: the state Lightning holds at on_train_end resumes one batch too far
+        stopping = trainer.should_stop or 0 < trainer.max_steps <= trainer.global_step
+        if not stopping and (self.every <= 0 or trainer.global_step % self.every):
             return
         if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
             return  # the epoch-end save follows, after the epoch-end hooks (monitors, numbered checkpoints)

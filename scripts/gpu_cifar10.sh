@@ -4,8 +4,9 @@
 # each run, then the fast linear probe on each checkpoint; the records into $OUT.
 #   OUT=/dir EPOCHS=30 SEED=0 bash scripts/gpu_cifar10.sh     (device machine, repo root, wheels on PYTHONPATH)
 # The CIFAR-10 JPEG archive travels in .gpudata/ (git-excluded; copy ../shared/data/cifar10-jpeg.tar.xz there).
-# MAX_TIME caps each run's training (Lightning trainer.max_time) so that the call ends inside the device limit:
-# a capped run still writes its summary, and `resume=auto` continues it on the same machine.
+# CHUNK_MIN caps each run's training (chunk_minutes) so that the call ends inside the device limit: a capped run
+# writes last.ckpt and its summary; RESUME=1 in the next call on the same (warm) machine continues every run
+# exactly where it stopped (scfs.sweep --resume), so 100 epochs go in chunks of under 10 minutes.
 # RUNS (label:overrides, space-separated, no spaces inside one), PARALLEL, ROOT: see gpu_cifar10_ablation.sh.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 WANDB_MODE=disabled OMP_NUM_THREADS=4
@@ -14,15 +15,16 @@ PY=${PY:-python3}
 GPUS=${GPUS:-$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd, -)}  # runs spread round robin
 NGPU=$(echo "$GPUS" | tr , "\n" | wc -l)
 EPOCHS=${EPOCHS:-30}; SEED=${SEED:-0}; TAG=${TAG:-e${EPOCHS}-s${SEED}}; ROOT=${ROOT:-runs/cifar10}
-MAX_TIME=${MAX_TIME:-00:00:07:00}
+CHUNK_MIN=${CHUNK_MIN:-7}
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$OUT/gpu.txt"
 [ -d data/cifar10/train ] || $PY -m scfs.data.prepare cifar10 --archive "${ARCHIVE:-.gpudata/cifar10-jpeg.tar.xz}" \
   --out data/cifar10 || exit 1
 COMMON="+experiment=cifar10 data.root=data/cifar10 logger=csv eval.figure=false trainer.max_epochs=$EPOCHS seed=$SEED \
-+trainer.max_time=$MAX_TIME ${EXTRA:-}"
+chunk_minutes=$CHUNK_MIN ${EXTRA:-}"
 RUNS=${RUNS:-"scfs:method=scfs dino:method=dino"}
 # shellcheck disable=SC2086
-$PY -m scfs.sweep --gpus "$GPUS" --parallel "${PARALLEL:-2}" --k 20,200 --root "$ROOT" --out "$OUT/cifar10-$TAG.json" \
+$PY -m scfs.sweep ${RESUME:+--resume} --gpus "$GPUS" --parallel "${PARALLEL:-2}" --k 20,200 --root "$ROOT" \
+  --out "$OUT/cifar10-$TAG.json" \
   --common "$COMMON" $RUNS 2>&1 | grep -v "^\[sweep\] start"
 if [ "${LINEAR:-1}" = 1 ]; then
   i=0

@@ -5,7 +5,7 @@
 #   OUT=/dir EPOCHS=10 bash scripts/gpu_cifar10_ablation.sh   (device machine, repo root, wheels on PYTHONPATH)
 EPOCHS=${EPOCHS:-10}; SEED=${SEED:-0}
 export EPOCHS SEED TAG="ablation-e$EPOCHS-s$SEED" ROOT=runs/cifar10_ablation PARALLEL=${PARALLEL:-8} LINEAR=0 \
-  MAX_TIME=${MAX_TIME:-00:00:08:00} EXTRA="eval.knn_every_n_epochs=0 ${EXTRA:-}" \
+  CHUNK_MIN=${CHUNK_MIN:-7} EXTRA="eval.knn_every_n_epochs=0 ${EXTRA:-}" \
   RUNS="soft-234:search=soft none:search=none roi:search=roi hard:search=hard softmax:search=softmax \
 soft-4:search.stages=[layer4] soft-34:search.stages=[layer3,layer4] dino:method=dino"
 exec bash "$(dirname "$0")/gpu_cifar10.sh"

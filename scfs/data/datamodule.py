@@ -81,11 +81,32 @@ class SSLDataModule(L.LightningDataModule):
 
         if self.train_set is None:
             transform = None if self.batch_aug else MultiCrop(**self.crops_cfg)
-            self.train_set = build_dataset(self.data_cfg, "train", transform)
+            cfg = {**self.data_cfg, "decode_min_side": self.train_decode_min_side()}
+            self.train_set = build_dataset(cfg, "train", transform)
             if len(self.train_set) < self.batch_size:
                 raise ValueError(
                     f"batch_size={self.batch_size} is larger than the training set ({len(self.train_set)} images) "
                     "and every batch would be dropped: lower batch_size")
+
+    def train_decode_min_side(self) -> int | None:
+        """Shorter side that training crops need from an image file (`data.decode_min_side`: auto | 0 = off | N).
+
+        auto: the per-sample multi-crop path decodes large JPEGs at a reduced scale that still gives every crop its
+        full resolution: side >= size / sqrt(min scale) for the global and the local crops (224 px at scale 0.25
+        -> 448). The batched paths (`batch_aug`) need images of one size, so they decode at full size; evaluation
+        always does (the standard protocol's resize)."""
+        import math
+
+        v = self.data_cfg.get("decode_min_side", "auto")
+        if self.batch_aug or v in (0, "0", False):
+            return None
+        if v not in (None, "auto"):
+            return int(v) if int(v) > 0 else None
+        c = self.crops_cfg
+        need = [c.get("global_size", 224) / math.sqrt(c.get("global_scale", (0.25, 1.0))[0])]
+        if c.get("n_local", 0):
+            need.append(c.get("local_size", 96) / math.sqrt(c.get("local_scale", (0.05, 0.25))[0]))
+        return math.ceil(max(need))
 
     def train_dataloader(self) -> DataLoader | DeviceBatchLoader:
         self.setup()
@@ -131,13 +152,14 @@ class SSLDataModule(L.LightningDataModule):
         from scfs.data.datasets import build_dataset
 
         tf = self.eval_transform()
+        eval_cfg = {**self.data_cfg, "decode_min_side": 0}  # full-size decoding: the standard evaluation protocol
         if self.on_device and tf.resize == tf.size:
             device = self._device()
             splits = [self._eval_split(split, device) for split in ("train", "val")]
             if all(imgs.shape[-2:] == (tf.size, tf.size) for imgs, _ in splits):
                 return tuple(DeviceEvalBatches(imgs, labels, self.eval_batch_size, tf.mean, tf.std)  # type: ignore
                              for imgs, labels in splits)
-        bank, query = build_dataset(self.data_cfg, "train", tf), build_dataset(self.data_cfg, "val", tf)
+        bank, query = build_dataset(eval_cfg, "train", tf), build_dataset(eval_cfg, "val", tf)
         kw = {"batch_size": self.eval_batch_size, "shuffle": False, "num_workers": self.num_workers}
         return DataLoader(bank, **kw), DataLoader(query, **kw)
 

@@ -211,3 +211,51 @@ def test_shapes_dataset_from_dictconfig(tmp_path: Path) -> None:
     assert label == train.targets[3] and 0 <= label < 5
     assert val[0][0].dtype == torch.float32
     assert np.array_equal(img.permute(1, 2, 0).numpy(), train.data.images[3])
+
+
+def _smooth_image(h: int, w: int) -> Image.Image:
+    """A smooth RGB image (gradients), so a reduced decode and a resized full decode can be compared."""
+    y, x = np.mgrid[0:h, 0:w]
+    arr = np.stack([x * 255 // w, y * 255 // h, (x + y) * 255 // (h + w)], -1).astype(np.uint8)
+    return Image.fromarray(arr)
+
+
+def test_large_jpeg_is_decoded_at_a_reduced_scale_that_keeps_the_needed_side(tmp_path: Path) -> None:
+    path = tmp_path / "big.jpg"
+    _smooth_image(900, 1200).save(path, quality=95)
+    full = decode_rgb(path)
+    small = decode_rgb(path, min_side=200)
+    assert full.shape == (3, 900, 1200)
+    assert small.shape == (3, 225, 300)  # 1/4: the largest DCT reduction with the shorter side >= 200 (1/8 -> 112)
+    ref = torch.nn.functional.interpolate(full[None].float(), size=(225, 300), mode="area")[0]
+    assert (small.float() - ref).abs().mean() < 3  # the same picture, not a different crop or channel order
+
+
+@pytest.mark.parametrize(("name", "size"), [("small.jpg", (300, 200)), ("big.png", (1200, 900))])
+def test_reduced_decoding_leaves_small_jpegs_and_other_formats_alone(tmp_path: Path, name: str, size) -> None:
+    path = tmp_path / name
+    _smooth_image(size[1], size[0]).save(path)
+    assert torch.equal(decode_rgb(path, min_side=200), decode_rgb(path))
+
+
+def test_training_decodes_at_the_side_its_crops_need_and_evaluation_at_full_size(tmp_path: Path) -> None:
+    from scfs.data.datamodule import SSLDataModule
+
+    root = tmp_path / "folder"
+    for split in ("train", "val"):
+        for c in ("a", "b"):
+            (root / split / c).mkdir(parents=True)
+            _smooth_image(40, 60).save(root / split / c / "0.jpg")
+    crops = {"global_size": 224, "global_scale": (0.25, 1.0), "local_size": 96, "local_scale": (0.05, 0.25),
+             "n_local": 8}
+    dm = SSLDataModule({"name": "folder", "root": str(root)}, crops, batch_size=2)
+    assert dm.train_decode_min_side() == 448  # 224 / sqrt(0.25); local 96 / sqrt(0.05) = 430
+    dm.setup()
+    assert dm.train_set.min_side == 448
+    assert all(loader.dataset.min_side is None for loader in dm.knn_loaders())
+    assert SSLDataModule({"name": "folder", "root": str(root), "decode_min_side": 0}, crops,
+                         batch_size=2).train_decode_min_side() is None
+    assert SSLDataModule({"name": "folder", "root": str(root), "decode_min_side": 300}, crops,
+                         batch_size=2).train_decode_min_side() == 300
+    assert SSLDataModule({"name": "folder", "root": str(root)}, crops, batch_size=2,
+                         batch_aug=True).train_decode_min_side() is None

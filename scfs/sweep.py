@@ -13,9 +13,11 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -100,8 +102,35 @@ def main(argv: list[str] | None = None) -> int:
 
     running: list[tuple[dict, subprocess.Popen, object]] = []
     done: list[dict] = []
+
+    def stop(signum: int, frame: object) -> None:
+        """SIGTERM/SIGINT (a `timeout`, a scheduler, Ctrl-C): stop the runs too (they write last.ckpt every
+        `checkpoint.every_n_train_steps`), keep the record of the finished ones, exit."""
+        for _, proc, _ in running:
+            proc.terminate()
+        for _, proc, _ in running:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        write(done, final=False)
+        print(f"[sweep] stopped by signal {signum}: {len(done)} of {len(args.runs)} runs finished", flush=True)
+        sys.exit(128 + signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        _loop(pending, running, done, args.parallel, lambda: write(done, final=False))
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    print(write(done, final=True))
+    return 0 if all(r["rc"] == 0 for r in done) else 1
+
+
+def _loop(pending: list[dict], running: list, done: list[dict], parallel: int, on_done: Callable[[], object]) -> None:
+    """Start runs `parallel` at a time; collect each one's summary and kNN curve as it ends."""
     while pending or running:
-        while pending and len(running) < args.parallel:
+        while pending and len(running) < parallel:
             r = pending.pop(0)
             Path(r["run_dir"]).mkdir(parents=True, exist_ok=True)
             logf = open(Path(r["run_dir"]) / "stdout.log", "w")  # noqa: SIM115
@@ -121,9 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             r["knn_curve"] = json.loads(cj.read_text()) if cj.exists() else []
             print(f"[sweep] done {r['label']} rc={proc.returncode}", flush=True)
             done.append({k: v for k, v in r.items() if k not in ("env",)})
-            write(done, final=False)
-    print(write(done, final=True))
-    return 0 if all(r["rc"] == 0 for r in done) else 1
+            on_done()
 
 
 if __name__ == "__main__":

@@ -48,3 +48,45 @@ def test_resume_finds_the_newest_checkpoint_of_the_same_run(tmp_path):
     found = _latest_checkpoint(tmp_path, 0, "scfs")
     assert found == tmp_path / "20261130-110000-00-scfs" / "checkpoints" / "last.ckpt"
     assert _latest_checkpoint(tmp_path, 2, "scfs") is None
+
+
+def test_a_terminated_sweep_stops_its_runs_and_keeps_its_record(tmp_path, shapes_root):
+    """SIGTERM (e.g. `timeout` around a device call) must not leave training processes behind on the GPUs."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from helpers import TINY
+
+    root, out = tmp_path / "runs", tmp_path / "rec.json"
+    common = " ".join([*TINY, f"data.root={shapes_root}", "trainer.max_epochs=100000", "eval.knn_at_start=false"])
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    sweep = subprocess.Popen([sys.executable, "-m", "scfs.sweep", "long:method=dino", "--common", common,
+                              "--out", str(out), "--root", str(root)], env=env, stdout=subprocess.PIPE, text=True)
+
+    def runs_alive() -> list[str]:
+        alive = []
+        for p in Path("/proc").iterdir():
+            try:
+                cmdline = (p / "cmdline").read_bytes().decode(errors="ignore") if p.name.isdigit() else ""
+                if f"hydra.run.dir={root}" in cmdline:  # the training runs, not the sweep itself
+                    alive.append(p.name)
+            except OSError:
+                continue
+        return alive
+
+    deadline = time.time() + 60
+    while not runs_alive() and time.time() < deadline:
+        time.sleep(0.5)
+    assert runs_alive(), "the training run never started"
+    time.sleep(2)
+    sweep.send_signal(signal.SIGTERM)
+    assert sweep.wait(timeout=60) == 128 + signal.SIGTERM
+    assert "stopped by signal" in sweep.stdout.read()
+    assert not runs_alive()
+    rec = json.loads(out.read_text())
+    assert rec["complete"] is False and rec["runs"] == []

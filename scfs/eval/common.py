@@ -11,7 +11,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -195,3 +195,16 @@ def build_split(cfg: DictConfig, split: str, transform: Any):
 def class_names(dataset: Any, num_classes: int) -> list[str]:
     names = list(getattr(dataset, "classes", []) or [])
     return [str(n) for n in names] if len(names) == num_classes else [str(i) for i in range(num_classes)]
+
+
+def hydra_cli(config_name: str, run: Callable[[DictConfig, str], Any]) -> None:
+    """The eval CLIs' entry point: `run(cfg, run_dir)` as a Hydra app on `conf/eval/<config_name>.yaml`, with the
+    run folder Hydra made (`hydra.run.dir`)."""
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+
+    def task(cfg: DictConfig) -> None:
+        run(cfg, HydraConfig.get().runtime.output_dir)
+
+    task.__module__ = f"scfs.eval.{config_name}"  # Hydra names the job (and its log file) after the module
+    hydra.main(version_base="1.3", config_path=EVAL_CONF_DIR, config_name=config_name)(task)()

@@ -344,19 +344,11 @@ def summary_line(doc: Mapping[str, Any]) -> str:
     return " | ".join(parts)
 
 
-def _main(cfg: DictConfig) -> None:
-    from hydra.core.hydra_config import HydraConfig
-
-    run_detect(cfg, HydraConfig.get().runtime.output_dir)
-
-
 def main() -> None:
     """`python -m scfs.eval.detect ckpt=<path|random> [+experiment=coco_maskrcnn_1x|voc_fasterrcnn] [data...]`."""
-    import hydra
+    from scfs.eval.common import hydra_cli
 
-    from scfs.eval.common import EVAL_CONF_DIR
-
-    hydra.main(version_base="1.3", config_path=EVAL_CONF_DIR, config_name="detect")(_main)()
+    hydra_cli("detect", run_detect)
 
 
 if __name__ == "__main__":

@@ -228,19 +228,11 @@ def summary_line(doc: dict[str, Any]) -> str:
             f"report {doc['run_dir']}/report.md | wandb {doc.get('wandb_dir')}")
 
 
-def _main(cfg: DictConfig) -> None:
-    from hydra.core.hydra_config import HydraConfig
-
-    run_knn(cfg, HydraConfig.get().runtime.output_dir)
-
-
 def main() -> None:
     """`python -m scfs.eval.knn ckpt=<path|random> [data=...] [which=student] [+experiment=imagenet]`."""
-    import hydra
+    from scfs.eval.common import hydra_cli
 
-    from scfs.eval.common import EVAL_CONF_DIR
-
-    hydra.main(version_base="1.3", config_path=EVAL_CONF_DIR, config_name="knn")(_main)()
+    hydra_cli("knn", run_knn)
 
 
 if __name__ == "__main__":

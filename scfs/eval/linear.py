@@ -254,19 +254,11 @@ def summary_line(doc: dict[str, Any]) -> str:
             f"wandb {doc.get('wandb_dir')}")
 
 
-def _main(cfg: DictConfig) -> None:
-    from hydra.core.hydra_config import HydraConfig
-
-    run_linear(cfg, HydraConfig.get().runtime.output_dir)
-
-
 def main() -> None:
     """`python -m scfs.eval.linear ckpt=<path|random> [fast=true] [data=...] [+experiment=imagenet]`."""
-    import hydra
+    from scfs.eval.common import hydra_cli
 
-    from scfs.eval.common import EVAL_CONF_DIR
-
-    hydra.main(version_base="1.3", config_path=EVAL_CONF_DIR, config_name="linear")(_main)()
+    hydra_cli("linear", run_linear)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ class OnlineLinearMonitor(L.Callback):
         self.linear: nn.Linear | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self._pending_state: dict[str, Any] | None = None
+        self._restored_counts: torch.Tensor | None = None
         self._reset_counts()
 
     def _reset_counts(self) -> None:
@@ -67,7 +68,11 @@ class OnlineLinearMonitor(L.Callback):
             self._pending_state = None
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._reset_counts()
+        restored, self._restored_counts = self._restored_counts, None
+        if restored is not None:  # resumed mid-epoch: the epoch's accuracy keeps the batches before the stop
+            self.counts = restored
+        else:
+            self._reset_counts()
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
@@ -122,6 +127,7 @@ class OnlineLinearMonitor(L.Callback):
         if self.every <= 0 or (trainer.current_epoch + 1) % self.every:
             return
         counts = (self.counts if self.counts is not None else torch.zeros(3)).to(pl_module.device, torch.float32)
+        self._reset_counts()  # an epoch-end checkpoint (written after this) then carries no counts
         counts = trainer.strategy.reduce(counts, reduce_op="sum")
         correct, seen, loss_sum = (float(v) for v in counts)
         if seen == 0:
@@ -132,11 +138,15 @@ class OnlineLinearMonitor(L.Callback):
     def state_dict(self) -> dict[str, Any]:
         if self.linear is None or self.optimizer is None:
             return {}
-        return {"linear": self.linear.state_dict(), "optimizer": self.optimizer.state_dict()}
+        state = {"linear": self.linear.state_dict(), "optimizer": self.optimizer.state_dict()}
+        if self.counts is not None:  # a mid-epoch checkpoint: this epoch's running counts so far
+            state["counts"] = self.counts.detach().cpu()
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not state_dict:
             return
+        self._restored_counts = state_dict.get("counts")
         self._pending_state = state_dict
         w = state_dict["linear"]["weight"]
         self._build(w.shape[1], w.shape[0], w.device)

@@ -80,3 +80,30 @@ def test_online_monitor_with_the_scfs_module(shapes_root):
     assert 0 <= float(trainer.callback_metrics["online/linear_top1"]) <= 100
     module_params = {id(p) for g in trainer.optimizers[0].param_groups for p in g["params"]}
     assert not {id(p) for p in monitor.linear.parameters()} & module_params  # its own optimiser, not the module's
+
+
+def test_online_monitor_counts_survive_a_mid_epoch_resume():
+    """A mid-epoch checkpoint carries the epoch's running counts, restored when the resumed epoch starts; an
+    epoch-end checkpoint carries none, so the next epoch starts from zero."""
+    monitor = OnlineLinearMonitor(num_classes=4, every_n_epochs=1)
+    saved = {}
+
+    class Snapshot(L.Callback):  # what a step checkpoint after batch 3 (of the epoch's 8) would hold
+        def on_train_batch_end(self, trainer, *args):
+            if trainer.global_step == 3:
+                saved.update(monitor.state_dict())
+
+    trainer = L.Trainer(max_steps=3, accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, callbacks=[monitor, Snapshot()])
+    trainer.fit(_Toy(), _data())
+    state = saved
+    assert state["counts"][1] == 3 * 32  # (correct, seen, loss_sum): 3 batches of 32 seen
+    again = OnlineLinearMonitor(num_classes=4)
+    again.load_state_dict(state)
+    again.on_train_epoch_start(None, None)
+    assert torch.equal(again.counts, state["counts"])
+    again.on_train_epoch_start(None, None)  # a later epoch: fresh counts
+    assert again.counts is None
+    full = OnlineLinearMonitor(num_classes=4, every_n_epochs=1)
+    _fit(_Toy(), full, epochs=1)
+    assert "counts" not in full.state_dict()

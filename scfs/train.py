@@ -215,6 +215,19 @@ def _eval_device(cfg: DictConfig) -> Any:
     return torch.device("cpu")
 
 
+def _teacher_knn(model: Any, bank: Any, query: Any, ks: list[int], cfg: DictConfig) -> dict[str, float]:
+    """kNN of the teacher outside the Trainer (before fit, after its teardown) on `_eval_device`; the backbone
+    goes back where it was, so the whole module moves to its device together in `trainer.fit`."""
+    from scfs.eval.knn import evaluate_backbone_knn
+
+    teacher, dev = model.backbone("teacher"), _eval_device(cfg)
+    home = next(teacher.parameters()).device
+    try:
+        return evaluate_backbone_knn(teacher.to(dev), bank, query, ks, cfg.eval.knn_temperature, device=dev)
+    finally:
+        teacher.to(home)
+
+
 def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     """Pretrain, evaluate with kNN and return the summary dict (also written to `<run_dir>/summary.json`).
 
@@ -230,7 +243,6 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     import torch
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    from scfs.eval.knn import evaluate_backbone_knn
     from scfs.method.callbacks import KNNMonitor, WallClockBudget
     from scfs.method.checkpoint_io import AtomicCheckpointIO
     from scfs.method.monitors import OnlineLinearMonitor
@@ -256,11 +268,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
                                "run_dir": str(run_dir)}
     bank, query = dm.knn_loaders()
     if cfg.eval.knn_at_start:
-        teacher, dev = model.backbone("teacher"), _eval_device(cfg)
-        home = next(teacher.parameters()).device
-        summary["knn_init"] = evaluate_backbone_knn(teacher.to(dev), bank, query, ks, cfg.eval.knn_temperature,
-                                                    device=dev)
-        teacher.to(home)  # the whole module goes to its device together in trainer.fit
+        summary["knn_init"] = _teacher_knn(model, bank, query, ks, cfg)
 
     logger = make_logger(cfg, run_dir)
     logger.log_hyperparams(scrub(OmegaConf.to_container(cfg, resolve=True)))
@@ -302,10 +310,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
         raise
 
     if trainer.is_global_zero:
-        # Lightning's teardown has moved the module back to the CPU: evaluate on the run's GPU again
-        teacher, dev = model.backbone("teacher"), _eval_device(cfg)
-        summary["knn"] = evaluate_backbone_knn(teacher.to(dev), bank, query, ks, cfg.eval.knn_temperature, device=dev)
-        teacher.cpu()
+        summary["knn"] = _teacher_knn(model, bank, query, ks, cfg)  # teardown moved the module to the CPU
         summary["loss"] = float(trainer.callback_metrics.get("loss_epoch", float("nan")))
         summary["loss_dino"] = float(trainer.callback_metrics.get("loss/dino", float("nan")))
         summary["uniform_loss"] = model.uniform_loss()

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from scfs.eval.detection_metrics import STAT_NAMES
+from scfs.eval.report import run_facts
 
 
 def _fmt(v: Any) -> str:
@@ -35,10 +36,7 @@ def markdown_report(doc: Mapping[str, Any]) -> str:
              f"* schedule: {doc['train']['iters']} iterations, batch {doc['train']['batch_size']}, lr "
              f"{doc['train']['lr']}, steps {doc['train']['steps']}, warmup {doc['train']['warmup_iters']}; "
              f"final training loss {_fmt(doc['train'].get('final_loss'))}"]
-    lines += [f"* {k}: {v:.1f} s" for k, v in doc.get("timings", {}).items()]
-    lines += [f"* {n}" for n in doc.get("notes", [])]
-    if doc.get("wandb_dir"):
-        lines.append(f"* W&B run: `{doc['wandb_dir']}`")
+    lines += run_facts(doc)
     lines += ["", "## COCO metrics (val)", "", "| IoU type | " + " | ".join(STAT_NAMES) + " |",
               "|---" + "|---:" * len(STAT_NAMES) + "|"]
     for iou in iou_types:

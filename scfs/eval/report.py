@@ -276,16 +276,22 @@ def _fmt(v: Any) -> str:
     return f"{v:.2f}" if isinstance(v, float) else str(v)
 
 
+def run_facts(doc: Mapping[str, Any]) -> list[str]:
+    """The report lines every eval kind shares: timings, notes and the W&B run folder."""
+    lines = [f"* {k}: {v:.1f} s" for k, v in doc.get("timings", {}).items()]
+    lines += [f"* {n}" for n in doc.get("notes", [])]
+    if doc.get("wandb_dir"):
+        lines.append(f"* W&B run: `{doc['wandb_dir']}`")
+    return lines
+
+
 def markdown_report(doc: Mapping[str, Any]) -> str:
     ck, data = doc["checkpoint"], doc["data"]
     lines = [f"# {doc['kind']} evaluation: {ck.get('label')}", "",
              f"* checkpoint: `{ck.get('path')}` (id `{ck.get('id')}`, {ck.get('format')}, {ck.get('which')})",
              f"* data: {data.get('name')} ({data.get('n_train')} train / {data.get('n_val')} val images, "
              f"{data.get('num_classes')} classes, transform `{data.get('transform')}`)"]
-    lines += [f"* {k}: {v:.1f} s" for k, v in doc.get("timings", {}).items()]
-    lines += [f"* {n}" for n in doc.get("notes", [])]
-    if doc.get("wandb_dir"):
-        lines.append(f"* W&B run: `{doc['wandb_dir']}`")
+    lines += run_facts(doc)
     lines += ["", "## Metrics", "", "| metric | value |", "|---|---|"]
     lines += [f"| {k} | {_fmt(v)} |" for k, v in doc["metrics"].items()]
     if doc.get("knn_curve"):

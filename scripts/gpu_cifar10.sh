@@ -7,7 +7,9 @@
 # CHUNK_MIN caps each run's training (chunk_minutes) so that the call ends inside the device limit: a capped run
 # writes last.ckpt and its summary; RESUME=1 in the next call on the same (warm) machine continues every run
 # exactly where it stopped (scfs.sweep --resume), so 100 epochs go in chunks of under 10 minutes.
-# RUNS (label:overrides, space-separated, no spaces inside one), PARALLEL, ROOT: see gpu_cifar10_ablation.sh.
+# RUNS: runs separated by spaces, each label:overrides with '|' between the overrides of one run
+# (e.g. "scfs:method=scfs dino-s1:method=dino|seed=1"; a run's overrides win over the common ones); PARALLEL, ROOT:
+# see gpu_cifar10_ablation.sh.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 WANDB_MODE=disabled OMP_NUM_THREADS=4
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -19,16 +21,21 @@ CHUNK_MIN=${CHUNK_MIN:-7}
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$OUT/gpu.txt"
 [ -d data/cifar10/train ] || $PY -m scfs.data.prepare cifar10 --archive "${ARCHIVE:-.gpudata/cifar10-jpeg.tar.xz}" \
   --out data/cifar10 || exit 1
+# decode the JPEG tree into data/cifar10/.scfs_cache once, before parallel runs each decode it on their own
+$PY -c "from scfs.data.datamodule import warm_cache; print(*warm_cache({'name': 'cifar10', 'root': 'data/cifar10'}, 16), sep='\n')"
 COMMON="+experiment=cifar10 data.root=data/cifar10 logger=csv eval.figure=false trainer.max_epochs=$EPOCHS seed=$SEED \
 chunk_minutes=$CHUNK_MIN ${EXTRA:-}"
 RUNS=${RUNS:-"scfs:method=scfs dino:method=dino"}
-# shellcheck disable=SC2086
+read -ra SPECS <<< "$RUNS"; SPECS=("${SPECS[@]//|/ }")
 $PY -m scfs.sweep ${RESUME:+--resume} --gpus "$GPUS" --parallel "${PARALLEL:-2}" --k 20,200 --root "$ROOT" \
   --out "$OUT/cifar10-$TAG.json" \
-  --common "$COMMON" $RUNS 2>&1 | grep -v "^\[sweep\] start"
+  --common "$COMMON" "${SPECS[@]}" 2>&1 | grep -v "^\[sweep\] start"
+mkdir -p runs/records && cp "$OUT/cifar10-$TAG".{json,md} runs/records/ 2>/dev/null  # for later calls on this machine
 if [ "${LINEAR:-1}" = 1 ]; then
   i=0
-  for d in "$ROOT"/*/; do
+  # the latest folder of each run (a resumed run gets a new folder per chunk: <stamp>-<index>-<label>)
+  LATEST=$(ls -d "$ROOT"/*/ | sort | awk -F/ '{n=$(NF-1); sub(/^[0-9]+-[0-9]+-/, "", n); last[n]=$0} END {for (k in last) print last[k]}')
+  for d in $LATEST; do
     ck="$d/checkpoints/last.ckpt"; [ -f "$ck" ] || continue
     CUDA_VISIBLE_DEVICES=$(echo "$GPUS" | cut -d, -f$((i % NGPU + 1))) timeout ${LINEAR_LIMIT:-150} $PY -m scfs.eval.linear ckpt="$ck" \
       +experiment=cifar10 data.root=data/cifar10 fast=true logger.wandb=false \
@@ -36,7 +43,7 @@ if [ "${LINEAR:-1}" = 1 ]; then
     i=$((i + 1))
   done
   wait
-  for d in "$ROOT"/*/; do
+  for d in $LATEST; do
     echo "== $(basename "$d") linear"; grep -h -i "top-1\|top1\|error" "$d/linear.log" | tail -n 3
     cp "$d/linear/metrics.json" "$OUT/$(basename "$d")-linear.json" 2>/dev/null
   done

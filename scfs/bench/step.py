@@ -67,8 +67,13 @@ TINY = ["backbone=tiny", "backbone.channels=[8,16,16,32]", "method.out_dim=64", 
         "crops.n_local=2"]
 
 
-def suite_rows(suite: str, quick: bool, tiny: bool, batches: list[int] | None) -> list[tuple[str, int, str]]:
-    """(method, batch, setting) rows of a suite; the default GPU suite fits in about 4 minutes."""
+def suite_rows(suite: str, quick: bool, tiny: bool, batches: list[int] | None,
+               settings: list[str] | None = None) -> list[tuple[str, int, str]]:
+    """(method, batch, setting) rows of a suite; the default GPU suite fits in about 4 minutes. `settings`
+    replaces the suite's per-batch choice (every batch gets exactly those settings)."""
+    if settings:
+        bs = batches or ([8] if tiny else [512] if suite == "cifar" else [32, 64])
+        return [(m, b, s) for m in ("scfs", "dino") for b in bs for s in settings]
     if tiny:
         return [(m, b, s) for m in ("scfs", "dino") for b in (batches or [8]) for s in ("fp32",)]
     if suite == "cifar":
@@ -341,7 +346,7 @@ def run(args: argparse.Namespace) -> dict:
     compare = json.loads(Path(args.compare).read_text()) if args.compare else None
     rows: list[dict] = []
     result = {"meta": meta, "rows": rows}
-    for method, b, setting in suite_rows(suite, args.quick, args.tiny, args.batch):
+    for method, b, setting in suite_rows(suite, args.quick, args.tiny, args.batch, args.setting):
         row: dict[str, Any] = {"method": method, "B": b, "setting": setting}
         try:
             row.update(measure(compose(suite, method, b, setting, args), args, suite))
@@ -369,6 +374,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tiny", action="store_true", help="tiny network and crops (CPU test)")
     ap.add_argument("--quick", action="store_true", help="no fp32 and no compiled rows")
     ap.add_argument("--batch", type=int, action="append", help="per-GPU batch (repeatable); default per suite")
+    ap.add_argument("--setting", action="append", choices=tuple(SETTINGS),
+                    help="only these settings (repeatable), e.g. --setting bf16_cl --setting bf16_cl_graphs")
     ap.add_argument("--data", choices=("synthetic", "real"), default="synthetic")
     ap.add_argument("--data-root", default=None, help="with --data real: the prepared data folder")
     ap.add_argument("--warmup", type=int, default=10)

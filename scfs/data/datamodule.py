@@ -262,3 +262,16 @@ def materialise(dataset: Dataset, data_cfg: Mapping[str, Any], num_workers: int 
         except OSError as err:
             log.warning("could not cache the decoded training split at %s: %s", cache, err)
     return imgs, labels
+
+
+def warm_cache(data_cfg: Mapping[str, Any], num_workers: int = 8) -> list[str]:
+    """Decode the train and val splits of an image-folder dataset into `<root>/.scfs_cache/` once, before several
+    runs start at the same time (each would otherwise decode 60,000 JPEGs on its own). Returns one line per split."""
+    from scfs.data.datasets import build_dataset
+
+    lines = []
+    for split in ("train", "val"):
+        cfg = {**dict(data_cfg), "decode_min_side": 0}
+        imgs, labels = materialise(build_dataset(cfg, split, None), cfg, num_workers)
+        lines.append(f"{split}: {tuple(imgs.shape)} uint8, {int(labels.max()) + 1} classes")
+    return lines

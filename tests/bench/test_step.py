@@ -34,3 +34,13 @@ def test_step_profile_counts_ops_per_step(tmp_path: Path) -> None:
     assert prof["scfs"]["aten_ops_per_step"] > prof["dino"]["aten_ops_per_step"] > 100
     assert prof["scfs"]["top"] and all(t["self_ms_per_step"] >= 0 for t in prof["scfs"]["top"])
     assert "Profile (`--profile`)" in js.with_suffix(".md").read_text()
+
+
+def test_setting_filter_selects_exactly_those_rows() -> None:
+    from scfs.bench.step import suite_rows
+
+    rows = suite_rows("cifar", quick=False, tiny=False, batches=None, settings=["bf16_cl", "bf16_cl_graphs"])
+    assert rows == [(m, 512, s) for m in ("scfs", "dino") for s in ("bf16_cl", "bf16_cl_graphs")]
+    rows = suite_rows("resnet50", quick=True, tiny=False, batches=[64], settings=["bf16_cl_graphs"])
+    assert rows == [("scfs", 64, "bf16_cl_graphs"), ("dino", 64, "bf16_cl_graphs")]
+    assert ("scfs", 32, "fp32") in suite_rows("resnet50", quick=False, tiny=False, batches=None)

@@ -37,7 +37,7 @@ if [ "${LINEAR:-1}" = 1 ]; then
   LATEST=$(ls -d "$ROOT"/*/ | sort | awk -F/ '{n=$(NF-1); sub(/^[0-9]+-[0-9]+-/, "", n); last[n]=$0} END {for (k in last) print last[k]}')
   for d in $LATEST; do
     ck="$d/checkpoints/last.ckpt"; [ -f "$ck" ] || continue
-    CUDA_VISIBLE_DEVICES=$(echo "$GPUS" | cut -d, -f$((i % NGPU + 1))) timeout ${LINEAR_LIMIT:-150} $PY -m scfs.eval.linear ckpt="$ck" \
+    CUDA_VISIBLE_DEVICES=$(echo "$GPUS" | cut -d, -f$((i % NGPU + 1))) timeout ${LINEAR_LIMIT:-240} $PY -m scfs.eval.linear ckpt="$ck" \
       +experiment=cifar10 data.root=data/cifar10 fast=true logger.wandb=false \
       hydra.run.dir="$d/linear" > "$d/linear.log" 2>&1 &
     i=$((i + 1))

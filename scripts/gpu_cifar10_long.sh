@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 8 long runs, after scripts/gpu_cifar10_tune.sh on the same (warm) machine: each method's best tuning variant
-# (highest final kNN20 in runs/records/cifar10-tune-<method>-*.json; the base recipe when there is none) for
+# (highest final kNN20 in runs/records/cifar10-tune-<method>-*.json from a tuning call on this machine, else in the
+# committed benchmarks/results/cifar10-tune-*-<method>-*.json; the recipe as is when there is none) for
 # SEEDS (default 0 1), all runs at once, two per GPU with SCFS and DINO mixed so both GPUs carry the same load.
 # Chunks of CHUNK_MIN minutes: the first call picks the variants and writes runs/records/long-runs.txt; RESUME=1 in
 # the next call reuses that file and continues every run exactly (scfs.sweep --resume); LINEAR=1 on the last.
@@ -16,7 +17,8 @@ seeds = os.environ["SEEDS"].split()
 best = {}
 for m in ("scfs", "dino"):
     cands = []
-    for f in glob.glob(f"runs/records/cifar10-tune-{m}-*.json"):
+    files = glob.glob(f"runs/records/cifar10-tune-{m}-*.json") or glob.glob(f"benchmarks/results/cifar10-tune-*-{m}-*.json")
+    for f in files:
         for r in json.load(open(f))["runs"]:
             if any(o.startswith("method=") for o in r["overrides"].split()):
                 continue  # a tuning variant never switches the method

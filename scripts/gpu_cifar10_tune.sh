@@ -4,20 +4,22 @@
 # two tables (kNN k=20/200 on the test split). The records also go to runs/records/ on the machine, where
 # scripts/gpu_cifar10_long.sh picks each method's best variant in a later call.
 #   OUT=/dir EPOCHS=10 bash scripts/gpu_cifar10_tune.sh   (device machine, repo root, wheels on PYTHONPATH)
-# Variants (on top of +experiment=cifar10; '|' separates the overrides of one variant):
-#   base     the recipe as is (SGD 0.12 per 256, wd 5e-4, teacher temperature 0.04, momentum 0.99, heads without BN)
+# Variants (on top of +experiment=cifar10; '|' separates the overrides of one variant). The 2026-11-30 tuning
+# (records benchmarks/results/cifar10-tune-h200x2-2026-11-30-*) ran base / lr0.3 / headbn / pub / out2048 on the
+# recipe of that day (heads without BN); BN in the heads won for both methods and is now the recipe's default, so:
+#   base     the recipe as is (SGD 0.12 per 256, wd 5e-4, teacher temperature 0.04, momentum 0.99, heads with BN)
 #   lr0.3    2.5x the learning rate
-#   headbn   BN in the head MLPs (lightly's CIFAR-10 DINO head)
+#   nobn     heads without BN (the recipe before the tuning)
 #   pub      the published SCFS CIFAR settings of ../shared/MEASUREMENTS.md: wd 1e-4, teacher temperature 0.04 -> 0.07
-#   out2048  headbn with a 2048-way head for the DINO and stage heads (lightly's head size)
+#   out2048  2048-way DINO and stage heads (lightly's head size)
 EPOCHS=${EPOCHS:-10}; SEED=${SEED:-0}; OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 PY=${PY:-python3}
 [ -d data/cifar10/train ] || $PY -m scfs.data.prepare cifar10 --archive "${ARCHIVE:-.gpudata/cifar10-jpeg.tar.xz}" \
   --out data/cifar10 || exit 1  # once, before the two sweeps start
 $PY -c "from scfs.data.datamodule import warm_cache; print(*warm_cache({'name': 'cifar10', 'root': 'data/cifar10'}, 16), sep='\n')"
-RUNS=${RUNS:-"base:optim.lr=0.12 lr0.3:optim.lr=0.3 headbn:method.head_bn=true \
+RUNS=${RUNS:-"base:optim.lr=0.12 lr0.3:optim.lr=0.3 nobn:method.head_bn=false \
 pub:optim.weight_decay=1e-4|optim.weight_decay_end=1e-4|method.teacher_temp=0.07|method.warmup_teacher_temp_epochs=3 \
-out2048:method.head_bn=true|method.out_dim=2048|method.stage_out_dim=2048"}
+out2048:method.out_dim=2048|method.stage_out_dim=2048"}
 NRUNS=$(wc -w <<< "$RUNS")
 for m in scfs dino; do
   gpu=$([ $m = scfs ] && echo 0 || echo 1)

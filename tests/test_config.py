@@ -92,3 +92,15 @@ def test_unknown_experiment_is_a_hydra_error():
 
     with pytest.raises(MissingConfigException, match="experiment"):
         compose_cfg(["+experiment=does_not_exist"])
+
+
+def test_cifar10_experiment_is_the_tuned_recipe_for_both_methods():
+    """README "CIFAR-10": one recipe for both methods; BN in the head MLPs since the 2026-11-30 tuning."""
+    for method in ("scfs", "dino"):
+        with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+            cfg = compose(config_name="config", overrides=["+experiment=cifar10", f"method={method}"])
+        assert cfg.method.name == method and cfg.batch_size == 512
+        assert cfg.backbone.name == "resnet18" and cfg.backbone.cifar_stem
+        assert (cfg.optim.name, cfg.optim.lr, cfg.optim.weight_decay) == ("sgd", 0.12, 5e-4)
+        assert (cfg.method.head_bn, cfg.method.out_dim, cfg.method.teacher_temp) == (True, 4096, 0.04)
+        assert cfg.data.batch_aug and cfg.data.on_device

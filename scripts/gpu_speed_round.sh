@@ -1,32 +1,38 @@
 #!/usr/bin/env bash
-# One device call on a 2-GPU machine for issues 3 and 7 (about 6.5 min):
-#   GPU 0: scripts/gpu_search.sh (CUDA extension build, harness for both weighting orders, probe, benchmark);
-#   GPU 1, once the build is done (so nvcc does not steal the host from a host-bound step): the CIFAR step
-#          benchmark, uncompiled vs torch.compile + CUDA graphs, with a profile (GPU busy time per step);
-#   then both GPUs: the 2-GPU DDP equivalence test with SyncBatchNorm (pytest -m gpu tests/test_ddp.py), while
-#          the CIFAR-10 tree is extracted and decoded into its cache for the calls that follow.
+# One device call on a 2-GPU machine for issues 7 and 3, in order of what is still unmeasured:
+#   1. the 2-GPU DDP equivalence test with SyncBatchNorm (pytest -m gpu tests/test_ddp.py), DDP_S seconds at most;
+#   2. the CIFAR step benchmark on GPU 0, uncompiled vs torch.compile + CUDA graphs (reduce-overhead), with a profile
+#      (kernel launches and GPU busy time per step), STEP_S seconds at most; the GPUs are otherwise idle, so the rows
+#      are side by side;
+#   3. kernel: the search-op round (scripts/gpu_search.sh: harness, probe, benchmark at B=32 and 64 with the
+#      torch.compile baseline; KERNEL_ARGS), KERNEL_S seconds at most.
+# PARTS picks and orders them (default "ddp step"; "kernel" alone fits one call; all three do not).
+# Lesson of the first round (2026-11-30): the step rows overlapped the kernel harness and the step process rebuilt
+# the CUDA extension (its own TORCH_EXTENSIONS_DIR), so the uncompiled row was slowed and nothing was comparable; the
+# compile + CUDA-graph warm-up of one SCFS CIFAR row took 155 s. Now one shared extension dir, and no overlap.
 # Usage (device machine, repo root, wheels on PYTHONPATH): OUT=/dir bash scripts/gpu_speed_round.sh
-# Everything lands in $OUT/round.tgz; the tables are printed last.
+# Everything lands in $OUT/round.tgz (at most 8 files come back); the tables are printed last.
 set -uo pipefail
-export PYTHONUNBUFFERED=1 WANDB_MODE=disabled NCCL_NVLS_ENABLE=0
+export PYTHONUNBUFFERED=1 WANDB_MODE=disabled NCCL_NVLS_ENABLE=0 TORCH_EXTENSIONS_DIR=/tmp/torch_ext
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/k" "$OUT/s"
 PY=${PY:-python3}
 t0=$(date +%s)
-(CUDA_VISIBLE_DEVICES=0 TOTAL_S=${KERNEL_S:-290} CHECK_S=90 BENCH_S=130 OUT="$OUT/k" \
-  bash "$(dirname "$0")/gpu_search.sh" --quick --no-compile --tag "${KTAG:-v3-weighting}" > "$OUT/kernel.log" 2>&1) &
-(until grep -q "^build:" "$OUT/k/build.log" 2>/dev/null; do sleep 2; done
- echo "step bench starts $(( $(date +%s) - t0 ))s"
- CUDA_VISIBLE_DEVICES=1 timeout "${STEP_S:-240}" $PY -m scfs.bench.step --suite cifar --setting bf16_cl \
-   --setting bf16_cl_graphs --profile 3 --out "$OUT/s" > "$OUT/step.log" 2>&1; echo "step rc=$?") &
-wait
-echo "kernel + step done $(( $(date +%s) - t0 ))s"
-timeout "${DDP_S:-150}" $PY -m pytest -q -m gpu -p no:cacheprovider tests/test_ddp.py > "$OUT/ddp.log" 2>&1 &
-if [ ! -d data/cifar10/train ]; then
-  $PY -m scfs.data.prepare cifar10 --archive .gpudata/cifar10-jpeg.tar.xz --out data/cifar10 > "$OUT/prep.log" 2>&1
-fi
-$PY -c "from scfs.data.datamodule import warm_cache; print(*warm_cache({'name': 'cifar10', 'root': 'data/cifar10'}, 12), sep='\n')" >> "$OUT/prep.log" 2>&1
-wait
-echo "all done $(( $(date +%s) - t0 ))s"
+since() { echo "$(( $(date +%s) - t0 ))s"; }
+$PY -c "from scfs.search import cuda_backend as c; c.extension(); print('extension built')" 2>&1 | tail -2
+echo "build $(since)"
+for part in ${PARTS:-ddp step}; do
+  case $part in
+    ddp) timeout "${DDP_S:-150}" $PY -m pytest -q -m gpu -p no:cacheprovider tests/test_ddp.py > "$OUT/ddp.log" 2>&1
+         echo "ddp rc=$? $(since)"; tail -n 3 "$OUT/ddp.log" ;;
+    step) CUDA_VISIBLE_DEVICES=0 timeout "${STEP_S:-420}" $PY -m scfs.bench.step --suite cifar --setting bf16_cl \
+            --setting bf16_cl_graphs --profile 3 --out "$OUT/s" > "$OUT/step.log" 2>&1
+          echo "step rc=$? $(since)" ;;
+    kernel) # shellcheck disable=SC2086
+      CUDA_VISIBLE_DEVICES=0 TOTAL_S=${KERNEL_S:-480} CHECK_S=90 BENCH_S=330 OUT="$OUT/k" \
+        bash "$(dirname "$0")/gpu_search.sh" ${KERNEL_ARGS:---tag v4 --compile-until 150} > "$OUT/kernel.log" 2>&1
+      echo "kernel $(since)"; grep -E "rc=|failing" "$OUT/kernel.log" ;;
+    *) echo "unknown part $part (ddp, step, kernel)"; exit 2 ;;
+  esac
+done
 (cd "$OUT" && tar czf round.tgz k s ./*.log && rm -rf k s)
-tail -n 4 "$OUT/prep.log" "$OUT/ddp.log"; grep -E "rc=|fail|FAIL|t==c" "$OUT/kernel.log" | head -20
 tar xzf "$OUT/round.tgz" -O --wildcards '*.md' 2>/dev/null | grep -E "^\||^#" | head -70

@@ -460,7 +460,8 @@ def probe(weighting: str = "both") -> None:
             configs += [("chunked", ck, bk) for ck in PROBE_CHUNK_KIB for bk in PROBE_BLOCK_KIB]
         for order, ck, bk in configs:
             cuda_backend.set_weighting(order, chunk_kib=ck, block_kib=bk)
-            out = torch.full((8 * b, c, h, w), float("nan"), device="cuda", dtype=dtype, memory_format=fmt)
+            # poisoned so an unwritten element shows; torch.full takes no memory_format
+            out = torch.empty((8 * b, c, h, w), device="cuda", dtype=dtype, memory_format=fmt).fill_(float("nan"))
             out3 = out.flatten(2)
             res = tbps(nb, lambda out3=out3: weigh(out3))
             outs[(order, ck, bk)] = out

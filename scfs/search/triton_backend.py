@@ -240,6 +240,8 @@ def _tiling(n: int, b: int, c: int, p: int, dev: torch.device) -> tuple[int, int
 class _TritonOps:
     """The KernelOps primitives in Triton (see scfs.search.kernel_fn)."""
 
+    two_pass = True  # False: the one-launch form (every channel split recomputes the similarity); for tests
+
     def fwd(self, f3, q, g3, out3, sim, a_out, fnorm, qnorm, a_in, eps):
         n, b, c = q.shape
         p = f3.shape[2]
@@ -247,6 +249,13 @@ class _TritonOps:
         block_p, block_c, tiles, splits, c_per = _tiling(n, b, cg, p, f3.device)
         if out3 is None:
             splits, c_per = 1, cg
+        if a_in is None and out3 is not None and splits > 1 and self.two_pass:
+            # One launch per split would read the whole feature map once per split to recompute the similarity
+            # (16x on layer4's 7x7 maps): compute it once, then weight from the stored map (bitwise the same:
+            # the fp32 similarity goes through memory unchanged).
+            self.fwd(f3, q, g3, None, sim, a_out, fnorm, qnorm, None, eps)
+            self.fwd(f3, q, g3, out3, sim, None, fnorm, qnorm, sim, eps)
+            return
         o = out3 if out3 is not None else f3
         _fwd_kernel[(tiles, b, splits)](
             f3,

@@ -114,3 +114,31 @@ def test_hipified_source_compiles_for_gfx90a(tmp_path, source):
     data = obj.read_bytes()
     for kernel in KERNELS[source]:
         assert kernel.encode() in data, f"{kernel} not compiled into {obj.name}"
+
+
+@interp
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(3, 2, 256, 7, 7), (2, 3, 96, 13, 5), (4, 1, 64, 3, 3)], ids=str)
+def test_triton_two_pass_forward_is_bitwise_the_one_launch_form(gen, shape, dtype):
+    """The two-pass Triton forward (similarity once, then the weighting over channel splits) only moves the fp32
+    similarity through memory: outputs, similarity and norms equal the one-launch form bit for bit, on shapes
+    whose tiling splits the channels (7x7: 8 splits) and with a projection."""
+    from scfs.search import feature_search, triton_backend
+    from scfs.search.triton_backend import _tiling
+
+    n, b, c, h, w = shape
+    assert _tiling(n, b, c, h * w, torch.device("cpu"))[3] > 1  # the case the two-pass path exists for
+    feats = torch.randn(b, c, h, w, generator=gen).to(dtype)
+    queries = torch.randn(n, b, c, generator=gen).to(dtype)
+    weight = torch.randn(32, c, generator=gen) / c**0.5
+    results = {}
+    for two_pass in (True, False):
+        triton_backend.OPS.two_pass = two_pass
+        try:
+            results[two_pass] = [feature_search(feats, queries, backend="triton"),
+                                 feature_search(feats, queries, weight=weight, backend="triton")]
+        finally:
+            triton_backend.OPS.two_pass = True
+    for new, old in zip(results[True], results[False]):
+        for name in ("features", "similarity", "weights"):
+            assert torch.equal(getattr(new, name), getattr(old, name)), name

@@ -304,9 +304,6 @@ class BatchMultiCrop(torch.nn.Module):
         x = _as_float_batch(images)
         b = x.shape[0]
         sizes, _, blur_p, sol_p = self._view_table()
-        std = self._const("std", self.std, torch.float32, x.device).view(1, 3, 1, 1)
-        scale = 1.0 / std
-        shift = -self._const("mean", self.mean, torch.float32, x.device).view(1, 3, 1, 1) * scale
         idx = torch.arange(b, dtype=torch.float32, device=x.device)
         views: list[torch.Tensor] = []
         # Views of equal size are contiguous in MultiCrop's order (globals, then locals): one stack per run.
@@ -318,19 +315,57 @@ class BatchMultiCrop(torch.nn.Module):
             s, sel, n = sizes[start], slice(start, stop), stop - start
             rois = torch.cat((idx.repeat(n)[:, None], params.boxes[sel].reshape(-1, 4).to(torch.float32)), 1)
             y = roi_align(x, rois, output_size=(s, s), spatial_scale=1.0, sampling_ratio=-1, aligned=True)
-            q = {f: getattr(params, f)[sel].flatten(0, 1)
-                 for f in ("flip", "jitter", "factors", "gray", "blur", "sigma", "solarize")}
-            out = torch.empty((n * b, 3, s, s), dtype=self.dtype, device=x.device)
-            step = max(1, self.cpu_block // (3 * s * s)) if x.device.type == "cpu" else n * b
-            for i in range(0, n * b, step):  # blocks of samples, not a loop over samples
-                blk = slice(i, i + step)
-                z = self._finish(y[blk], {k: v[blk] for k, v in q.items()}, blur=max(blur_p[sel]) > 0,
-                                 solarize=max(sol_p[sel]) > 0)
-                out[blk] = torch.addcmul(shift, z, scale)  # (z - mean) / std in one pass, cast to dtype
-            views += list(out.view(n, b, 3, s, s).unbind(0))
+            views += self._finish_group(y, params, sel, blur=max(blur_p[sel]) > 0, solarize=max(sol_p[sel]) > 0)
             start = stop
         return {"views": views, "boxes": params.boxes.transpose(0, 1).to(torch.float32).contiguous(),
                 "flips": params.flip.transpose(0, 1).contiguous()}
+
+    def _finish_group(self, y: torch.Tensor, params: BatchAugParams, sel: slice, blur: bool,
+                      solarize: bool) -> list[torch.Tensor]:
+        """The per-pixel ops and the normalisation of one run of equal-size views: ``y`` (n*B,3,s,s) float on
+        [0, 1], view-major, with the parameters of views ``sel``; returns n views (B,3,s,s) of ``self.dtype``."""
+        nb, _, s, _ = y.shape
+        b = params.flip.shape[1]
+        std = self._const("std", self.std, torch.float32, y.device).view(1, 3, 1, 1)
+        scale = 1.0 / std
+        shift = -self._const("mean", self.mean, torch.float32, y.device).view(1, 3, 1, 1) * scale
+        q = {f: getattr(params, f)[sel].flatten(0, 1)
+             for f in ("flip", "jitter", "factors", "gray", "blur", "sigma", "solarize")}
+        out = torch.empty((nb, 3, s, s), dtype=self.dtype, device=y.device)
+        step = max(1, self.cpu_block // (3 * s * s)) if y.device.type == "cpu" else nb
+        for i in range(0, nb, step):  # blocks of samples, not a loop over samples
+            blk = slice(i, i + step)
+            z = self._finish(y[blk], {k: v[blk] for k, v in q.items()}, blur=blur, solarize=solarize)
+            out[blk] = torch.addcmul(shift, z, scale)  # (z - mean) / std in one pass, cast to dtype
+        return list(out.view(nb // b, b, 3, s, s).unbind(0))
+
+    def colour(self, views: Sequence[torch.Tensor], generator: torch.Generator | None = None,
+               global_batch: int | None = None, offset: int = 0) -> dict[str, Any]:
+        """Finish views cropped elsewhere (``MultiCropGeometry`` in DataLoader workers, ``data.colour_on_device``):
+        flip, colour jitter, grayscale, blur, solarize and normalise the uint8 (B,3,s,s) views of every view
+        slot at once, with per-sample parameters drawn as in ``forward`` (``global_batch`` / ``offset``: DDP).
+        Returns ``dict(views=[(B,3,s,s) self.dtype], flips=(B,V) bool)``."""
+        sizes, _, blur_p, sol_p = self._view_table()
+        if len(views) != len(sizes) or any(
+                v.dtype != torch.uint8 or v.ndim != 4 or v.shape[1] != 3 or tuple(v.shape[-2:]) != (sz, sz)
+                for v, sz in zip(views, sizes)):
+            got = [f"{tuple(v.shape)} {v.dtype}" for v in views]
+            raise ValueError(f"colour() needs {len(sizes)} uint8 views (B,3,s,s) with sizes {sizes} (2 global + "
+                             f"{self.n_local} local, as MultiCropGeometry makes them), got {got}: the crops config "
+                             "of the data loader and of the module must be the same")
+        b = views[0].shape[0]
+        params = self.sample_params(b, sizes[0], sizes[0], views[0].device, generator, global_batch, offset)
+        out: list[torch.Tensor] = []
+        start = 0
+        while start < len(sizes):
+            stop = start
+            while stop < len(sizes) and sizes[stop] == sizes[start]:
+                stop += 1
+            sel = slice(start, stop)
+            y = torch.stack(list(views[sel])).flatten(0, 1).to(torch.float32).mul_(1.0 / 255.0)
+            out += self._finish_group(y, params, sel, blur=max(blur_p[sel]) > 0, solarize=max(sol_p[sel]) > 0)
+            start = stop
+        return {"views": out, "flips": params.flip.transpose(0, 1).contiguous()}
 
     def forward(self, images: torch.Tensor, generator: torch.Generator | None = None,
                 global_batch: int | None = None, offset: int = 0) -> dict[str, Any]:

@@ -47,6 +47,10 @@ class SSLDataModule(L.LightningDataModule):
         if on_device and not batch_aug:
             raise ValueError("data.on_device=true needs data.batch_aug=true (fixed-size images whose views are made "
                              "on the device); per-sample multi-crop runs in DataLoader workers")
+        self.colour_on_device = bool(self.data_cfg.get("colour_on_device", False))
+        if self.colour_on_device and batch_aug:
+            raise ValueError("data.colour_on_device=true is for per-sample crops in DataLoader workers (images of "
+                             "different sizes); data.batch_aug=true already makes every view on the device: set one")
         self.train_set: Dataset | None = None
         self._device_data: tuple[torch.Tensor, torch.Tensor] | None = None
         self._eval_data: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -77,10 +81,12 @@ class SSLDataModule(L.LightningDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         from scfs.data.datasets import build_dataset
-        from scfs.data.multicrop import MultiCrop
+        from scfs.data.multicrop import MultiCrop, MultiCropGeometry
 
         if self.train_set is None:
-            transform = None if self.batch_aug else MultiCrop(**self.crops_cfg)
+            # colour_on_device: workers crop (uint8), the module flips, colours and normalises on its device
+            crop_cls = MultiCropGeometry if self.colour_on_device else MultiCrop
+            transform = None if self.batch_aug else crop_cls(**self.crops_cfg)
             cfg = {**self.data_cfg, "decode_min_side": self.train_decode_min_side()}
             self.train_set = build_dataset(cfg, "train", transform)
             if len(self.train_set) < self.batch_size:

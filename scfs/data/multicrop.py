@@ -142,6 +142,29 @@ class MultiCrop:
                 f"local={self.local_size}x{self.n_local} {self.local_scale})")
 
 
+class MultiCropGeometry(MultiCrop):
+    """``MultiCrop``'s crops alone: RandomResizedCrop + antialiased resize, uint8 views, boxes; no flip, colour or
+    normalisation. With ``data.colour_on_device`` the DataLoader workers run this and the training module
+    finishes the views on its device for the whole batch (``BatchMultiCrop.colour``): at ImageNet sizes the
+    colour ops are ~90 % of the per-sample host time (one 256x341 photo, one core: decode 0.9 ms, crops 3.6 ms,
+    full ``MultiCrop`` 36.8 ms), so a worker then feeds ~8x more images per second.
+
+    Returns ``dict(views=[uint8 (3,s,s)], boxes=(V,4) float32 (x0,y0,x1,y1) original pixels)``."""
+
+    def __call__(self, img: torch.Tensor | Image.Image) -> dict[str, Any]:
+        img = _as_uint8_chw(img)
+        specs = [(self.global_size, self.global_scale)] * 2 + [(self.local_size, self.local_scale)] * self.n_local
+        views, boxes = [], []
+        for size, scale in specs:
+            top, left, h, w = v2.RandomResizedCrop.get_params(img, list(scale), list(self.ratio))
+            views.append(F.resized_crop(img, top, left, h, w, [size, size], antialias=True))
+            boxes.append([float(left), float(top), float(left + w), float(top + h)])
+        return {"views": views, "boxes": torch.tensor(boxes, dtype=torch.float32)}
+
+    def __repr__(self) -> str:
+        return "MultiCropGeometry" + super().__repr__()[len("MultiCrop"):]
+
+
 class EvalTransform:
     """Deterministic view for kNN / linear eval: resize shorter side to ``resize`` (default ``size``), center
     crop ``size``, normalise -> float (3,size,size)."""

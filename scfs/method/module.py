@@ -253,19 +253,26 @@ class SCFSModule(L.LightningModule):
         ran before it: a resumed run sees exactly the views of an uninterrupted one.
         """
         images = batch[0] if isinstance(batch, (list, tuple)) else batch
-        if not (self.training and isinstance(images, torch.Tensor) and images.dtype == torch.uint8):
+        cropped = isinstance(images, dict) and images.get("views") and images["views"][0].dtype == torch.uint8
+        if not (self.training and (cropped or isinstance(images, torch.Tensor) and images.dtype == torch.uint8)):
             return batch
         if self.batch_aug is None:
-            raise RuntimeError("the loader yields raw images but the module has no crops config (batch_aug)")
-        if self._aug_gen is None or self._aug_gen.device != images.device:
-            self._aug_gen = torch.Generator(device=images.device)
+            raise RuntimeError("the loader yields uint8 images or crops but the module has no crops config: build it "
+                               "with scfs.train.build (data.batch_aug / data.colour_on_device pass the crops)")
+        first = images["views"][0] if cropped else images
+        if self._aug_gen is None or self._aug_gen.device != first.device:
+            self._aug_gen = torch.Generator(device=first.device)
         self._aug_gen.manual_seed(self.seed * 1_000_003 + self.global_step)
         # DDP: every rank draws the parameters of the whole global batch from the same seed and keeps its
         # rows (the sampler gives rank r images r*B..(r+1)*B-1 of the global batch), so 2 ranks x B get
         # exactly the views of 1 rank x 2B (tests/test_ddp.py)
-        b = images.shape[0]
+        b = first.shape[0]
         rank, world = (self.trainer.global_rank, self.trainer.world_size) if self._trainer is not None else (0, 1)
-        sample = self.batch_aug(images, generator=self._aug_gen, global_batch=b * world, offset=rank * b)
+        if cropped:  # data.colour_on_device: the workers cropped, the colour ops run here for the whole batch
+            sample = {**images, **self.batch_aug.colour(images["views"], generator=self._aug_gen,
+                                                        global_batch=b * world, offset=rank * b)}
+        else:
+            sample = self.batch_aug(images, generator=self._aug_gen, global_batch=b * world, offset=rank * b)
         return (sample, *batch[1:]) if isinstance(batch, (list, tuple)) else sample
 
     # ---- forward ---------------------------------------------------------------------------------------

@@ -1,0 +1,183 @@
+"""Throughput of the ImageFolder training data path (decode + per-sample multi-crop in DataLoader workers).
+
+Why: images of different sizes (ImageNet, `data=folder`) cannot use the on-GPU batched views; their views are
+made per sample on the host, so the host must feed the step rates the speed issue targets (ResNet-50 SCFS:
+>= 542 img/s at B=32 and >= 922 img/s at B=64 on one H200). This measures img/s of the real loader
+(`SSLDataModule.train_dataloader`, the `+experiment=imagenet` crops: 2x224 + 8x96 with DINO's photometric
+augmentations, pinned batches off) for each worker count asked for, and the workers one needs per target rate
+from the best per-worker rate.
+
+Input: `--root` an ImageFolder tree (`train/<class>/*.jpg`), or `--photos` a flat folder of photos (e.g. the
+100 ImageNet sample photos from `python -m scfs.data.prepare imagenet-samples ...`): a temporary tree of links
+to them, repeated `--repeat` times, so that a few batches exist. Warm-up: the first `--warmup` batches of each
+worker count are not timed (worker start-up, first decodes). Writes benchmarks/results/loader-<host>-<date>.{json,md}.
+Usage: python -m scfs.bench.loader --photos data/imagenet-samples [--workers 0 1 2] [--colour workers device]
+       [--decode-min-side auto 0] [--batch 32] [--batches 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from scfs.bench.records import save_record
+
+TARGETS = {"ResNet-50 SCFS B=32 (2x published)": 542, "ResNet-50 SCFS B=64 (2x published)": 922}
+IMAGE_EXT = (".jpg", ".jpeg", ".png", ".JPEG")
+
+
+def link_tree(photos: Path, dest: Path, repeat: int, classes: int = 10) -> Path:
+    """`dest/train/cNN/<i>-<name>` links to the photos (round robin over `classes` folders), `repeat` times."""
+    files = sorted(p for p in photos.rglob("*") if p.suffix in IMAGE_EXT)
+    if not files:
+        raise FileNotFoundError(f"no images (*.jpg, *.jpeg, *.png) under {photos}: pass a folder of photos, e.g. "
+                                "the output of `python -m scfs.data.prepare imagenet-samples --archive ... --out DIR`")
+    for r in range(repeat):
+        for i, f in enumerate(files):
+            d = dest / "train" / f"c{i % classes:02d}"
+            d.mkdir(parents=True, exist_ok=True)
+            link = d / f"{r}-{f.name}"
+            if not link.exists():
+                link.symlink_to(f.resolve())
+    return dest
+
+
+def crops_config() -> dict[str, Any]:
+    """The `+experiment=imagenet` crops, from the Hydra configs (one source of truth)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    conf = str(Path(__file__).resolve().parents[2] / "conf")
+    with initialize_config_dir(config_dir=conf, version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["+experiment=imagenet"])
+    return OmegaConf.to_container(cfg.crops, resolve=True)  # type: ignore[return-value]
+
+
+def measure(root: Path, workers: int, batch: int, batches: int, warmup: int, decode_min_side: Any,
+            colour_on_device: bool = False) -> dict[str, Any]:
+    """img/s of `batches` timed batches after `warmup` untimed ones (the sampler cycles through epochs)."""
+    from scfs.data.datamodule import SSLDataModule
+
+    data = {"name": "folder", "root": str(root), "decode_min_side": decode_min_side,
+            "colour_on_device": colour_on_device}
+    dm = SSLDataModule(data, crops_config(), batch_size=batch, num_workers=workers, seed=0)
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    times: list[float] = []
+    it = iter(loader)
+    t_last = time.perf_counter()
+    while len(times) < warmup + batches:
+        try:
+            sample = next(it)
+        except StopIteration:  # next epoch (the same order: irrelevant to throughput)
+            it = iter(loader)
+            continue
+        views = sample[0]["views"] if isinstance(sample, (list, tuple)) else sample["views"]
+        assert views[0].shape[0] == batch
+        now = time.perf_counter()
+        times.append(now - t_last)
+        t_last = now
+    del it, loader
+    timed = times[warmup:]
+    per_batch = statistics.median(timed)
+    return {"workers": workers, "batch": batch, "decode_min_side": str(decode_min_side),
+            "colour": "device" if colour_on_device else "workers", "batches": len(timed),
+            "batch_s_median": per_batch, "img_per_s": batch / per_batch,
+            "img_per_s_mean": batch * len(timed) / sum(timed),
+            "views": [list(v.shape[1:]) for v in views]}
+
+
+def markdown(result: dict) -> str:
+    m = result["meta"]
+    lines = [f"# Training data path (ImageFolder, per-sample multi-crop): {m['host']}, {m['date']}", "",
+             f"Command: `{m['command']}`. {m['cpus']} CPU cores, torch {m['torch']}; images: {m['images']}; crops "
+             "2x224 + 8x96 with DINO's photometric augmentations (`+experiment=imagenet`). img/s = batch / median "
+             "time between batches after the warm-up.", "",
+             "colour = where flip, colour jitter, grayscale, blur, solarize and normalisation run: in the workers "
+             "(`MultiCrop`) or on the training device (`data.colour_on_device=true`: workers only crop, uint8; "
+             "the device's share is inside the step benchmark's times).", "",
+             "| colour | workers | decode_min_side | img/s (median) | img/s (mean) |", "|---|---|---|---|---|"]
+    for r in result["rows"]:
+        lines.append(f"| {r['colour']} | {r['workers']} | {r['decode_min_side']} | {r['img_per_s']:.1f} | "
+                     f"{r['img_per_s_mean']:.1f} |")
+    rates = result.get("per_worker") or {}
+    if rates:
+        cols = list(rates)
+        lines += ["", "Workers (busy cores) needed per target, from the best img/s per busy core of each colour "
+                  "path (" + "; ".join(f"{c}: {rates[c]['rate']:.1f} img/s, {rates[c]['from']}" for c in cols) + "):",
+                  "", "| target | img/s | " + " | ".join(f"colour in {c}" for c in cols) + " |",
+                  "|---|---|" + "---|" * len(cols)]
+        for name, rate in TARGETS.items():
+            lines.append(f"| {name} | {rate} | " + " | ".join(str(math.ceil(rate / rates[c]["rate"])) for c in cols)
+                         + " |")
+    return "\n".join(lines) + "\n"
+
+
+def per_worker_rate(rows: list[dict], cpus: int) -> dict[str, dict[str, Any]]:
+    """Per colour path, the img/s one busy core delivers: the best of the main-process rows (1 core) and each
+    worker row divided by min(workers, cores) (workers beyond the cores share them)."""
+    best: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        cores = 1 if r["workers"] == 0 else min(r["workers"], cpus)
+        rate = r["img_per_s"] / cores
+        if rate > best.get(r["colour"], {}).get("rate", 0.0):
+            best[r["colour"]] = {"rate": rate, "from": f"{r['workers']} worker(s), decode_min_side="
+                                                      f"{r['decode_min_side']}"}
+    return best
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--root", type=Path, help="ImageFolder tree with train/<class>/*")
+    src.add_argument("--photos", type=Path, help="flat folder of photos (linked into a temporary tree)")
+    ap.add_argument("--repeat", type=int, default=4, help="with --photos: link every photo this many times")
+    ap.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--decode-min-side", nargs="+", default=["auto"],
+                    help="data.decode_min_side values to compare (auto, 0 = full size, N)")
+    ap.add_argument("--colour", nargs="+", choices=("workers", "device"), default=["workers", "device"],
+                    help="where the colour ops run: workers (MultiCrop) and/or device (data.colour_on_device)")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--batches", type=int, default=8)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    ap.add_argument("--tag", default="")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)  # the main process is one core like a worker; no intra-op threads fighting workers
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    meta = {"host": platform.node() or "cpu", "date": time.strftime("%Y-%m-%d"), "cpus": cpus,
+            "torch": torch.__version__, "command": "python -m scfs.bench.loader " + " ".join(argv or sys.argv[1:])}
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.photos is not None:
+            root = link_tree(args.photos, Path(tmp) / "tree", args.repeat)
+            meta["images"] = f"{args.photos} (linked {args.repeat}x into a tree)"
+        else:
+            root = args.root
+            meta["images"] = str(root)
+        result: dict[str, Any] = {"meta": meta, "rows": []}
+        stem = args.out / f"loader-{'cpu' if not torch.cuda.is_available() else 'gpuhost'}-{meta['date']}{args.tag}"
+        for colour in args.colour:
+            for dms in args.decode_min_side:
+                for w in args.workers:
+                    row = measure(root, w, args.batch, args.batches, args.warmup, dms, colour == "device")
+                    result["rows"].append(row)
+                    result["per_worker"] = per_worker_rate(result["rows"], cpus)
+                    print(f"colour={colour} workers={w} decode_min_side={dms}: {row['img_per_s']:.1f} img/s",
+                          flush=True)
+                    save_record(result, stem, markdown)
+    print(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

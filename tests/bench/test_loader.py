@@ -1,0 +1,32 @@
+"""The ImageFolder data-path benchmark runs on the CPU and writes its record."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from scfs.bench import loader
+
+
+def test_loader_benchmark_measures_both_colour_paths(tmp_path: Path) -> None:
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(6):
+        Image.fromarray(rng.integers(0, 255, (60 + i, 80, 3), dtype=np.uint8)).save(photos / f"p{i}.jpg")
+    assert loader.main(["--photos", str(photos), "--repeat", "2", "--workers", "0", "--batch", "4", "--batches", "2",
+                        "--warmup", "1", "--out", str(tmp_path / "out")]) == 0
+    record = json.loads(next((tmp_path / "out").glob("loader-*.json")).read_text())
+    assert [r["colour"] for r in record["rows"]] == ["workers", "device"]
+    assert all(r["img_per_s"] > 0 and r["batches"] == 2 for r in record["rows"])
+    assert set(record["per_worker"]) == {"workers", "device"}
+    assert "| ResNet-50 SCFS B=64" in next((tmp_path / "out").glob("loader-*.md")).read_text()
+
+
+def test_loader_benchmark_names_an_empty_photo_folder(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="no images"):
+        loader.link_tree(tmp_path, tmp_path / "tree", 1)

@@ -47,10 +47,9 @@ class SSLDataModule(L.LightningDataModule):
         if on_device and not batch_aug:
             raise ValueError("data.on_device=true needs data.batch_aug=true (fixed-size images whose views are made "
                              "on the device); per-sample multi-crop runs in DataLoader workers")
-        self.colour_on_device = bool(self.data_cfg.get("colour_on_device", False))
-        if self.colour_on_device and batch_aug:
-            raise ValueError("data.colour_on_device=true is for per-sample crops in DataLoader workers (images of "
-                             "different sizes); data.batch_aug=true already makes every view on the device: set one")
+        # per-sample crops in the workers, colour on the device; with batch_aug every view is made on the device
+        # anyway, so the flag has nothing left to do (e.g. +experiment=imagenet with data=shapes)
+        self.colour_on_device = bool(self.data_cfg.get("colour_on_device", False)) and not batch_aug
         self.train_set: Dataset | None = None
         self._device_data: tuple[torch.Tensor, torch.Tensor] | None = None
         self._eval_data: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}

@@ -75,7 +75,7 @@ def test_colour_rejects_views_that_do_not_match_the_crops_config() -> None:
         aug.colour([torch.zeros(2, 3, s, s) for s in (16, 16, 8, 8, 8)])
 
 
-def test_datamodule_yields_uint8_crops_and_refuses_both_device_paths(tmp_path: Path) -> None:
+def test_datamodule_yields_uint8_crops_and_leaves_batch_aug_alone(tmp_path: Path) -> None:
     root = _photo_tree(tmp_path)
     data = {"name": "folder", "root": str(root), "colour_on_device": True}
     dm = SSLDataModule(data, CROPS, batch_size=4)
@@ -83,8 +83,10 @@ def test_datamodule_yields_uint8_crops_and_refuses_both_device_paths(tmp_path: P
     sample, labels = next(iter(dm.train_dataloader()))
     assert [tuple(v.shape) for v in sample["views"]] == [(4, 3, 16, 16)] * 2 + [(4, 3, 8, 8)] * 3
     assert sample["views"][0].dtype == torch.uint8 and sample["boxes"].shape == (4, 5, 4) and labels.shape == (4,)
-    with pytest.raises(ValueError, match="colour_on_device"):
-        SSLDataModule(data, CROPS, batch_size=4, batch_aug=True)
+    # batch_aug makes every view on the device already: the flag is moot there (+experiment=imagenet data=shapes)
+    both = SSLDataModule(data, CROPS, batch_size=4, batch_aug=True)
+    both.setup()
+    assert not both.colour_on_device and both.train_set.transform is None
 
 
 def test_training_runs_with_colour_on_device(tmp_path: Path) -> None:

@@ -5,7 +5,8 @@
 //     order finalize: deterministic, no atomics, independent of B).
 //  2. weight_kernel: the write-bound part (N copies): 16-byte loads/stores along the contiguous axis when
 //     aligned, the block's weights staged in shared memory, many blocks (pixel tiles x row chunks x B).
-//     weight_chunked_kernel (WeightParams::order == kWeightChunked, off by default, unverified on a GPU): the
+//     weight_chunked_kernel (WeightParams::order == kWeightChunked, off by default; measured on an H200, no
+//     general win: see search_kernels.h): the
 //     same products with one n per block and a 1-d grid ordered chunk -> n -> unit (see that kernel).
 // Portable: no warp-size assumption, no warp shuffles, no inline PTX; bf16 handled as raw bits.
 #include "search_common.cuh"

@@ -32,7 +32,8 @@ struct SimParams {
 // Two block orders compute the same products (bitwise identical outputs):
 //  kWeightTiled (default): a block reads its tile of g once and writes it to all N outputs (N write streams
 //    49 MiB apart at once for a ResNet-50 layer2 batch: measured at ~2.2 TB/s on an H200).
-//  kWeightChunked (unverified on a GPU): one n per block, 1-d grid ordered chunk -> n -> unit, so consecutive
+//  kWeightChunked (opt-in; H200, 2026-11-30: bitwise equal, faster on fp32 without projection, slower on bf16
+//    and layer4, see search-h200-2026-11-30-v3-weighting.md): one n per block, 1-d grid ordered chunk -> n -> unit, so consecutive
 //    blocks write one output slice contiguously and each chunk of g (chunk_bytes) is re-read from L2 N times.
 enum WeightOrder : int { kWeightTiled = 0, kWeightChunked = 1 };
 

@@ -77,10 +77,11 @@ def set_weighting(order: str | None = None, *, chunk_kib: float | None = None, b
       ``block_kib`` KiB of g per block), so blocks in flight together write one output slice contiguously and
       the chunk of g is re-read from L2 rather than DRAM. 16-byte vector loads/stores where aligned, as tiled.
 
-    The chunked order exists to test that hypothesis. It is UNVERIFIED: it was compiled (nvcc sm_80/sm_90, hipcc
-    gfx90a) and its block decode checked on the CPU, but it has not run on a GPU. Keep the default until a GPU
-    record (``python -m scfs.search.check --weighting both`` all ok and ``python -m scfs.bench.search --weighting
-    both`` faster; see scripts/gpu_search.sh) says otherwise.
+    The chunked order exists to test that hypothesis. MEASURED on an H200
+    (benchmarks/results/search-h200-2026-11-30-v3-weighting.md): the harness passes under both orders and their
+    outputs are bitwise equal, but chunked is no general win (faster on fp32 without projection: layer2 0.265 ->
+    0.236 ms, layer3 0.212 -> 0.149 ms; slower on every bf16 row and on layer4), so tiled stays the default and
+    chunked stays an opt-in for study.
 
     Arguments left as None keep their current value. The environment gives the initial values:
     ``SCFS_SEARCH_WEIGHTING=tiled|chunked``, ``SCFS_SEARCH_WEIGHT_CHUNK_KIB`` (default 4096),

@@ -35,7 +35,7 @@ def test_default_is_tiled_and_set_weighting_validates(restore_weighting):
     with pytest.raises(ValueError, match=">= 1 byte"):
         cuda_backend.set_weighting(chunk_kib=0)
     assert cuda_backend.weighting() == dict(order="chunked", chunk_kib=1.0, block_kib=4.0)  # unchanged on error
-    assert "UNVERIFIED" in cuda_backend.set_weighting.__doc__
+    assert "MEASURED" in cuda_backend.set_weighting.__doc__  # the docstring points at the GPU record
 
 
 def test_check_weighting_context_restores(restore_weighting):

@@ -306,17 +306,11 @@ class BatchMultiCrop(torch.nn.Module):
         sizes, _, blur_p, sol_p = self._view_table()
         idx = torch.arange(b, dtype=torch.float32, device=x.device)
         views: list[torch.Tensor] = []
-        # Views of equal size are contiguous in MultiCrop's order (globals, then locals): one stack per run.
-        start = 0
-        while start < len(sizes):
-            stop = start
-            while stop < len(sizes) and sizes[stop] == sizes[start]:
-                stop += 1
-            s, sel, n = sizes[start], slice(start, stop), stop - start
+        for sel in _size_runs(sizes):
+            s, n = sizes[sel.start], sel.stop - sel.start
             rois = torch.cat((idx.repeat(n)[:, None], params.boxes[sel].reshape(-1, 4).to(torch.float32)), 1)
             y = roi_align(x, rois, output_size=(s, s), spatial_scale=1.0, sampling_ratio=-1, aligned=True)
             views += self._finish_group(y, params, sel, blur=max(blur_p[sel]) > 0, solarize=max(sol_p[sel]) > 0)
-            start = stop
         return {"views": views, "boxes": params.boxes.transpose(0, 1).to(torch.float32).contiguous(),
                 "flips": params.flip.transpose(0, 1).contiguous()}
 
@@ -356,15 +350,9 @@ class BatchMultiCrop(torch.nn.Module):
         b = views[0].shape[0]
         params = self.sample_params(b, sizes[0], sizes[0], views[0].device, generator, global_batch, offset)
         out: list[torch.Tensor] = []
-        start = 0
-        while start < len(sizes):
-            stop = start
-            while stop < len(sizes) and sizes[stop] == sizes[start]:
-                stop += 1
-            sel = slice(start, stop)
+        for sel in _size_runs(sizes):
             y = torch.stack(list(views[sel])).flatten(0, 1).to(torch.float32).mul_(1.0 / 255.0)
             out += self._finish_group(y, params, sel, blur=max(blur_p[sel]) > 0, solarize=max(sol_p[sel]) > 0)
-            start = stop
         return {"views": out, "flips": params.flip.transpose(0, 1).contiguous()}
 
     def forward(self, images: torch.Tensor, generator: torch.Generator | None = None,
@@ -378,6 +366,18 @@ class BatchMultiCrop(torch.nn.Module):
     def extra_repr(self) -> str:
         return (f"global={self.global_size}x2 {self.global_scale}, local={self.local_size}x{self.n_local} "
                 f"{self.local_scale}, dtype={self.dtype}")
+
+
+def _size_runs(sizes: Sequence[int]) -> list[slice]:
+    """Runs of equal view sizes: contiguous in MultiCrop's order (globals, then locals), one stack per run."""
+    runs, start = [], 0
+    while start < len(sizes):
+        stop = start
+        while stop < len(sizes) and sizes[stop] == sizes[start]:
+            stop += 1
+        runs.append(slice(start, stop))
+        start = stop
+    return runs
 
 
 def _check_batch(images: torch.Tensor) -> None:

@@ -480,12 +480,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--tag", default="", help="suffix of the result file names")
     ap.add_argument("--probe", action="store_true", help="only the bandwidth probe (write/read/copy ceilings)")
-    ap.add_argument(
-        "--weighting",
-        choices=("tiled", "chunked", "both"),
-        default="both",
-        help="CUDA weighting-pass order(s) to time: cuda (tiled) and/or cuda-chunked columns; probe lines too",
-    )
+    cuda_backend.add_weighting_argument(
+        ap, "CUDA weighting-pass order(s) to time: cuda (tiled) and/or cuda-chunked columns; probe lines too")
     ap.add_argument(
         "--compile-until",
         type=float,

@@ -261,12 +261,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="first few cases only")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--special-only", action="store_true", help="only the zero-norm / NaN checks")
-    ap.add_argument(
-        "--weighting",
-        choices=("tiled", "chunked", "both"),
-        default="both",
-        help="weighting-pass order(s) of the CUDA backend; both also cross-checks them bitwise",
-    )
+    from scfs.search import cuda_backend
+
+    cuda_backend.add_weighting_argument(
+        ap, "weighting-pass order(s) of the CUDA backend; both also cross-checks them bitwise")
     args = ap.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")

@@ -12,6 +12,7 @@ read when the extension is first used); ``tiled`` is the default and the only or
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import sys
@@ -33,6 +34,11 @@ _error: str | None = None
 WEIGHTING_ORDERS = ("tiled", "chunked")
 DEFAULT_CHUNK_KIB = 4096
 DEFAULT_BLOCK_KIB = 8
+
+
+def add_weighting_argument(parser: argparse.ArgumentParser, help: str) -> None:
+    """The ``--weighting tiled|chunked|both`` option (default both) shared by the harness and the benchmark."""
+    parser.add_argument("--weighting", choices=(*WEIGHTING_ORDERS, "both"), default="both", help=help)
 
 
 def _env_kib(name: str, default: float) -> float:

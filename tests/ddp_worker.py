@@ -45,15 +45,16 @@ def main() -> None:
     class Record(L.Callback):
         def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                                batch_idx: int) -> None:
-            losses.append(outputs["loss"].detach().clone())
-            batches.append(batch[1].detach().clone())  # labels: which images this rank trained on
+            losses.append(outputs["loss"].detach().to("cpu", copy=True))
+            batches.append(batch[1].detach().to("cpu", copy=True))  # labels: which images this rank trained on
 
     kw = trainer_kwargs(cfg)
     trainer = L.Trainer(**kw, logger=False, enable_checkpointing=False, callbacks=[Record()])
     trainer.fit(model, datamodule=dm)
     Path(args.out).mkdir(parents=True, exist_ok=True)
+    # on the CPU: the ranks of a GPU run save tensors of different devices, compared in one process
     torch.save({"losses": torch.stack(losses), "labels": batches, "world": trainer.world_size,
-                "state": {k: v.detach().clone() for k, v in model.state_dict().items()}},
+                "state": {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}},
                Path(args.out) / f"rank{trainer.global_rank}.pt")
 
 

@@ -33,8 +33,10 @@ $PY -m scfs.sweep ${RESUME:+--resume} --gpus "$GPUS" --parallel "${PARALLEL:-2}"
 mkdir -p runs/records && cp "$OUT/cifar10-$TAG".{json,md} runs/records/ 2>/dev/null  # for later calls on this machine
 if [ "${LINEAR:-1}" = 1 ]; then
   i=0
-  # the latest folder of each run (a resumed run gets a new folder per chunk: <stamp>-<index>-<label>)
-  LATEST=$(ls -d "$ROOT"/*/ | sort | awk -F/ '{n=$(NF-1); sub(/^[0-9]+-[0-9]+-/, "", n); last[n]=$0} END {for (k in last) print last[k]}')
+  # the latest folder of each run that holds a checkpoint (a resumed run gets a new folder per chunk,
+  # <stamp>-<index>-<label>, and a chunk that only found the run finished writes none)
+  LATEST=$(for d in $(ls -d "$ROOT"/*/ | sort); do [ -f "$d/checkpoints/last.ckpt" ] && echo "$d"; done \
+    | awk -F/ '{n=$(NF-1); sub(/^[0-9]+-[0-9]+-/, "", n); last[n]=$0} END {for (k in last) print last[k]}')
   for d in $LATEST; do
     ck="$d/checkpoints/last.ckpt"; [ -f "$ck" ] || continue
     CUDA_VISIBLE_DEVICES=$(echo "$GPUS" | cut -d, -f$((i % NGPU + 1))) timeout ${LINEAR_LIMIT:-240} $PY -m scfs.eval.linear ckpt="$ck" \

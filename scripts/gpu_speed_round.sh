@@ -6,7 +6,9 @@
 #      are side by side;
 #   3. kernel: the search-op round (scripts/gpu_search.sh: harness, probe, benchmark at B=32 and 64 with the
 #      torch.compile baseline; KERNEL_ARGS), KERNEL_S seconds at most.
-# PARTS picks and orders them (default "ddp step"; "kernel" alone fits one call; all three do not).
+#   4. real: the CIFAR step fed by the real data path (--data real), REAL_S seconds at most;
+#   5. step50: the ResNet-50 step rows with the profile (STEP50_SETTINGS, default bf16_cl), STEP50_S seconds at most.
+# PARTS picks and orders them (default "ddp step"; "kernel" alone fits one call; all of them do not).
 # Lesson of the first round (2026-11-30): the step rows overlapped the kernel harness and the step process rebuilt
 # the CUDA extension (its own TORCH_EXTENSIONS_DIR), so the uncompiled row was slowed and nothing was comparable; the
 # compile + CUDA-graph warm-up of one SCFS CIFAR row took 155 s. Now one shared extension dir, and no overlap.
@@ -14,7 +16,7 @@
 # Everything lands in $OUT/round.tgz (at most 8 files come back); the tables are printed last.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 WANDB_MODE=disabled NCCL_NVLS_ENABLE=0 TORCH_EXTENSIONS_DIR=/tmp/torch_ext
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/k" "$OUT/s"
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/k" "$OUT/s" "$OUT/r" "$OUT/s50"
 PY=${PY:-python3}
 t0=$(date +%s)
 since() { echo "$(( $(date +%s) - t0 ))s"; }
@@ -27,12 +29,23 @@ for part in ${PARTS:-ddp step}; do
     step) CUDA_VISIBLE_DEVICES=0 timeout "${STEP_S:-420}" $PY -m scfs.bench.step --suite cifar --setting bf16_cl \
             --setting bf16_cl_graphs --profile 3 --out "$OUT/s" > "$OUT/step.log" 2>&1
           echo "step rc=$? $(since)" ;;
+    real) # the same CIFAR step fed by the real data path (JPEG tree decoded once, views made on the GPU)
+          [ -d data/cifar10/train ] || $PY -m scfs.data.prepare cifar10 --archive .gpudata/cifar10-jpeg.tar.xz \
+            --out data/cifar10 > /dev/null
+          CUDA_VISIBLE_DEVICES=0 timeout "${REAL_S:-150}" $PY -m scfs.bench.step --suite cifar --setting bf16_cl \
+            --data real --data-root data/cifar10 --profile 3 --out "$OUT/r" > "$OUT/real.log" 2>&1
+          echo "real rc=$? $(since)" ;;
+    step50) # ResNet-50 rows with the profile (GPU busy ms vs step ms: host- or GPU-bound?); STEP50_SETTINGS
+          # shellcheck disable=SC2086
+          CUDA_VISIBLE_DEVICES=0 timeout "${STEP50_S:-240}" $PY -m scfs.bench.step --suite resnet50 \
+            ${STEP50_SETTINGS:---setting bf16_cl} --profile 3 --out "$OUT/s50" > "$OUT/step50.log" 2>&1
+          echo "step50 rc=$? $(since)" ;;
     kernel) # shellcheck disable=SC2086
       CUDA_VISIBLE_DEVICES=0 TOTAL_S=${KERNEL_S:-480} CHECK_S=90 BENCH_S=330 OUT="$OUT/k" \
         bash "$(dirname "$0")/gpu_search.sh" ${KERNEL_ARGS:---tag v4 --compile-until 150} > "$OUT/kernel.log" 2>&1
       echo "kernel $(since)"; grep -E "rc=|failing" "$OUT/kernel.log" ;;
-    *) echo "unknown part $part (ddp, step, kernel)"; exit 2 ;;
+    *) echo "unknown part $part (ddp, step, real, step50, kernel)"; exit 2 ;;
   esac
 done
-(cd "$OUT" && tar czf round.tgz k s ./*.log && rm -rf k s)
+(cd "$OUT" && tar czf round.tgz k s r s50 ./*.log && rm -rf k s r s50)
 tar xzf "$OUT/round.tgz" -O --wildcards '*.md' 2>/dev/null | grep -E "^\||^#" | head -70

@@ -239,7 +239,10 @@ def StepProfile(start: int, n: int, cuda: bool) -> Any:  # noqa: N802 - a Callba
             top = sorted(ev, key=lambda e: getattr(e, key, 0.0), reverse=True)[:12]
             out = {"steps": n, "aten_ops_per_step": aten / n, "kernel_launches_per_step": launches / n,
                    "top": [{"op": e.key, "count_per_step": e.count / n,
-                            "self_ms_per_step": getattr(e, key, 0.0) / 1e3 / n} for e in top]}
+                            "self_ms_per_step": getattr(e, key, 0.0) / 1e3 / n} for e in top],
+                   # where the launches come from: the most frequent aten ops (each launches one kernel or more)
+                   "frequent": [{"op": e.key, "count_per_step": e.count / n} for e in sorted(
+                       (e for e in ev if e.key.startswith("aten::")), key=lambda e: e.count, reverse=True)[:15]]}
             if cuda:
                 out["gpu_busy_ms_per_step"] = sum(getattr(e, "self_device_time_total", 0.0) for e in ev) / 1e3 / n
             return out

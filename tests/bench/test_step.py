@@ -33,6 +33,9 @@ def test_step_profile_counts_ops_per_step(tmp_path: Path) -> None:
     prof = {r["method"]: r["profile"] for r in json.loads(js.read_text())["rows"]}
     assert prof["scfs"]["aten_ops_per_step"] > prof["dino"]["aten_ops_per_step"] > 100
     assert prof["scfs"]["top"] and all(t["self_ms_per_step"] >= 0 for t in prof["scfs"]["top"])
+    counts = [f["count_per_step"] for f in prof["scfs"]["frequent"]]  # most frequent aten ops, in order
+    assert counts == sorted(counts, reverse=True) and counts[0] >= 1
+    assert all(f["op"].startswith("aten::") for f in prof["scfs"]["frequent"])
     assert "Profile (`--profile`)" in js.with_suffix(".md").read_text()
 
 

@@ -51,19 +51,50 @@ def _latest_checkpoint(root: Path, index: int, label: str) -> Path | None:
     return None
 
 
+def _positive_int(text: str) -> int:
+    """argparse type: --parallel 0 would start nothing and wait forever."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 1")
+    return value
+
+
+def _k_list(text: str) -> list[int]:
+    """argparse type of --k: checked before any run starts (a bad value used to fail after the runs were set up)."""
+    try:
+        ks = [int(k) for k in str(text).split(",") if k.strip()]
+    except ValueError:
+        ks = []
+    if not ks or min(ks) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers >= 1 (e.g. 20,200)")
+    return ks
+
+
+def _last_line(log_file: Path) -> str:
+    """The last non-empty line of a run's stdout.log: for a failed run, scfs.train's one-line error."""
+    try:
+        lines = [ln.strip() for ln in log_file.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:500] if lines else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("runs", nargs="+", help="one quoted override string per run, e.g. 'method=dino' (label=... optional "
                    "prefix 'LABEL:')")
     p.add_argument("--common", default="", help="overrides applied to every run")
-    p.add_argument("--parallel", type=int, default=1)
+    p.add_argument("--parallel", type=_positive_int, default=1, help="runs at a time (>= 1)")
     p.add_argument("--gpus", default="", help="comma-separated GPU ids to spread runs over (round robin)")
     p.add_argument("--out", required=True, help="output JSON path (a .md table is written beside it)")
     p.add_argument("--root", default="runs/sweep", help="folder for the run folders")
     p.add_argument("--resume", action="store_true",
                    help="continue each run from the last.ckpt of its latest run folder under --root (same position "
                         "and label): long runs in chunks, e.g. with chunk_minutes=8 in --common")
-    p.add_argument("--k", default="20", help="kNN k values to tabulate, comma-separated (e.g. 20,200)")
+    p.add_argument("--k", type=_k_list, default="20", help="kNN k values to tabulate, comma-separated (e.g. 20,200)")
     args = p.parse_args(argv)
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -86,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    ks = [int(k) for k in str(args.k).split(",") if k]
+    ks = args.k
     command = " ".join(shlex.quote(a) for a in ["python", "-m", "scfs.sweep", *(argv or sys.argv[1:])])
 
     def write(done: list[dict], final: bool) -> str:
@@ -148,7 +179,12 @@ def _loop(pending: list[dict], running: list, done: list[dict], parallel: int, o
             r["summary"] = json.loads(sj.read_text()) if sj.exists() else None
             cj = Path(r["run_dir"]) / "knn_curve.json"
             r["knn_curve"] = json.loads(cj.read_text()) if cj.exists() else []
-            print(f"[sweep] done {r['label']} rc={proc.returncode}", flush=True)
+            if proc.returncode:  # say why, so a typo in one run's overrides is seen without opening its log
+                r["error"] = _last_line(Path(r["run_dir"]) / "stdout.log")
+                print(f"[sweep] FAILED {r['label']} rc={proc.returncode}: {r['error']} "
+                      f"(log: {r['run_dir']}/stdout.log)", flush=True)
+            else:
+                print(f"[sweep] done {r['label']} rc=0", flush=True)
             done.append({k: v for k, v in r.items() if k not in ("env",)})
             on_done()
 

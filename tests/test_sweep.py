@@ -1,5 +1,7 @@
 """The sweep's table: one row per run, every requested k, failed runs shown as failed."""
 
+import pytest
+
 from scfs.sweep import _table
 
 
@@ -30,8 +32,24 @@ def test_sweep_records_every_run_even_failed_ones(tmp_path):
     rec = json.loads(out.read_text())
     assert rec["complete"] is True and [r["label"] for r in rec["runs"]] == ["bad1", "bad2"]
     assert all(r["rc"] == 2 and r["summary"] is None for r in rec["runs"])
+    # why each failed is in the record (and was printed), not only in its stdout.log
+    assert "Could not find 'method/byol'" in rec["runs"][0]["error"]
+    assert "search.mode='magic' is invalid" in rec["runs"][1]["error"]
     md = out.with_suffix(".md").read_text()
     assert md.count("failed (rc 2)") == 2 and "kNN200 final" in md
+
+
+@pytest.mark.parametrize("args", [["--parallel", "0"], ["--k", "abc"], ["--k", "20,x"]],
+                         ids=["parallel-0-would-hang", "k-not-a-number", "k-partly-bad"])
+def test_bad_options_are_refused_before_any_run(tmp_path, capsys, args):
+    """--parallel 0 used to wait forever; --k abc failed with a traceback after the runs were set up."""
+    from scfs.sweep import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["a:method=dino", "--out", str(tmp_path / "rec.json"), "--root", str(tmp_path / "runs"), *args])
+    assert exc.value.code == 2
+    assert "error: argument" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "rec.json").exists()
 
 
 def test_resume_finds_the_newest_checkpoint_of_the_same_run(tmp_path):

@@ -41,8 +41,12 @@ for part in ${PARTS:-ddp step}; do
             ${STEP50_SETTINGS:---setting bf16_cl} --profile 3 --out "$OUT/s50" > "$OUT/step50.log" 2>&1
           echo "step50 rc=$? $(since)" ;;
     kernel) # shellcheck disable=SC2086
-      CUDA_VISIBLE_DEVICES=0 TOTAL_S=${KERNEL_S:-480} CHECK_S=90 BENCH_S=330 OUT="$OUT/k" \
-        bash "$(dirname "$0")/gpu_search.sh" ${KERNEL_ARGS:---tag v4 --compile-until 150} > "$OUT/kernel.log" 2>&1
+      # the harness sweeps both backends on the GPU (Triton's two-pass forward was only interpreter-checked); the
+      # benchmark times the default (tiled) CUDA order only, at B=32 and 64, with the torch.compile baseline
+      CUDA_VISIBLE_DEVICES=0 TOTAL_S=${KERNEL_S:-540} CHECK_BACKENDS=${CHECK_BACKENDS:-cuda,triton} \
+        CHECK_S=${CHECK_S:-150} PROBE_S=${PROBE_S:-20} BENCH_S=${BENCH_S:-300} OUT="$OUT/k" \
+        bash "$(dirname "$0")/gpu_search.sh" ${KERNEL_ARGS:---tag v4 --weighting tiled --compile-until 150} \
+        > "$OUT/kernel.log" 2>&1
       echo "kernel $(since)"; grep -E "rc=|failing" "$OUT/kernel.log" ;;
     *) echo "unknown part $part (ddp, step, real, step50, kernel)"; exit 2 ;;
   esac

@@ -126,3 +126,24 @@ def validate_config(cfg: DictConfig) -> None:
         _check(cfg, "data.image_size", lambda v: _pos_int(v) and v >= 8, "an integer >= 8 (pixels)")
         _check(cfg, "data.n_train", _pos_int, "an integer > 0")
         _check(cfg, "data.n_val", _pos_int, "an integer > 0")
+
+
+def check_accelerator(trainer: Any, key: str = "trainer") -> None:
+    """`trainer.accelerator=gpu|cuda` on a machine where torch sees no (or too few) CUDA GPUs: one line naming the
+    key and the fix, before data or model are built. Lightning says only "No supported gpu backend found!", from
+    deep inside the Trainer, after the data set-up. Not part of `validate_config` (kept torch-free, and a GPU
+    recipe is valid on any machine until it runs)."""
+    trainer = trainer or {}
+    accel = str(trainer.get("accelerator", "cpu"))
+    if accel not in ("gpu", "cuda"):
+        return
+    import torch
+
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if n == 0:
+        raise ConfigError(f"config key {key}.accelerator={accel} is invalid: torch sees no CUDA GPU on this machine; "
+                          f"use {key}.accelerator=cpu (or auto)")
+    devices = trainer.get("devices", 1)
+    if isinstance(devices, int) and not isinstance(devices, bool) and devices > n:
+        raise ConfigError(f"config key {key}.devices={devices} is invalid: torch sees {n} CUDA GPU(s) here; use "
+                          f"{key}.devices={n} or fewer (or -1 for all)")

@@ -55,13 +55,13 @@ def check_resume_checkpoint(path: str, model: Any | None = None) -> dict[str, An
     `UnsafeCheckpointError`) and check that it is a training checkpoint, before anything is built or written, so
     a wrong file fails in one clear line instead of deep inside Lightning. Returns its global_step, epoch and
     tensor shapes; with `model`, also checks that the architecture matches (`check_resume_matches`)."""
-    from scfs.models.checkpoint import safe_load
+    from scfs.models.checkpoint import NotACheckpointError, safe_load
 
     ckpt = safe_load(path)
     if not (isinstance(ckpt, dict) and isinstance(ckpt.get("state_dict"), dict) and "loops" in ckpt
             and "optimizer_states" in ckpt):
-        raise ValueError(f"resume={path}: not a training checkpoint of scfs.train (no loop / optimizer state); "
-                         "to start from its weights use backbone.pretrained_path=<file> instead")
+        raise NotACheckpointError(f"resume={path}: not a training checkpoint of scfs.train (no loop / optimizer "
+                                  "state); to start from its weights use backbone.pretrained_path=<file> instead")
     info = {"path": str(path), "global_step": int(ckpt.get("global_step", 0)), "epoch": int(ckpt.get("epoch", 0)),
             "shapes": {k: tuple(v.shape) for k, v in ckpt["state_dict"].items() if hasattr(v, "shape")}}
     if model is not None:
@@ -99,7 +99,10 @@ def find_resume_checkpoint(resume: str | None, name: str, runs_root: Path = Path
             return None
         return str(found[-1])
     if not Path(resume).is_file():
-        raise FileNotFoundError(f"resume={resume!r}: no such checkpoint file; use resume=auto or a path to a .ckpt")
+        from scfs.models.checkpoint import missing_checkpoint
+
+        err = missing_checkpoint(resume, "resume")
+        raise type(err)(f"{err}; use resume=auto or a path to a .ckpt")
     return str(resume)
 
 
@@ -236,10 +239,11 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     the resume file (weights-only load, training-checkpoint layout, same architecture).
     """
     offline_by_default()
-    from scfs.config import validate_config
+    from scfs.config import check_accelerator, validate_config
 
     validate_config(cfg)
     refuse_secrets(cfg)
+    check_accelerator(cfg.trainer)
     import lightning as L
     import torch
     from lightning.pytorch.callbacks import ModelCheckpoint
@@ -408,19 +412,47 @@ def _config_errors() -> tuple[type[BaseException], ...]:
 
 def _run_errors() -> tuple[type[BaseException], ...]:
     """Failures whose message says everything (what happened, what is kept, what to do): no traceback needed."""
-    from scfs.data.datasets import ImageDecodeError
-    from scfs.models.checkpoint import CheckpointMismatchError, UnsafeCheckpointError
+    from scfs.data.datasets import ImageDecodeError, ImageFolderLayoutError
+    from scfs.eval.detection_data import AnnotationError
+    from scfs.models.checkpoint import CheckpointMismatchError, NotACheckpointError, UnsafeCheckpointError
     from scfs.reliability import BatchTooLargeError
 
     return (FloatingPointError, BatchTooLargeError, UnsafeCheckpointError, CheckpointMismatchError, ImageDecodeError,
-            FileNotFoundError)
+            FileNotFoundError, IsADirectoryError, NotACheckpointError, AnnotationError, ImageFolderLayoutError)
 
 
-def _fail(code: int, kind: str, err: BaseException) -> None:
+def _fail(code: int, kind: str, err: BaseException, prog: str = "scfs.train") -> None:
     if os.environ.get("SCFS_TRACEBACK"):
         raise err
-    print(f"scfs.train: {kind}: {one_line(err)}", file=sys.stderr, flush=True)
+    print(f"{prog}: {kind}: {one_line(err)}", file=sys.stderr, flush=True)
     raise SystemExit(code)
+
+
+def run_reporting_errors(prog: str, fn: Any, *args: Any) -> Any:
+    """`fn(*args)` inside a Hydra job: a config error exits 2, a known run failure 1, each as one line (handled
+    here so Hydra does not print its report with the overrides and a traceback)."""
+    try:
+        return fn(*args)
+    except _config_errors() as err:
+        _fail(2, "config error", err, prog)
+    except _run_errors() as err:
+        _fail(1, "error", err, prog)
+
+
+def cli_with_one_line_errors(prog: str, hydra_main: Any) -> None:
+    """Run a `hydra.main` app so that composition errors (unknown group option or key, bad override) are one
+    line too; `SCFS_TRACEBACK=1` or `HYDRA_FULL_ERROR=1` shows the full traceback instead. The eval CLIs use it."""
+    offline_by_default()
+    full = bool(os.environ.get("HYDRA_FULL_ERROR"))
+    if full:
+        os.environ["SCFS_TRACEBACK"] = "1"
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises composition errors instead of printing its report
+    try:
+        hydra_main()
+    except _config_errors() as err:
+        if full:
+            raise
+        _fail(2, "config error", err, prog)
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
@@ -431,12 +463,7 @@ def main(cfg: DictConfig) -> None:
     secrets = find_secrets(OmegaConf.to_container(cfg, resolve=False))
     if secrets:  # Hydra has already saved them under <out>/.hydra: take them out before refusing the run
         scrub_files(out, [v for _, v in secrets])
-    try:
-        run(cfg, out)
-    except _config_errors() as err:  # raised inside the job: handled here so Hydra does not echo the overrides
-        _fail(2, "config error", err)
-    except _run_errors() as err:
-        _fail(1, "error", err)
+    run_reporting_errors("scfs.train", run, cfg, out)
 
 
 def cli() -> None:
@@ -447,17 +474,7 @@ def cli() -> None:
     unreadable image in strict mode) print `scfs.train: error: ...` and exit with 1. `SCFS_TRACEBACK=1` (or
     `HYDRA_FULL_ERROR=1`) shows the full traceback instead.
     """
-    offline_by_default()
-    full = bool(os.environ.get("HYDRA_FULL_ERROR"))
-    if full:
-        os.environ["SCFS_TRACEBACK"] = "1"
-    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises composition errors instead of printing its report
-    try:
-        main()
-    except _config_errors() as err:
-        if full:
-            raise
-        _fail(2, "config error", err)
+    cli_with_one_line_errors("scfs.train", main)
 
 
 if __name__ == "__main__":

@@ -104,3 +104,21 @@ def test_cifar10_experiment_is_the_tuned_recipe_for_both_methods():
         assert (cfg.optim.name, cfg.optim.lr, cfg.optim.weight_decay) == ("sgd", 0.12, 5e-4)
         assert (cfg.method.head_bn, cfg.method.out_dim, cfg.method.teacher_temp) == (True, 4096, 0.04)
         assert cfg.data.batch_aug and cfg.data.on_device
+
+
+def test_check_accelerator_names_the_key_and_the_fix(monkeypatch):
+    """A GPU recipe on a machine without (enough) GPUs: one line before any work, not Lightning's
+    "No supported gpu backend found!" from inside the Trainer."""
+    import torch
+
+    from scfs.config import check_accelerator
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    check_accelerator({"accelerator": "cpu", "devices": 3})  # CPU processes (gloo DDP) are fine
+    with pytest.raises(ConfigError, match=r"accelerator=gpu is invalid: torch sees no CUDA GPU.*accelerator=cpu"):
+        check_accelerator({"accelerator": "gpu"})
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    check_accelerator({"accelerator": "gpu", "devices": 1})
+    with pytest.raises(ConfigError, match=r"trainer.devices=3 is invalid: torch sees 1 CUDA GPU"):
+        check_accelerator({"accelerator": "cuda", "devices": 3})

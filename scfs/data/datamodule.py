@@ -89,7 +89,9 @@ class SSLDataModule(L.LightningDataModule):
             cfg = {**self.data_cfg, "decode_min_side": self.train_decode_min_side()}
             self.train_set = build_dataset(cfg, "train", transform)
             if len(self.train_set) < self.batch_size:
-                raise ValueError(
+                from scfs.config import ConfigError
+
+                raise ConfigError(
                     f"batch_size={self.batch_size} is larger than the training set ({len(self.train_set)} images) "
                     "and every batch would be dropped: lower batch_size")
 

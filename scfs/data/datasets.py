@@ -34,6 +34,14 @@ class ImageDecodeError(OSError):
     """A file that neither torchvision nor PIL can decode."""
 
 
+class NoReadableImageError(ImageDecodeError, RuntimeError):
+    """Every file tried in a row is unreadable (a RuntimeError too, as before): the run stops with one line."""
+
+
+class ImageFolderLayoutError(ValueError):
+    """The ImageFolder tree is not laid out as train/<class>/<image> (+ val/<class>/<image>); the message says how."""
+
+
 def _pil_to_rgb(im: Image.Image) -> Image.Image:
     """PIL image of any mode -> RGB; 16/32-bit integer grey is rescaled (PIL's convert would clip at 255)."""
     im = ImageOps.exif_transpose(im)
@@ -145,18 +153,24 @@ class ImageFileDataset(Dataset):
                 continue
             return (self.transform(img) if self.transform is not None else img), label
         tried = min(n, self.MAX_SUBSTITUTE_TRIES)
-        raise RuntimeError(f"no readable image among {tried} files from index {index}; "
-                           f"bad files: {list(self.bad_files)[:10]}")
+        raise NoReadableImageError(f"no readable image among {tried} files from index {index}; bad files: "
+                                   f"{list(self.bad_files)[:10]}: the data folder holds no decodable images there; "
+                                   "replace the broken files or re-run python -m scfs.data.prepare")
 
 
 def image_folder(split_dir: Path, transform: Transform = None, strict: bool = False,
                  classes_from: Path | None = None, min_side: int | None = None) -> ImageFileDataset:
     """ImageFolder tree ``split_dir/<class>/<file>``; class indices from ``classes_from`` (the train split) so
     train and val agree even if val lacks a class."""
-    classes, class_to_idx = find_classes(str(classes_from or split_dir))
-    extra = set(find_classes(str(split_dir))[0]) - set(classes)
+    try:
+        classes, class_to_idx = find_classes(str(classes_from or split_dir))
+        extra = set(find_classes(str(split_dir))[0]) - set(classes)
+    except FileNotFoundError as err:  # torchvision: "Couldn't find any class folder in X."
+        raise ImageFolderLayoutError(f"{err} An ImageFolder split holds one sub-folder per class: "
+                                     f"{split_dir}/<class>/<image>.jpg") from err
     if extra:
-        raise ValueError(f"{split_dir} has classes that {classes_from} lacks: {sorted(extra)[:10]}")
+        raise ImageFolderLayoutError(f"{split_dir} has classes that {classes_from} lacks: {sorted(extra)[:10]}; "
+                                     "the class folders of val must be a subset of train's (same names)")
     samples = make_dataset(str(split_dir), class_to_idx, extensions=IMG_EXTENSIONS, allow_empty=True)
     if not samples:
         raise FileNotFoundError(f"no image files ({', '.join(IMG_EXTENSIONS)}) under {split_dir}")

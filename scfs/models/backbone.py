@@ -49,8 +49,15 @@ class Backbone(nn.Module):
             self.body = timm.create_model(
                 name, pretrained=False, features_only=True, out_indices=tuple(idx), **timm_kwargs
             )
-        except RuntimeError as err:  # timm: "Unknown model (...)"
-            raise ValueError(f"backbone.name={name!r} is not a timm model ({err}); see timm.list_models()") from err
+        except RuntimeError as err:  # timm: "Unknown model (...)"; a ConfigError so the CLIs say it in one line
+            import difflib
+
+            from scfs.config import ConfigError
+
+            close = difflib.get_close_matches(str(name), timm.list_models(), n=5)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise ConfigError(f"config key backbone.name={name!r} is invalid: not a timm model ({err}); pick one "
+                              f"from timm.list_models(), e.g. resnet18 or resnet50{hint}") from err
         if cifar_stem:
             self._make_cifar_stem(stem_stride)
         self.channels = dict(zip(self.stage_names, self.body.feature_info.channels()))

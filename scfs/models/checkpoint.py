@@ -47,11 +47,29 @@ class CheckpointMismatchError(RuntimeError):
     """The checkpoint's weights do not fit the backbone (missing / unexpected / mis-shaped keys)."""
 
 
+class NotACheckpointError(ValueError):
+    """The file is no PyTorch checkpoint of weights (random bytes, a text file, a dict without tensors): the
+    entry points report it in one line, as a user mistake, not as a crash."""
+
+
+def missing_checkpoint(path: str | os.PathLike, key: str | None = None) -> OSError:
+    """The error for a checkpoint path that is not a file: a folder gets its newest .ckpt suggested (run folders
+    keep them in checkpoints/), so `ckpt=runs/x/<time>` is one edit away from working."""
+    path = Path(path)
+    name = f"{key}={path}" if key else f"checkpoint {path}"
+    if path.is_dir():
+        found = sorted((p for pat in ("*.ckpt", "checkpoints/*.ckpt", "*/checkpoints/*.ckpt") for p in path.glob(pat)),
+                       key=lambda p: p.stat().st_mtime)
+        hint = f", e.g. {key or 'ckpt'}={found[-1]}" if found else " (there is no .ckpt file in it)"
+        return IsADirectoryError(f"{name} is a folder, not a checkpoint file: pass the file itself{hint}")
+    return FileNotFoundError(f"{name} does not exist")
+
+
 def safe_load(path: str | os.PathLike) -> Any:
     """``torch.load(path, weights_only=True)`` with a clear refusal for files that need pickle code execution."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {path} does not exist")
+        raise missing_checkpoint(path)
     try:
         with torch.serialization.safe_globals(list(SAFE_GLOBALS)):
             return torch.load(path, map_location="cpu", weights_only=True)
@@ -62,7 +80,9 @@ def safe_load(path: str | os.PathLike) -> Any:
         code = [ln.strip() for ln in msg.splitlines() if re.search(r"GLOBAL|reduce", ln)]
         if not code:  # not a pickle of allowed types at all (e.g. a text file, a truncated download)
             detail = next((ln.strip() for ln in msg.splitlines() if "Unsupported" in ln), msg.splitlines()[0])
-            raise ValueError(f"{path} is not a readable PyTorch checkpoint ({detail})") from None
+            raise NotACheckpointError(f"{path} is not a readable PyTorch checkpoint ({detail}): pass a .ckpt / .pth "
+                                      "file saved by torch.save (e.g. runs/<name>/<time>/checkpoints/last.ckpt)"
+                                      ) from None
         raise UnsafeCheckpointError(
             f"refusing to load {path}: it contains pickled Python objects that would run code when loaded "
             f"({'; '.join(dict.fromkeys(code))}). Only tensors, numbers, strings and containers are accepted "
@@ -105,7 +125,8 @@ def select_state_dict(ckpt: Any, which: str = "teacher") -> dict[str, torch.Tens
         sd = inner
     tensors = {str(k): v for k, v in sd.items() if isinstance(v, torch.Tensor)}
     if not tensors:
-        raise ValueError(f"no tensors found in the checkpoint (top-level keys: {list(ckpt)[:SHOWN_KEYS]})")
+        raise NotACheckpointError(f"no tensors found in the checkpoint (top-level keys: {list(ckpt)[:SHOWN_KEYS]}): "
+                                  "pass a file holding network weights")
     prefixed = {k for k in tensors if k.split(".", 1)[0] in ("teacher", "student")}
     if prefixed:  # ours: one state_dict holding both networks
         tensors = {k.split(".", 1)[1]: v for k, v in tensors.items() if k.split(".", 1)[0] == which}

@@ -227,4 +227,8 @@ def one_line(err: BaseException) -> str:
             continue
         listing = ln.endswith(":")
         out.append(ln)
-    return " ".join(ln if ln.endswith((".", ":")) else ln + ";" for ln in out).rstrip(";") or type(err).__name__
+    text = " ".join(ln if ln.endswith((".", ":")) else ln + ";" for ln in out).rstrip(";") or type(err).__name__
+    # Hydra's advice for an override of a key that is not in the config would silently add a typo'd key
+    return re.sub(r"Could not override '([^']+)'\. To append to your config use (\+\S+)",
+                  r"Could not override '\1': the config has no such key or group (a typo?); only to add a new key "
+                  r"on purpose use \2", text)

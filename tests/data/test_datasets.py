@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 from scfs.data import datasets as ds
-from scfs.data.datasets import ImageDecodeError, build_dataset, decode_rgb
+from scfs.data.datasets import ImageDecodeError, ImageFolderLayoutError, build_dataset, decode_rgb
 
 # torchvision 0.29 deprecates its image codecs in favour of TorchCodec; decode_rgb still uses them on purpose.
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
@@ -124,8 +124,23 @@ def test_strict_raises(tree: Path) -> None:
 def test_all_files_unreadable(tmp_path: Path) -> None:
     _save(tmp_path / "train" / "a" / "0.jpg", "text")
     data = build_dataset({"name": "folder", "root": tmp_path}, "train")
-    with pytest.warns(RuntimeWarning), pytest.raises(RuntimeError, match="no readable image"):
+    with pytest.warns(RuntimeWarning), pytest.raises(RuntimeError, match="no readable image") as exc:
         data[0]
+    # an ImageDecodeError too, so scfs.train reports it in one line (a bare RuntimeError came as a traceback)
+    assert isinstance(exc.value, ImageDecodeError) and "re-run python -m scfs.data.prepare" in str(exc.value)
+
+
+def test_val_class_missing_from_train_is_a_layout_error(tmp_path: Path) -> None:
+    _save(tmp_path / "train" / "a" / "0.png", "rgb")
+    _save(tmp_path / "val" / "b" / "0.png", "rgb")
+    with pytest.raises(ImageFolderLayoutError, match=r"has classes that .* lacks: \['b'\]"):
+        build_dataset({"name": "folder", "root": tmp_path}, "val")
+
+
+def test_split_without_class_folders_says_the_layout(tmp_path: Path) -> None:
+    (tmp_path / "train").mkdir()
+    with pytest.raises(ImageFolderLayoutError, match="one sub-folder per class"):
+        build_dataset({"name": "folder", "root": tmp_path}, "train")
 
 
 def test_transform_and_val_split(tree: Path) -> None:

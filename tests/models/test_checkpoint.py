@@ -12,6 +12,7 @@ import torchvision
 from scfs.models import Backbone
 from scfs.models.checkpoint import (
     CheckpointMismatchError,
+    NotACheckpointError,
     UnsafeCheckpointError,
     load_backbone,
     load_state_dict_file,
@@ -131,8 +132,16 @@ def test_missing_file_is_clear(tmp_path):
         safe_load(tmp_path / "nope.ckpt")
 
 
+def test_folder_is_named_as_a_folder_with_the_checkpoint_inside_suggested(tmp_path):
+    """A run folder passed as ckpt= used to be reported as "does not exist"."""
+    (tmp_path / "checkpoints").mkdir()
+    torch.save({"w": torch.zeros(1)}, tmp_path / "checkpoints" / "last.ckpt")
+    with pytest.raises(IsADirectoryError, match=r"is a folder, not a checkpoint file.*checkpoints/last\.ckpt"):
+        safe_load(tmp_path)
+
+
 def test_non_checkpoint_file_is_not_called_unsafe(tmp_path):
     path = tmp_path / "notes.pth"
     path.write_text("# not a checkpoint\n")
-    with pytest.raises(ValueError, match="not a readable PyTorch checkpoint"):
+    with pytest.raises(NotACheckpointError, match="not a readable PyTorch checkpoint"):
         safe_load(path)

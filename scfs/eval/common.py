@@ -46,9 +46,20 @@ def to_plain(cfg: Any) -> Any:
 
 
 def resolve_device(name: str | None) -> torch.device:
+    """`device=auto|cpu|cuda[:i]`; asking for CUDA where torch sees none is a config error, said before any work
+    (torch's own error comes from deep inside the first `.to()`)."""
+    from scfs.config import ConfigError
+
     if name in (None, "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    try:
+        device = torch.device(str(name))
+    except RuntimeError as err:
+        raise ConfigError(f"config key device={name!r} is invalid: expected auto, cpu or cuda[:index] ({err})") from err
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"config key device={name!r} is invalid: torch sees no CUDA GPU on this machine; use "
+                          "device=cpu or device=auto")
+    return device
 
 
 def make_run_dir(cfg: DictConfig, run_dir: str | Path | None) -> Path:
@@ -148,6 +159,7 @@ def load_eval_backbone(cfg: DictConfig) -> tuple[nn.Module, CheckpointInfo]:
     """The backbone named by `cfg.ckpt` (a file, or `random` for the random init of `cfg.backbone` at `cfg.seed`)
     and its description."""
     from scfs.models.checkpoint import (
+        CheckpointMismatchError,
         backbone_config_from,
         build_backbone,
         file_digest,
@@ -160,7 +172,13 @@ def load_eval_backbone(cfg: DictConfig) -> tuple[nn.Module, CheckpointInfo]:
     which = str(cfg.get("which", "teacher"))
     ckpt = cfg.get("ckpt")
     if ckpt in (None, "", "???"):
-        raise ValueError("ckpt=... is required: a checkpoint file, or ckpt=random for a random-init backbone")
+        from scfs.config import ConfigError
+
+        raise ConfigError("ckpt=... is required: a checkpoint file, or ckpt=random for a random-init backbone")
+    if which not in ("teacher", "student"):
+        from scfs.config import ConfigError
+
+        raise ConfigError(f"config key which={which!r} is invalid: expected teacher or student")
     if str(ckpt) == "random":
         bcfg = to_plain(cfg.backbone)
         torch.manual_seed(int(cfg.get("seed", 0)))
@@ -178,7 +196,14 @@ def load_eval_backbone(cfg: DictConfig) -> tuple[nn.Module, CheckpointInfo]:
         bcfg = to_plain(cfg.backbone)
         fmt = "published" if isinstance(raw, Mapping) and isinstance(raw.get(which), Mapping) else "state-dict"
     backbone = build_backbone(bcfg)
-    load_into(backbone.body, select_state_dict(raw, which), source=f"checkpoint {path} ({which})")
+    try:
+        load_into(backbone.body, select_state_dict(raw, which), source=f"checkpoint {path} ({which})")
+    except CheckpointMismatchError as err:
+        if fmt == "scfs-lightning":
+            raise
+        raise CheckpointMismatchError(f"{err}. This {fmt} file carries no network config, so the configured "
+                                      f"backbone={bcfg.get('name')} was used: pick the matching one, e.g. "
+                                      "backbone=resnet50 for the published / torchvision ResNet-50") from err
     bcfg = {k: list(v) if isinstance(v, tuple) else v for k, v in bcfg.items()}
     info = CheckpointInfo(str(path.resolve()), file_digest(path), which, fmt,
                           cfg.get("label") or _label_for(path.resolve(), method), bcfg, method)
@@ -199,12 +224,18 @@ def class_names(dataset: Any, num_classes: int) -> list[str]:
 
 def hydra_cli(config_name: str, run: Callable[[DictConfig, str], Any]) -> None:
     """The eval CLIs' entry point: `run(cfg, run_dir)` as a Hydra app on `conf/eval/<config_name>.yaml`, with the
-    run folder Hydra made (`hydra.run.dir`)."""
+    run folder Hydra made (`hydra.run.dir`). User mistakes (bad override, missing or wrong checkpoint, missing
+    data) end in one line `scfs.eval.<name>: [config] error: ...` with exit status 2 / 1, as in `scfs.train`."""
     import hydra
     from hydra.core.hydra_config import HydraConfig
 
-    def task(cfg: DictConfig) -> None:
-        run(cfg, HydraConfig.get().runtime.output_dir)
+    from scfs.train import cli_with_one_line_errors, run_reporting_errors
 
-    task.__module__ = f"scfs.eval.{config_name}"  # Hydra names the job (and its log file) after the module
-    hydra.main(version_base="1.3", config_path=EVAL_CONF_DIR, config_name=config_name)(task)()
+    prog = f"scfs.eval.{config_name}"
+
+    def task(cfg: DictConfig) -> None:
+        run_reporting_errors(prog, run, cfg, HydraConfig.get().runtime.output_dir)
+
+    task.__module__ = prog  # Hydra names the job (and its log file) after the module
+    cli_with_one_line_errors(prog, hydra.main(version_base="1.3", config_path=EVAL_CONF_DIR,
+                                              config_name=config_name)(task))

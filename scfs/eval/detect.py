@@ -221,6 +221,7 @@ def _with_backbone_of(cfg: DictConfig, ckpt: str) -> DictConfig:
 def run_detect(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     """Fine-tune the detector of `cfg` on `cfg.data` from `cfg.ckpt`'s backbone, evaluate with COCOeval and write
     the report into `run_dir`; returns the metrics document (also `<run_dir>/metrics.json`)."""
+    from scfs.config import ConfigError, check_accelerator
     from scfs.eval.common import load_eval_backbone, make_run_dir, to_plain
     from scfs.eval.detection_report import json_safe, plot_predictions, write_report
     from scfs.eval.report import EvalLogger
@@ -229,11 +230,12 @@ def run_detect(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, 
     t0 = time.time()
     if cfg.get("threads"):  # on a busy shared CPU, 1 intra-op thread beats threads waiting on each other
         torch.set_num_threads(int(cfg.threads))
+    check_accelerator(cfg.get("trainer"))
     run_dir = make_run_dir(cfg, run_dir)
     model_cfg = to_plain(cfg.model)
     arch = model_cfg["arch"]
     if arch not in IOU_TYPES:
-        raise ValueError(f"model.arch={arch!r}: allowed are {', '.join(IOU_TYPES)}")
+        raise ConfigError(f"config key model.arch={arch!r} is invalid: expected one of {', '.join(IOU_TYPES)}")
     iou_types = IOU_TYPES[arch]
     masks = "segm" in iou_types
     seed = int(cfg.seed)

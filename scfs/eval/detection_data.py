@@ -35,6 +35,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from scfs.config import ConfigError
+
 log = logging.getLogger("scfs.eval.detect")
 
 REQUIRED_TOP = ("images", "annotations", "categories")
@@ -443,7 +445,7 @@ def detection_format(data: Mapping[str, Any]) -> str:
     if fmt == "auto":
         fmt = "coco" if data.get("annotations") else "shapes"
     if fmt not in ("shapes", "coco", "voc"):
-        raise ValueError(f"data.format={fmt!r}: allowed are auto, shapes, coco, voc")
+        raise ConfigError(f"config key data.format={fmt!r} is invalid: expected auto, shapes, coco or voc")
     return fmt
 
 
@@ -457,11 +459,11 @@ def build_detection_splits(data: Mapping[str, Any], out_dir: str | os.PathLike,
     if fmt == "coco":
         need = [k for k in ("images", "annotations", "val_images", "val_annotations") if not data.get(k)]
         if need:
-            raise ValueError(f"data.format=coco needs data.{', data.'.join(need)} (image folders and COCO json files "
-                             "of the training and validation splits)")
+            raise ConfigError(f"data.format=coco needs data.{', data.'.join(need)} (image folders and COCO json files "
+                              "of the training and validation splits)")
         return {"train": coco_split(data["images"], data["annotations"], "train", strict, masks),
                 "val": coco_split(data["val_images"], data["val_annotations"], "val", strict, masks)}
     if masks:
-        raise ValueError("Pascal VOC detection has no instance masks: use model.arch=faster_rcnn with data.format=voc")
+        raise ConfigError("Pascal VOC detection has no instance masks: use model.arch=faster_rcnn with data.format=voc")
     return {"train": voc_split(data["root"], data["voc_train"], "voc/train"),
             "val": voc_split(data["root"], data["voc_val"], "voc/val")}

@@ -152,6 +152,7 @@ def probe_scores(probe: LinearProbe, features: torch.Tensor, batch_size: int = 4
 def run_linear(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     """Linear probe of `cfg.ckpt` on `cfg.data` (full protocol, or `fast=true` on cached features); writes the
     report into `run_dir` and returns the metrics document (also `<run_dir>/metrics.json`)."""
+    from scfs.config import check_accelerator
     from scfs.eval.common import (
         RandomResizedCropFlip,
         build_split,
@@ -172,6 +173,8 @@ def run_linear(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, 
     p = cfg.probe
     fast = bool(cfg.fast)
     device = resolve_device(cfg.get("device"))
+    if not fast:  # the full protocol trains in a Lightning Trainer: its accelerator is checked before any work
+        check_accelerator(cfg.get("trainer"))
     backbone, info = load_eval_backbone(cfg)
     backbone.to(device)
     tf = eval_transform(cfg)

@@ -133,3 +133,45 @@ def test_knn_cli_on_real_checkpoint_writes_report(tiny_ckpt, tmp_path, eval_cfg)
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     student = run_knn(eval_cfg("knn", f"ckpt={tiny_ckpt}", "which=student"), tmp_path / "student")
     assert student["checkpoint"]["which"] == "student"
+
+
+@pytest.mark.parametrize(("module", "args", "code", "expected"), [
+    ("knn", [], 2, "config error: ckpt=... is required"),
+    ("knn", ["ckpt={tmp}"], 1, "is a folder, not a checkpoint file"),
+    ("knn", ["ckpt={tmp}/nope.ckpt"], 1, "nope.ckpt does not exist"),
+    ("knn", ["ckpt={tmp}/junk.ckpt"], 1, "is not a readable PyTorch checkpoint"),
+    ("knn", ["ckpt=random", "which=middle"], 2, "config key which='middle' is invalid"),
+    ("knn", ["ckpt=random", "dataa=cifar10"], 2, "Could not override 'dataa'"),
+    ("linear", ["ckpt={tmp}/r50.pth", "fast=true"], 1, "backbone=resnet50"),
+    ("detect", ["ckpt=random", "model.arch=yolo"], 2, "config key model.arch='yolo' is invalid"),
+], ids=["no-ckpt", "ckpt-folder", "ckpt-missing", "ckpt-junk", "which", "typo-key", "other-backbone", "det-arch"])
+def test_eval_cli_user_mistakes_fail_in_one_line(tmp_path, module, args, code, expected):
+    """The eval CLIs printed Hydra's report with a traceback for every one of these."""
+    import subprocess
+    import sys
+
+    import timm
+
+    (tmp_path / "junk.ckpt").write_bytes(bytes(range(256)) * 8)
+    if module == "linear":
+        torch.save(timm.create_model("resnet50").state_dict(), tmp_path / "r50.pth")
+    env = {**__import__("os").environ, "WANDB_MODE": "disabled"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    p = subprocess.run([sys.executable, "-m", f"scfs.eval.{module}", *(a.format(tmp=tmp_path) for a in args),
+                        "logger.wandb=false", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == code, p.stderr[-2000:]
+    assert "Traceback" not in p.stderr + p.stdout
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"scfs.eval.{module}: "), p.stderr
+    assert expected in lines[0]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_device_without_cuda_is_a_config_error():
+    from scfs.config import ConfigError
+    from scfs.eval.common import resolve_device
+
+    with pytest.raises(ConfigError, match="torch sees no CUDA GPU.*device=cpu"):
+        resolve_device("cuda")
+    assert resolve_device("auto") == torch.device("cpu")

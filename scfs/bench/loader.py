@@ -153,13 +153,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--tag", default="")
     args = ap.parse_args(argv)
+    if args.root is not None and not (args.root / "train").is_dir():
+        ap.error(f"--root {args.root}: no train/<class>/ folders there; pass an ImageFolder tree, or --photos DIR")
+    if args.photos is not None and not args.photos.is_dir():
+        ap.error(f"--photos {args.photos}: not a folder; pass a folder of photos (e.g. data/imagenet-samples)")
     torch.set_num_threads(1)  # the main process is one core like a worker; no intra-op threads fighting workers
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     meta = {"host": platform.node() or "cpu", "date": time.strftime("%Y-%m-%d"), "cpus": cpus,
             "torch": torch.__version__, "command": "python -m scfs.bench.loader " + " ".join(argv or sys.argv[1:])}
     with tempfile.TemporaryDirectory() as tmp:
         if args.photos is not None:
-            root = link_tree(args.photos, Path(tmp) / "tree", args.repeat)
+            try:
+                root = link_tree(args.photos, Path(tmp) / "tree", args.repeat)
+            except FileNotFoundError as err:
+                ap.error(str(err))
             meta["images"] = f"{args.photos} (linked {args.repeat}x into a tree)"
         else:
             root = args.root

@@ -391,6 +391,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.data == "real" and not args.data_root:
         ap.error("--data real needs --data-root")
+    if args.data == "real" and not (Path(args.data_root) / "train").is_dir():  # else every row records an error
+        ap.error(f"--data-root {args.data_root}: no train/ folder there; pass the prepared data folder, e.g. "
+                 "the output of `python -m scfs.data.prepare cifar10 --archive ... --out data/cifar10`")
     if args.device == "cuda":
         import torch
 

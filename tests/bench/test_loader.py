@@ -30,3 +30,16 @@ def test_loader_benchmark_measures_both_colour_paths(tmp_path: Path) -> None:
 def test_loader_benchmark_names_an_empty_photo_folder(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="no images"):
         loader.link_tree(tmp_path, tmp_path / "tree", 1)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--photos", "{tmp}"], "no images"),
+    (["--photos", "{tmp}/missing"], "not a folder"),
+    (["--root", "{tmp}"], "no train/<class>/ folders"),
+])
+def test_loader_benchmark_rejects_bad_inputs_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                          args: list[str], message: str) -> None:
+    with pytest.raises(SystemExit) as exc:
+        loader.main([a.format(tmp=tmp_path) for a in args] + ["--out", str(tmp_path / "out")])
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # nothing half-written

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from scfs.bench.step import main
@@ -47,3 +48,11 @@ def test_setting_filter_selects_exactly_those_rows() -> None:
     rows = suite_rows("resnet50", quick=True, tiny=False, batches=[64], settings=["bf16_cl_graphs"])
     assert rows == [("scfs", 64, "bf16_cl_graphs"), ("dino", 64, "bf16_cl_graphs")]
     assert ("scfs", 32, "fp32") in suite_rows("resnet50", quick=False, tiny=False, batches=None)
+
+
+def test_real_data_mode_needs_a_prepared_folder(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A wrong --data-root used to run every row into an error and still write a record (exit 0)."""
+    with pytest.raises(SystemExit) as exc:
+        main(["--device", "cpu", "--tiny", "--data", "real", "--data-root", str(tmp_path), "--out", str(tmp_path)])
+    assert exc.value.code == 2 and "no train/ folder" in capsys.readouterr().err
+    assert not list(tmp_path.glob("step-*.json"))

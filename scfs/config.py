@@ -107,6 +107,8 @@ def validate_config(cfg: DictConfig) -> None:
     _check(cfg, "compile_mode", lambda v: v in COMPILE_MODES, f"one of {', '.join(COMPILE_MODES)}", required=False)
     _check(cfg, "num_workers", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0", required=False)
     _check(cfg, "trainer.max_epochs", lambda v: isinstance(v, int) and v >= 1, "an integer >= 1", required=False)
+    _check(cfg, "trainer.accumulate_grad_batches", lambda v: isinstance(v, int) and v >= 1, "an integer >= 1",
+           required=False)
     global_batch = _get(cfg, "global_batch_size")
     if global_batch is not None and global_batch % _devices(cfg):
         raise ConfigError(f"config key global_batch_size={global_batch} is invalid: it is not divisible across "

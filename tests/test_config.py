@@ -66,6 +66,7 @@ BAD = [
     ("data=cifar10 data.root=/definitely/not/here", "data.root"),
     ("data.image_size=4", "data.image_size"),
     ("trainer.max_epochs=0", "trainer.max_epochs"),
+    ("trainer.accumulate_grad_batches=0", "trainer.accumulate_grad_batches"),
     ("compile_mode=turbo", "compile_mode"),
     ("method.stage_norm=layernorm", "method.stage_norm"),
 ]
@@ -122,3 +123,16 @@ def test_check_accelerator_names_the_key_and_the_fix(monkeypatch):
     check_accelerator({"accelerator": "gpu", "devices": 1})
     with pytest.raises(ConfigError, match=r"trainer.devices=3 is invalid: torch sees 1 CUDA GPU"):
         check_accelerator({"accelerator": "cuda", "devices": 3})
+
+
+@pytest.mark.parametrize("trainer", ["cpu", "ddp"])
+def test_gradient_accumulation_is_a_trainer_key(trainer):
+    """`trainer.accumulate_grad_batches` (a factor of the global batch, README) is set without `+` and reaches the
+    Trainer; backbone.pretrained_path likewise exists in every backbone config."""
+    from scfs.train import trainer_kwargs
+
+    cfg = compose_cfg([f"trainer={trainer}", "trainer.accumulate_grad_batches=4"])
+    assert trainer_kwargs(cfg)["accumulate_grad_batches"] == 4
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        for b in ("tiny", "resnet18", "resnet18_cifar", "resnet50"):
+            assert compose(config_name="config", overrides=[f"backbone={b}"]).backbone.pretrained_path is None

@@ -209,6 +209,7 @@ def build_backbone(backbone_cfg: Mapping[str, Any]) -> nn.Module:
     cfg = {k: (tuple(v) if isinstance(v, list) else v) for k, v in dict(backbone_cfg).items()}
     cfg.pop("channels_last", None)
     cfg.pop("stages", None)
+    cfg.pop("pretrained_path", None)  # the init of the run: its weights are replaced by the checkpoint's anyway
     name = cfg.pop("name", "resnet50")
     return Backbone(name, stages=("layer4",), **cfg)
 

@@ -90,3 +90,12 @@ def test_typo_in_a_key_is_not_answered_with_the_advice_to_add_it(tmp_path):
     """Hydra says "To append to your config use +serch=soft": followed, the run ignores the typo'd key."""
     line = _error_line(_train(tmp_path, "serch=soft"), 2)
     assert "Could not override 'serch': the config has no such key or group (a typo?)" in line
+
+
+def test_missing_pretrained_file_is_named_in_one_line(tmp_path):
+    """`backbone.pretrained_path` is a key of every backbone config (no `+` needed); a file that is not there is
+    named before any data or model work."""
+    p = _train(tmp_path, f"backbone.pretrained_path={tmp_path / 'missing.pth'}")
+    assert p.returncode != 0 and "Traceback" not in p.stderr + p.stdout
+    assert "missing.pth does not exist" in p.stderr and "Could not override" not in p.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists()

@@ -386,7 +386,8 @@ def _save_figure(model, dm, run_dir: Path, logger) -> str | None:
 def summary_line(s: dict[str, Any], k: int) -> str:
     key = f"top1_k{k}"
     trained = s["knn"][key]
-    parts = [f"{s['method'].upper()} ({s['search']}) done in {s['seconds']:.0f}s, "
+    what = s["method"].upper() + (f" ({s['search']})" if s["method"] != "dino" else "")  # DINO has no search
+    parts = [f"{what} done in {s['seconds']:.0f}s, "
              f"{s['epochs']} epochs / {s['steps']} steps"]
     if "knn_init" in s:
         init = s["knn_init"][key]

@@ -25,6 +25,8 @@ def test_two_step_training_smoke(tmp_path, shapes_root, overrides):
     assert s["loss"] == s["loss"]  # finite, not NaN
     line = summary_line(s, 20)
     assert "random init" in line and "uniform level" in line and "last.ckpt" in line
+    # the search mode is named for SCFS only: a DINO run does no search
+    assert line.startswith("DINO done in" if "method=dino" in overrides else f"SCFS ({s['search']}) done in")
 
 
 def test_stage_terms_are_logged_for_scfs_only(tmp_path, shapes_root):

@@ -102,6 +102,19 @@ class KNNResult:
     scores: torch.Tensor
 
 
+
+def parse_ks(value: Any) -> list[int]:
+    """The `ks` setting as a list of positive ints (`ks=20` or `ks=[10,20]`); a clear config error otherwise."""
+    from omegaconf import ListConfig
+
+    from scfs.config import ConfigError
+
+    items = list(value) if isinstance(value, (list, tuple, ListConfig)) else [value]
+    if not items or not all(isinstance(k, int) and not isinstance(k, bool) and k > 0 for k in items):
+        raise ConfigError(f"config key ks={value!r} is invalid: expected positive integers, e.g. ks=20 or "
+                          "ks=[10,20,100,200]")
+    return [int(k) for k in items]
+
 def knn_evaluate(train_feats: torch.Tensor, train_labels: torch.Tensor, test_feats: torch.Tensor,
                  test_labels: torch.Tensor, ks: Sequence[int] = (10, 20, 100, 200), temperature: float = 0.07,
                  num_classes: int | None = None, report_k: int | None = None) -> KNNResult:
@@ -176,6 +189,7 @@ def run_knn(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any
     from scfs.train import scrub
 
     t0 = time.time()
+    ks = parse_ks(cfg.ks)  # before any feature is computed
     run_dir = make_run_dir(cfg, run_dir)
     device = resolve_device(cfg.get("device"))
     backbone, info = load_eval_backbone(cfg)
@@ -191,7 +205,7 @@ def run_knn(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any
     t_feat = time.time()
     tr, va = feats["train"], feats["val"]
     num_classes = int(getattr(sets["train"], "num_classes", 0) or int(max(tr.labels.max(), va.labels.max())) + 1)
-    res = knn_evaluate(normalize(tr.features), tr.labels, normalize(va.features), va.labels, list(cfg.ks),
+    res = knn_evaluate(normalize(tr.features), tr.labels, normalize(va.features), va.labels, ks,
                        float(cfg.temperature), num_classes, cfg.get("report_k"))
     t_knn = time.time()
     k = res.report_k
@@ -207,7 +221,7 @@ def run_knn(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any
         config=scrub(to_plain(cfg)), knn_curve=res.curve, extra={"report_k": k},
         timings={"load_s": t_load - t0, "features_s": t_feat - t_load, "knn_s": t_knn - t_feat},
         notes=[f"protocol: DINO weighted kNN, L2-normalised pooled {info.which} features, cosine similarity, "
-               f"T={cfg.temperature}, ks={list(cfg.ks)}; top1/top5 at k={k}",
+               f"T={cfg.temperature}, ks={ks}; top1/top5 at k={k}",
                f"features {'read from the cache' if cached else 'extracted'} ({cfg.get('feature_cache')})"])
     with EvalLogger(run_dir, to_plain(cfg.get("logger")), f"knn-{info.label}", result.config) as elog:
         result.timings["total_s"] = time.time() - t0

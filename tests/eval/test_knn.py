@@ -175,3 +175,20 @@ def test_cuda_device_without_cuda_is_a_config_error():
     with pytest.raises(ConfigError, match="torch sees no CUDA GPU.*device=cpu"):
         resolve_device("cuda")
     assert resolve_device("auto") == torch.device("cpu")
+
+
+@pytest.mark.parametrize("value", ["abc", [10, "x"], [], 0, [20, -1], True])
+def test_bad_ks_is_a_config_error_before_any_feature(value):
+    from scfs.config import ConfigError
+    from scfs.eval.knn import parse_ks
+
+    with pytest.raises(ConfigError, match="config key ks=.* is invalid: expected positive integers"):
+        parse_ks(value)
+
+
+def test_ks_accepts_one_int_or_a_list():
+    from omegaconf import OmegaConf
+
+    from scfs.eval.knn import parse_ks
+
+    assert parse_ks(20) == [20] and parse_ks(OmegaConf.create({"ks": [10, 200]}).ks) == [10, 200]

@@ -171,14 +171,14 @@ def load_into(module: nn.Module, state: Mapping[str, torch.Tensor], source: str 
     shapes = sorted(f"{k}: {tuple(state[k].shape)} vs {tuple(target[k].shape)}" for k in state
                     if k in target and state[k].shape != target[k].shape)
     if missing or unexpected or shapes:
-        parts = [f"{source} does not match the backbone ({type(module).__name__}, {len(target)} tensors)"]
+        parts = [f"{source} does not match the backbone ({type(module).__name__}, {len(target)} tensors): check "
+                 "backbone.name / layers / channels / cifar_stem against the checkpoint"]  # the fix first
         if missing:
             parts.append(f"missing keys: {_listing(missing)}")
         if unexpected:
             parts.append(f"unexpected keys: {_listing(unexpected)}")
         if shapes:
             parts.append(f"shape mismatches (checkpoint vs backbone): {_listing(shapes)}")
-        parts.append("check backbone.name / layers / channels / cifar_stem against the checkpoint")
         raise CheckpointMismatchError("; ".join(parts))
     merged = {k: state.get(k, v) for k, v in target.items()}
     module.load_state_dict(merged, strict=True)

@@ -116,6 +116,7 @@ def test_mismatched_checkpoint_lists_keys(tmp_path):
     assert "missing keys: " in msg and "layer4.0.bn1.bias" in msg and "unexpected keys: 1 (extra.weight)" in msg
     n_missing = sum(1 for k in net.state_dict() if k.startswith("layer4.") and not k.endswith("num_batches_tracked"))
     assert f"missing keys: {n_missing} (" in msg and ", ...)" in msg  # first few shown, with the count
+    assert msg.index("check backbone.name") < msg.index("missing keys")  # the fix before the long key lists
     with pytest.raises(CheckpointMismatchError, match="shape mismatches"):  # a ResNet-18 is not a tiny one
         load_backbone(path, backbone_cfg={"name": "resnet18", "layers": [1, 1, 1, 1]})
 

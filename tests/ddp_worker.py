@@ -22,8 +22,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--data", required=True)
+    ap.add_argument("--run", action="store_true",
+                    help="train through scfs.train.run (checkpoints, resume=...) into --out instead of recording")
+    ap.add_argument("--crash-at", type=int, default=-1, help="with --run: every rank raises at this global step")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
+    if args.run:
+        return _run(args)
 
     import lightning as L
     import torch
@@ -56,6 +61,28 @@ def main() -> None:
     torch.save({"losses": torch.stack(losses), "labels": batches, "world": trainer.world_size,
                 "state": {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}},
                Path(args.out) / f"rank{trainer.global_rank}.pt")
+
+
+def _run(args: argparse.Namespace) -> None:
+    """The real entry (`scfs.train.run`: LastCheckpoint every step, ResumeState, resume=...), under DDP; with
+    `--crash-at N` every rank fails at step N before its forward (no rank is left waiting in a collective)."""
+    import torch
+    from helpers import compose_cfg
+
+    from scfs.method.module import SCFSModule
+    from scfs.train import run
+
+    torch.set_num_threads(1)
+    if args.crash_at >= 0:
+        original = SCFSModule.training_step
+
+        def crash(self: SCFSModule, batch: Any, batch_idx: int) -> Any:
+            if self.global_step == args.crash_at:
+                raise RuntimeError(f"simulated crash at step {args.crash_at}")
+            return original(self, batch, batch_idx)
+
+        SCFSModule.training_step = crash
+    run(compose_cfg(args.overrides, data_root=args.data), args.out)
 
 
 if __name__ == "__main__":

@@ -64,3 +64,49 @@ def test_ddp_two_cpu_processes_match_one_process_with_the_global_batch(tmp_path:
 def test_ddp_two_gpus_sync_bn_match_one_gpu(tmp_path: Path) -> None:
     gpu = ["trainer.accelerator=gpu", "trainer.precision=32-true", "sync_bn=true"]
     _compare(tmp_path, gpu + ["trainer.devices=1"], ["+trainer.strategy=ddp", "trainer.devices=2"], b=8)
+
+
+def _worker_run(out: Path, data: Path, overrides: list[str], crash_at: int = -1) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "SCFS_THREADS": "1"}
+    return subprocess.run([sys.executable, str(WORKER), "--run", "--crash-at", str(crash_at), "--out", str(out),
+                           "--data", str(data), *overrides], capture_output=True, text=True, timeout=300, env=env,
+                          cwd=out.parent)
+
+
+def _same(a: object, b: object, name: str) -> None:
+    if isinstance(a, torch.Tensor):
+        torch.testing.assert_close(b, a, rtol=0, atol=0, msg=name)
+    elif isinstance(a, dict):
+        assert set(a) == set(b), f"{name}: keys differ: {set(a) ^ set(b)}"
+        for k in a:
+            _same(a[k], b[k], f"{name}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), name
+        for i, (u, v) in enumerate(zip(a, b)):
+            _same(u, v, f"{name}.{i}")
+
+
+def test_ddp_crash_mid_epoch_then_resume_is_exact(tmp_path: Path) -> None:
+    """2 CPU processes (gloo) through `scfs.train.run`, last.ckpt after every step: a crash one step into epoch 1,
+    then `resume=`, ends with exactly the weights, optimizer state and step of the uninterrupted 2-process run
+    (same world size, so the same reduction order: rtol=0). Checks that the checkpoint carries what every rank
+    needs (sampler position of the global batch, RNG of the shared view draws, DINO centre, EMA teacher)."""
+    from scfs.models.checkpoint import safe_load
+
+    data = tmp_path / "data"
+    common = [*COMMON, "trainer.accelerator=cpu", "+trainer.strategy=ddp", "trainer.devices=2", "batch_size=8",
+              "checkpoint.every_n_train_steps=1", "trainer.deterministic=true", "eval.knn_at_start=false",
+              "logger=csv"]
+    ref = _worker_run(tmp_path / "ref", data, common)
+    assert ref.returncode == 0, ref.stdout[-3000:] + ref.stderr[-5000:]
+    crashed = _worker_run(tmp_path / "crashed", data, common, crash_at=3)  # steps 0-1 epoch 0, 2-3 epoch 1
+    assert crashed.returncode != 0 and "simulated crash at step 3" in crashed.stdout + crashed.stderr
+    last = tmp_path / "crashed" / "checkpoints" / "last.ckpt"
+    assert safe_load(last)["global_step"] == 3
+    resumed = _worker_run(tmp_path / "resumed", data, [*common, f"resume={last}"])
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-5000:]
+    a = safe_load(tmp_path / "ref" / "checkpoints" / "last.ckpt")
+    b = safe_load(tmp_path / "resumed" / "checkpoints" / "last.ckpt")
+    assert (a["global_step"], a["epoch"]) == (b["global_step"], b["epoch"]) and a["global_step"] == 4
+    _same(a["state_dict"], b["state_dict"], "state_dict")
+    _same(a["optimizer_states"], b["optimizer_states"], "optimizer_states")

@@ -243,6 +243,11 @@ def StepProfile(start: int, n: int, cuda: bool) -> Any:  # noqa: N802 - a Callba
                    # where the launches come from: the most frequent aten ops (each launches one kernel or more)
                    "frequent": [{"op": e.key, "count_per_step": e.count / n} for e in sorted(
                        (e for e in ev if e.key.startswith("aten::")), key=lambda e: e.count, reverse=True)[:15]]}
+            # the named parts of the step (record_function ranges of SCFSModule): host ms and the GPU ms of the
+            # kernels they launched, per step
+            out["parts"] = {e.key.removeprefix("scfs/"): {
+                "cpu_ms": e.cpu_time_total / 1e3 / n, "gpu_ms": getattr(e, "device_time_total", 0.0) / 1e3 / n}
+                for e in ev if e.key.startswith("scfs/")}
             if cuda:
                 out["gpu_busy_ms_per_step"] = sum(getattr(e, "self_device_time_total", 0.0) for e in ev) / 1e3 / n
             return out
@@ -324,6 +329,15 @@ def markdown(result: dict) -> str:
             busy = f"{p['gpu_busy_ms_per_step']:.1f}" if "gpu_busy_ms_per_step" in p else "-"
             lines.append(f"| {r['method']} | {r['B']} | {r['setting']} | {p['aten_ops_per_step']:.0f} | "
                          f"{p['kernel_launches_per_step']:.0f} | {busy} | {top} |")
+        names = sorted({k for r in prof_rows for k in r["profile"].get("parts", {})})
+        if names:
+            lines += ["", "Parts of the step (record_function ranges of the module; host ms / GPU ms of their kernels, "
+                      "per step; backward is the whole backward pass, views appear from the 2nd profiled step on):", "",
+                      "| method | B/GPU | setting | " + " | ".join(names) + " |", "|---|---|---|" + "---|" * len(names)]
+            for r in prof_rows:
+                parts = r["profile"].get("parts", {})
+                cells = [f"{parts[k]['cpu_ms']:.1f} / {parts[k]['gpu_ms']:.1f}" if k in parts else "-" for k in names]
+                lines.append(f"| {r['method']} | {r['B']} | {r['setting']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

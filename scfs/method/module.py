@@ -10,6 +10,7 @@ from typing import Any
 import lightning as L
 import torch
 from torch import nn
+from torch.profiler import record_function
 
 from scfs.method.ema import ema_update
 from scfs.method.losses import DINOLoss, sharpened_cross_entropy
@@ -243,8 +244,13 @@ class SCFSModule(L.LightningModule):
         `on_train_batch_end` (where step checkpoints are written) *before* the module's: a mid-epoch checkpoint
         would hold the teacher without this step's update and a resumed run would drift from an uninterrupted
         one. `global_step` is incremented after this hook, hence `+ 1` (same momentum as before)."""
-        super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
-        ema_update(self.teacher, self.student, self.teacher_momentum(self.global_step + 1))
+        super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)  # runs the closure: step + backward
+        with record_function("scfs/ema"):
+            ema_update(self.teacher, self.student, self.teacher_momentum(self.global_step + 1))
+
+    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        with record_function("scfs/backward"):  # a named part of the step in profiles, like those of training_step
+            super().backward(loss, *args, **kwargs)
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Raw uint8 image batches get their multi-crop views here, on the training device, in one go.
@@ -268,11 +274,12 @@ class SCFSModule(L.LightningModule):
         # exactly the views of 1 rank x 2B (tests/test_ddp.py)
         b = first.shape[0]
         rank, world = (self.trainer.global_rank, self.trainer.world_size) if self._trainer is not None else (0, 1)
-        if cropped:  # data.colour_on_device: the workers cropped, the colour ops run here for the whole batch
-            sample = {**images, **self.batch_aug.colour(images["views"], generator=self._aug_gen,
-                                                        global_batch=b * world, offset=rank * b)}
-        else:
-            sample = self.batch_aug(images, generator=self._aug_gen, global_batch=b * world, offset=rank * b)
+        with record_function("scfs/views"):
+            if cropped:  # data.colour_on_device: the workers cropped, the colour ops run here for the whole batch
+                sample = {**images, **self.batch_aug.colour(images["views"], generator=self._aug_gen,
+                                                            global_batch=b * world, offset=rank * b)}
+            else:
+                sample = self.batch_aug(images, generator=self._aug_gen, global_batch=b * world, offset=rank * b)
         return (sample, *batch[1:]) if isinstance(batch, (list, tuple)) else sample
 
     # ---- forward ---------------------------------------------------------------------------------------
@@ -288,31 +295,37 @@ class SCFSModule(L.LightningModule):
         n_local = len(views) - 2
         temp = self.teacher_temp()
 
+        # record_function ranges name the parts of the step in a profile (`python -m scfs.bench.step --profile`):
+        # where SCFS's time goes next to DINO's; free when no profiler runs
         g = torch.cat(views[:2])
-        s_g = self._maps(self.student, g)
-        s_l = self._maps(self.student, torch.cat(views[2:])) if n_local else {}
-        with torch.no_grad():
+        with record_function("scfs/student_backbone"):
+            s_g = self._maps(self.student, g)
+            s_l = self._maps(self.student, torch.cat(views[2:])) if n_local else {}
+        with torch.no_grad(), record_function("scfs/teacher_backbone_head"):
             t_g = self._maps(self.teacher, g)
             t_out = self.teacher["head"](Backbone.pool(t_g))
-        pooled_g = Backbone.pool(s_g)
-        # for online monitors (stop-gradient linear probe): student features of global view 1 and labels
-        self.last_features = pooled_g[:b].detach()
-        self.last_labels = batch[1] if isinstance(batch, (list, tuple)) and len(batch) > 1 else None
-        s_out = [self.student["head"](pooled_g)]
-        if n_local:
-            s_out.append(self.student["head"](Backbone.pool(s_l)))
-        loss_dino = self.dino_loss(torch.cat(s_out), t_out, temp)
+        with record_function("scfs/dino_term"):
+            pooled_g = Backbone.pool(s_g)
+            # for online monitors (stop-gradient linear probe): student features of global view 1 and labels
+            self.last_features = pooled_g[:b].detach()
+            self.last_labels = batch[1] if isinstance(batch, (list, tuple)) and len(batch) > 1 else None
+            s_out = [self.student["head"](pooled_g)]
+            if n_local:
+                s_out.append(self.student["head"](Backbone.pool(s_l)))
+            loss_dino = self.dino_loss(torch.cat(s_out), t_out, temp)
         logs: dict[str, torch.Tensor | float] = {"loss/dino": loss_dino}
         loss = loss_dino
         w = self.method_cfg.get("stage_weight", 0.5)
         for s in self.stages:
-            sg_out = self.student["stage_heads"][s](s_g[s])
-            with torch.no_grad():
-                tg_out = self.teacher["stage_heads"][s](t_g[s])
-            loss_g = self.stage_losses[s](sg_out, tg_out, temp)
+            with record_function(f"scfs/stage_{s}_global"):
+                sg_out = self.student["stage_heads"][s](s_g[s])
+                with torch.no_grad():
+                    tg_out = self.teacher["stage_heads"][s](t_g[s])
+                loss_g = self.stage_losses[s](sg_out, tg_out, temp)
             logs[f"loss/{s}_global"] = loss_g
             stage_loss = loss_g
-            loss_l = self._local_term(s, s_l.get(s), t_g[s][:b], b, n_local, temp, logs)
+            with record_function(f"scfs/stage_{s}_local"):
+                loss_l = self._local_term(s, s_l.get(s), t_g[s][:b], b, n_local, temp, logs)
             if loss_l is not None:
                 logs[f"loss/{s}_local"] = loss_l
                 stage_loss = stage_loss + loss_l

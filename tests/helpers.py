@@ -1,9 +1,11 @@
-"""Shared test helpers: compose the real Hydra config with tiny, fast overrides."""
+"""Shared test helpers: compose the real Hydra config with tiny, fast overrides; compare training states."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
@@ -23,3 +25,17 @@ def compose_cfg(overrides: list[str] | None = None, data_root: str | Path | None
     extra = [f"data.root={data_root}"] if data_root else []
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
         return compose(config_name=config_name, overrides=[*TINY, *extra, *(overrides or [])])
+
+
+def assert_same_tensors(a: Any, b: Any, name: str) -> None:
+    """Every tensor in the nested dicts / lists `a` and `b` equal bit for bit (rtol=0, atol=0), same structure."""
+    if isinstance(a, torch.Tensor):
+        torch.testing.assert_close(b, a, rtol=0, atol=0, msg=name)
+    elif isinstance(a, dict):
+        assert set(a) == set(b), f"{name}: keys differ: {set(a) ^ set(b)}"
+        for k in a:
+            assert_same_tensors(a[k], b[k], f"{name}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), name
+        for i, (u, v) in enumerate(zip(a, b)):
+            assert_same_tensors(u, v, f"{name}.{i}")

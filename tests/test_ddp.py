@@ -73,24 +73,13 @@ def _worker_run(out: Path, data: Path, overrides: list[str], crash_at: int = -1)
                           cwd=out.parent)
 
 
-def _same(a: object, b: object, name: str) -> None:
-    if isinstance(a, torch.Tensor):
-        torch.testing.assert_close(b, a, rtol=0, atol=0, msg=name)
-    elif isinstance(a, dict):
-        assert set(a) == set(b), f"{name}: keys differ: {set(a) ^ set(b)}"
-        for k in a:
-            _same(a[k], b[k], f"{name}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), name
-        for i, (u, v) in enumerate(zip(a, b)):
-            _same(u, v, f"{name}.{i}")
-
-
 def test_ddp_crash_mid_epoch_then_resume_is_exact(tmp_path: Path) -> None:
     """2 CPU processes (gloo) through `scfs.train.run`, last.ckpt after every step: a crash one step into epoch 1,
     then `resume=`, ends with exactly the weights, optimizer state and step of the uninterrupted 2-process run
     (same world size, so the same reduction order: rtol=0). Checks that the checkpoint carries what every rank
     needs (sampler position of the global batch, RNG of the shared view draws, DINO centre, EMA teacher)."""
+    from helpers import assert_same_tensors
+
     from scfs.models.checkpoint import safe_load
 
     data = tmp_path / "data"
@@ -108,5 +97,5 @@ def test_ddp_crash_mid_epoch_then_resume_is_exact(tmp_path: Path) -> None:
     a = safe_load(tmp_path / "ref" / "checkpoints" / "last.ckpt")
     b = safe_load(tmp_path / "resumed" / "checkpoints" / "last.ckpt")
     assert (a["global_step"], a["epoch"]) == (b["global_step"], b["epoch"]) and a["global_step"] == 4
-    _same(a["state_dict"], b["state_dict"], "state_dict")
-    _same(a["optimizer_states"], b["optimizer_states"], "optimizer_states")
+    assert_same_tensors(a["state_dict"], b["state_dict"], "state_dict")
+    assert_same_tensors(a["optimizer_states"], b["optimizer_states"], "optimizer_states")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import compose_cfg
+from helpers import assert_same_tensors, compose_cfg
 from omegaconf import OmegaConf
 from rel_helpers import PYTHON, cli_overrides, subprocess_env
 from torch.utils.data import Dataset
@@ -44,22 +44,9 @@ SLOW_MAIN = (
 def assert_same_training_state(a: dict, b: dict) -> None:
     """Every tensor of weights, optimizer state and callback state equal, bit for bit."""
     assert (a["global_step"], a["epoch"]) == (b["global_step"], b["epoch"])
-
-    def walk(x, y, name: str) -> None:
-        if isinstance(x, torch.Tensor):
-            torch.testing.assert_close(y, x, rtol=0, atol=0, msg=name)
-        elif isinstance(x, dict):
-            assert set(x) == set(y), f"{name}: keys differ: {set(x) ^ set(y)}"
-            for k in x:
-                walk(x[k], y[k], f"{name}.{k}")
-        elif isinstance(x, (list, tuple)):
-            assert len(x) == len(y), name
-            for i, (u, v) in enumerate(zip(x, y)):
-                walk(u, v, f"{name}.{i}")
-
-    walk(a["state_dict"], b["state_dict"], "state_dict")
-    walk(a["optimizer_states"], b["optimizer_states"], "optimizer_states")
-    walk(a["callbacks"]["OnlineLinearMonitor"], b["callbacks"]["OnlineLinearMonitor"], "online_linear")
+    assert_same_tensors(a["state_dict"], b["state_dict"], "state_dict")
+    assert_same_tensors(a["optimizer_states"], b["optimizer_states"], "optimizer_states")
+    assert_same_tensors(a["callbacks"]["OnlineLinearMonitor"], b["callbacks"]["OnlineLinearMonitor"], "online_linear")
 
 
 def _global_step(path: Path) -> int:

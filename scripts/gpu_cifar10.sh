@@ -19,10 +19,7 @@ NGPU=$(echo "$GPUS" | tr , "\n" | wc -l)
 EPOCHS=${EPOCHS:-30}; SEED=${SEED:-0}; TAG=${TAG:-e${EPOCHS}-s${SEED}}; ROOT=${ROOT:-runs/cifar10}
 CHUNK_MIN=${CHUNK_MIN:-7}
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$OUT/gpu.txt"
-[ -d data/cifar10/train ] || $PY -m scfs.data.prepare cifar10 --archive "${ARCHIVE:-.gpudata/cifar10-jpeg.tar.xz}" \
-  --out data/cifar10 || exit 1
-# decode the JPEG tree into data/cifar10/.scfs_cache once, before parallel runs each decode it on their own
-$PY -c "from scfs.data.datamodule import warm_cache; print(*warm_cache({'name': 'cifar10', 'root': 'data/cifar10'}, 16), sep='\n')"
+. "$(dirname "$0")/cifar10_data.sh"; cifar10_ready || exit 1  # decoded once, before the parallel runs start
 COMMON="+experiment=cifar10 data.root=data/cifar10 logger=csv eval.figure=false trainer.max_epochs=$EPOCHS seed=$SEED \
 chunk_minutes=$CHUNK_MIN ${EXTRA:-}"
 RUNS=${RUNS:-"scfs:method=scfs dino:method=dino"}

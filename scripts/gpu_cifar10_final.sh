@@ -13,9 +13,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/long" "$OUT/ablation"
 PY=${PY:-python3}
 t0=$(date +%s)
-[ -d data/cifar10/train ] || $PY -m scfs.data.prepare cifar10 --archive "${ARCHIVE:-.gpudata/cifar10-jpeg.tar.xz}" \
-  --out data/cifar10 || exit 1
-$PY -c "from scfs.data.datamodule import warm_cache; print(*warm_cache({'name': 'cifar10', 'root': 'data/cifar10'}, 16), sep='\n')"
+. "$(dirname "$0")/cifar10_data.sh"; cifar10_ready || exit 1  # before the two scripts below start together
 echo "data ready in $(( $(date +%s) - t0 ))s"
 OUT="$OUT/long" EPOCHS=${EPOCHS:-100} CHUNK_MIN=${CHUNK_MIN:-7} SEEDS="${SEEDS:-0}" LINEAR=${LINEAR:-0} \
   bash "$(dirname "$0")/gpu_cifar10_long.sh" > "$OUT/long.log" 2>&1 &

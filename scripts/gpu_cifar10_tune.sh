@@ -14,9 +14,7 @@
 #   out2048  2048-way DINO and stage heads (lightly's head size)
 EPOCHS=${EPOCHS:-10}; SEED=${SEED:-0}; OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 PY=${PY:-python3}
-[ -d data/cifar10/train ] || $PY -m scfs.data.prepare cifar10 --archive "${ARCHIVE:-.gpudata/cifar10-jpeg.tar.xz}" \
-  --out data/cifar10 || exit 1  # once, before the two sweeps start
-$PY -c "from scfs.data.datamodule import warm_cache; print(*warm_cache({'name': 'cifar10', 'root': 'data/cifar10'}, 16), sep='\n')"
+. "$(dirname "$0")/cifar10_data.sh"; cifar10_ready || exit 1  # once, before the two sweeps start
 RUNS=${RUNS:-"base:optim.lr=0.12 lr0.3:optim.lr=0.3 nobn:method.head_bn=false \
 pub:optim.weight_decay=1e-4|optim.weight_decay_end=1e-4|method.teacher_temp=0.07|method.warmup_teacher_temp_epochs=3 \
 out2048:method.out_dim=2048|method.stage_out_dim=2048"}

@@ -30,8 +30,7 @@ for part in ${PARTS:-ddp step}; do
             --setting bf16_cl_graphs --profile 3 --out "$OUT/s" > "$OUT/step.log" 2>&1
           echo "step rc=$? $(since)" ;;
     real) # the same CIFAR step fed by the real data path (JPEG tree decoded once, views made on the GPU)
-          [ -d data/cifar10/train ] || $PY -m scfs.data.prepare cifar10 --archive .gpudata/cifar10-jpeg.tar.xz \
-            --out data/cifar10 > /dev/null
+          . "$(dirname "$0")/cifar10_data.sh"; cifar10_ready --no-cache > /dev/null
           CUDA_VISIBLE_DEVICES=0 timeout "${REAL_S:-150}" $PY -m scfs.bench.step --suite cifar --setting bf16_cl \
             --data real --data-root data/cifar10 --profile 3 --out "$OUT/r" > "$OUT/real.log" 2>&1
           echo "real rc=$? $(since)" ;;

@@ -231,28 +231,57 @@ def StepProfile(start: int, n: int, cuda: bool) -> Any:  # noqa: N802 - a Callba
         def summary(self) -> dict[str, Any]:
             if self.prof is None or self.steps < n:
                 return {"error": "profiler did not cover the requested steps"}
-            ev = self.prof.key_averages()
-            aten = sum(e.count for e in ev if e.key.startswith("aten::"))
-            launch_names = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC")
-            launches = sum(e.count for e in ev if e.key in launch_names)
-            key = "self_device_time_total" if cuda else "self_cpu_time_total"
-            top = sorted(ev, key=lambda e: getattr(e, key, 0.0), reverse=True)[:12]
-            out = {"steps": n, "aten_ops_per_step": aten / n, "kernel_launches_per_step": launches / n,
-                   "top": [{"op": e.key, "count_per_step": e.count / n,
-                            "self_ms_per_step": getattr(e, key, 0.0) / 1e3 / n} for e in top],
-                   # where the launches come from: the most frequent aten ops (each launches one kernel or more)
-                   "frequent": [{"op": e.key, "count_per_step": e.count / n} for e in sorted(
-                       (e for e in ev if e.key.startswith("aten::")), key=lambda e: e.count, reverse=True)[:15]]}
-            # the named parts of the step (record_function ranges of SCFSModule): host ms and the GPU ms of the
-            # kernels they launched, per step
-            out["parts"] = {e.key.removeprefix("scfs/"): {
-                "cpu_ms": e.cpu_time_total / 1e3 / n, "gpu_ms": getattr(e, "device_time_total", 0.0) / 1e3 / n}
-                for e in ev if e.key.startswith("scfs/")}
-            if cuda:
-                out["gpu_busy_ms_per_step"] = sum(getattr(e, "self_device_time_total", 0.0) for e in ev) / 1e3 / n
-            return out
+            return summarize_profile(self.prof.key_averages(), n, cuda)
 
     return _Profile()
+
+
+def summarize_profile(ev: Any, n: int, cuda: bool) -> dict[str, Any]:
+    """Per-step numbers from `profile.key_averages()` (`ev`) over `n` steps.
+
+    key_averages keeps a CPU entry and a GPU entry for each `record_function` range (same key, other device type):
+    the CPU one carries the host time and the kernels launched inside it, the GPU one (a user annotation) only the
+    span from its first kernel's start to its last kernel's end. GPU busy time is the sum over kernel, memcpy and
+    memset entries alone: adding the CPU ops' or the annotations' device time counts kernels twice and idle gaps."""
+    from torch.autograd import DeviceType
+
+    def on_cpu(e: Any) -> bool:
+        return e.device_type == DeviceType.CPU
+
+    def annotation(e: Any) -> bool:
+        return bool(getattr(e, "is_user_annotation", False)) or e.key.startswith(("scfs/", "Optimizer.", "## "))
+
+    aten = sum(e.count for e in ev if on_cpu(e) and e.key.startswith("aten::"))
+    launch_names = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC")
+    launches = sum(e.count for e in ev if e.key in launch_names)
+    ops = [e for e in ev if on_cpu(e) and not annotation(e)]
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    top = sorted(ops, key=lambda e: getattr(e, key, 0.0), reverse=True)[:12]
+    out: dict[str, Any] = {
+        "steps": n, "aten_ops_per_step": aten / n, "kernel_launches_per_step": launches / n,
+        # host ops by the time of their own kernels (GPU) or their own host time (CPU)
+        "top": [{"op": e.key, "count_per_step": e.count / n, "self_ms_per_step": getattr(e, key, 0.0) / 1e3 / n}
+                for e in top],
+        # where the launches come from: the most frequent aten ops (each launches one kernel or more)
+        "frequent": [{"op": e.key, "count_per_step": e.count / n} for e in sorted(
+            (e for e in ops if e.key.startswith("aten::")), key=lambda e: e.count, reverse=True)[:15]]}
+    # the named parts of the step (record_function ranges of SCFSModule): host ms, GPU ms of the kernels launched
+    # inside (same thread: the backward's kernels are launched by autograd's thread and count under "rest"), and
+    # the GPU span of the range (first kernel start to last kernel end: kernel time plus the gaps between them)
+    spans = {e.key: e.device_time_total for e in ev if not on_cpu(e) and e.key.startswith("scfs/")}
+    out["parts"] = {e.key.removeprefix("scfs/"): {
+        "cpu_ms": e.cpu_time_total / 1e3 / n, "gpu_ms": e.device_time_total / 1e3 / n,
+        "gpu_span_ms": spans.get(e.key, 0.0) / 1e3 / n} for e in ev if on_cpu(e) and e.key.startswith("scfs/")}
+    if cuda:
+        kernels = [e for e in ev if not on_cpu(e) and not annotation(e)]
+        busy = sum(e.device_time_total for e in kernels) / 1e3 / n
+        out["gpu_busy_ms_per_step"] = busy
+        out["parts"]["rest"] = {"cpu_ms": 0.0, "gpu_ms": busy - sum(p["gpu_ms"] for p in out["parts"].values()),
+                                "gpu_span_ms": 0.0}
+        out["top_kernels"] = [{"kernel": e.key, "count_per_step": e.count / n,
+                               "ms_per_step": e.device_time_total / 1e3 / n}
+                              for e in sorted(kernels, key=lambda e: e.device_time_total, reverse=True)[:10]]
+    return out
 
 
 def _quantiles(v: list[float]) -> tuple[float, float]:
@@ -302,7 +331,9 @@ def markdown(result: dict) -> str:
     lines = [f"# Training-step benchmark ({m['suite']}): {m['gpu']}, {m['date']}", "",
              f"torch {m['torch']}, lightning {m['lightning']}; {m['processes']} process(es); data {m['data']}; "
              f"{m['warmup']} warm-up + {m['steps']} timed steps; median step (CUDA events on GPU, wall clock on "
-             "CPU). Published = the published implementation, measured separately (../shared/MEASUREMENTS.md).", "",
+             "CPU). Published = the published implementation, measured separately (../shared/MEASUREMENTS.md)."
+             + (f" Host: {m['host_us_per_op']:.1f} us to dispatch one tiny op (the yardstick for host-bound steps)."
+                if m.get("host_us_per_op") else ""), "",
              "| method | B/GPU | setting | step ms | img/s | warm-up s | peak GiB | aug ms | SCFS/DINO | "
              "published ms (img/s) | scaling eff. | epochs/min |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
@@ -320,29 +351,54 @@ def markdown(result: dict) -> str:
                      f" | {ref} | {f('scaling_efficiency', '{:.2f}')} | {f('epochs_per_min')} |")
     prof_rows = [r for r in result["rows"] if "profile" in r and "error" not in r["profile"]]
     if prof_rows:
-        lines += ["", "Profile (`--profile`): per step, op and kernel-launch counts, the top ops by self time.",
-                  "", "| method | B/GPU | setting | aten ops | kernel launches | GPU busy ms | top ops (self ms) |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += ["", "Profile (`--profile`): per step, op and kernel-launch counts, GPU busy ms (kernels, copies and "
+                  "memsets only) and its share of the step, the top host ops by the time of their own kernels (GPU) "
+                  "or their own host time (CPU).",
+                  "", "| method | B/GPU | setting | aten ops | kernel launches | GPU busy ms | busy / step | "
+                  "top ops (self ms) |", "|---|---|---|---|---|---|---|---|"]
         for r in prof_rows:
             p = r["profile"]
             top = ", ".join(f"{t['op']} {t['self_ms_per_step']:.2f}" for t in p["top"][:5])
             busy = f"{p['gpu_busy_ms_per_step']:.1f}" if "gpu_busy_ms_per_step" in p else "-"
+            share = f"{p['gpu_busy_ms_per_step'] / r['step_ms']:.2f}" if "gpu_busy_ms_per_step" in p else "-"
             lines.append(f"| {r['method']} | {r['B']} | {r['setting']} | {p['aten_ops_per_step']:.0f} | "
-                         f"{p['kernel_launches_per_step']:.0f} | {busy} | {top} |")
+                         f"{p['kernel_launches_per_step']:.0f} | {busy} | {share} | {top} |")
         names = sorted({k for r in prof_rows for k in r["profile"].get("parts", {})})
         if names:
-            lines += ["", "Parts of the step (record_function ranges of the module; host ms / GPU ms of their kernels, "
-                      "per step; backward is the whole backward pass, views appear from the 2nd profiled step on):", "",
+            lines += ["", "Parts of the step (record_function ranges of the module), per step: host ms / GPU ms of the "
+                      "kernels launched inside / GPU span ms (first kernel start to last kernel end). The backward's "
+                      "kernels come from autograd's thread, so they count under rest (GPU busy minus the parts: "
+                      "backward, clipping, optimizer, monitor); views appear from the 2nd profiled step on.", "",
                       "| method | B/GPU | setting | " + " | ".join(names) + " |", "|---|---|---|" + "---|" * len(names)]
             for r in prof_rows:
                 parts = r["profile"].get("parts", {})
-                cells = [f"{parts[k]['cpu_ms']:.1f} / {parts[k]['gpu_ms']:.1f}" if k in parts else "-" for k in names]
+                cells = [f"{parts[k]['cpu_ms']:.1f} / {parts[k]['gpu_ms']:.1f} / {parts[k].get('gpu_span_ms', 0):.1f}"
+                         if k in parts else "-" for k in names]
                 lines.append(f"| {r['method']} | {r['B']} | {r['setting']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 def save(result: dict, stem: Path) -> str:
     return save_record(result, stem, markdown)
+
+
+def host_us_per_op(device: str, n: int = 5000) -> float:
+    """Host cost of dispatching one tiny op (an in-place add on 16 elements), in microseconds: the yardstick of
+    this machine's CPU for a host-bound step, whose time is about (ops per step) x (this). Steps measured on
+    different machines compare only after this: the same code and GPU ran the SCFS CIFAR step at 67 and 122 ms."""
+    import torch
+
+    x = torch.zeros(16, device=device)
+    for _ in range(200):
+        x.add_(1)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        x.add_(1)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - t) / n * 1e6
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -359,7 +415,8 @@ def run(args: argparse.Namespace) -> dict:
     meta = {"suite": suite, "gpu": gpu if args.device == "cpu" else torch.cuda.get_device_name(), "date": stamp,
             "torch": torch.__version__, "lightning": lightning.__version__, "python": platform.python_version(),
             "processes": args.devices, "data": args.data, "warmup": args.warmup, "steps": args.steps,
-            "command": "python -m scfs.bench.step " + " ".join(sys.argv[1:])}
+            "command": "python -m scfs.bench.step " + " ".join(sys.argv[1:]),
+            "host_us_per_op": host_us_per_op(args.device)}
     compare = json.loads(Path(args.compare).read_text()) if args.compare else None
     rows: list[dict] = []
     result = {"meta": meta, "rows": rows}

@@ -16,7 +16,7 @@ def test_step_benchmark_tiny_cpu_writes_json_and_markdown(tmp_path: Path) -> Non
     assert main(["--device", "cpu", "--tiny", "--warmup", "1", "--steps", "2", "--strict", "--out", str(tmp_path)]) == 0
     (js,) = tmp_path.glob("step-cpu-*-tiny.json")
     rec = json.loads(js.read_text())
-    assert rec["meta"]["processes"] == 1 and rec["meta"]["data"] == "synthetic"
+    assert rec["meta"]["processes"] == 1 and rec["meta"]["data"] == "synthetic" and rec["meta"]["host_us_per_op"] > 0
     assert {(r["method"], r["B"]) for r in rec["rows"]} == {("scfs", 8), ("dino", 8)}
     for r in rec["rows"]:
         assert r["step_ms"] > 0 and r["img_per_s"] > 0 and r["steps"] == 2 and r["world"] == 1
@@ -60,3 +60,44 @@ def test_real_data_mode_needs_a_prepared_folder(tmp_path: Path, capsys: pytest.C
         main(["--device", "cpu", "--tiny", "--data", "real", "--data-root", str(tmp_path), "--out", str(tmp_path)])
     assert exc.value.code == 2 and "no train/ folder" in capsys.readouterr().err
     assert not list(tmp_path.glob("step-*.json"))
+
+
+def test_profile_summary_counts_each_kernel_once() -> None:
+    """key_averages holds, per record_function range, a CPU entry (host time, its kernels) and a GPU annotation (the
+    span); the CPU op that launched a kernel also carries that kernel's time. GPU busy must count each kernel once,
+    and leave annotations and the Lightning optimizer range (which wraps the whole closure) out."""
+    from types import SimpleNamespace as E
+
+    from torch.autograd import DeviceType
+
+    from scfs.bench.step import summarize_profile
+
+    cpu, gpu = DeviceType.CPU, DeviceType.CUDA
+
+    def ev(key: str, dev: DeviceType, count: int = 2, cpu_us: float = 0.0, dev_us: float = 0.0,
+           self_dev_us: float | None = None, ann: bool = False) -> E:
+        return E(key=key, device_type=dev, count=count, cpu_time_total=cpu_us, self_cpu_time_total=cpu_us,
+                 device_time_total=dev_us, self_device_time_total=dev_us if self_dev_us is None else self_dev_us,
+                 is_user_annotation=ann)
+
+    events = [
+        ev("aten::conv2d", cpu, 8, cpu_us=400, dev_us=6000, self_dev_us=0),       # its child launched the kernel
+        ev("aten::cudnn_convolution", cpu, 8, cpu_us=300, dev_us=6000),
+        ev("aten::add_", cpu, 20, cpu_us=200, dev_us=1000),
+        ev("cudaLaunchKernel", cpu, 28, cpu_us=100),
+        ev("sm90_conv_kernel", gpu, 8, dev_us=6000),
+        ev("elementwise_kernel", gpu, 20, dev_us=1000),
+        ev("scfs/student_backbone", cpu, 2, cpu_us=900, dev_us=6000, ann=True),
+        ev("scfs/student_backbone", gpu, 2, dev_us=9000, ann=True),            # span: kernels + gaps
+        ev("Optimizer.step#SGD.step", gpu, 2, dev_us=20000, ann=True),
+        ev("Optimizer.step#SGD.step", cpu, 2, cpu_us=5000, dev_us=7000, ann=True),
+    ]
+    out = summarize_profile(events, 2, cuda=True)
+    assert out["gpu_busy_ms_per_step"] == 3.5                      # (6000 + 1000) us over 2 steps, once
+    assert out["kernel_launches_per_step"] == 14 and out["aten_ops_per_step"] == 18
+    part = out["parts"]["student_backbone"]
+    assert (part["cpu_ms"], part["gpu_ms"], part["gpu_span_ms"]) == (0.45, 3.0, 4.5)
+    assert out["parts"]["rest"]["gpu_ms"] == 0.5                    # busy minus the named parts
+    assert [t["op"] for t in out["top"]][:2] == ["aten::cudnn_convolution", "aten::add_"]
+    assert not any(t["op"].startswith(("scfs/", "Optimizer")) for t in out["top"])
+    assert out["top_kernels"][0] == {"kernel": "sm90_conv_kernel", "count_per_step": 4.0, "ms_per_step": 3.0}

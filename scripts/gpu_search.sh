@@ -25,14 +25,14 @@ $PY -c "from scfs.search import cuda_backend as c; c.extension(); print('extensi
   | tail -5 | tee -a "$OUT/build.log"
 echo "build: $(since)" | tee -a "$OUT/build.log"
 
-timeout "$(budget "${CHECK_S:-100}")" $PY -m scfs.search.check --backends "${CHECK_BACKENDS:-cuda}" --weighting both \
+timeout -k 15 "$(budget "${CHECK_S:-100}")" $PY -m scfs.search.check --backends "${CHECK_BACKENDS:-cuda}" --weighting both \
   2>&1 | tee "$OUT/check.log" | grep -v '^ok' ; echo "check rc=${PIPESTATUS[0]} $(since)"
 
-timeout "$(budget "${PROBE_S:-60}")" $PY -m scfs.bench.search --probe --weighting both > "$OUT/probe.txt" 2>&1
+timeout -k 15 "$(budget "${PROBE_S:-60}")" $PY -m scfs.bench.search --probe --weighting both > "$OUT/probe.txt" 2>&1
 echo "probe rc=$? $(since)"; cat "$OUT/probe.txt"
 
 # per-kernel GPU time of one CUDA forward under each order (similarity, finalize, weighting) and of fwd+bwd
-timeout "$(budget 45)" $PY - > "$OUT/profile.txt" 2>&1 <<'PYEOF'
+timeout -k 15 "$(budget 45)" $PY - > "$OUT/profile.txt" 2>&1 <<'PYEOF'
 import torch
 from torch.profiler import ProfilerActivity, profile
 from scfs.search import cuda_backend, feature_search
@@ -67,15 +67,15 @@ PYEOF
 echo "profile rc=$? $(since)"; head -80 "$OUT/profile.txt"
 
 case " $* " in *" --weighting "* | *" --weighting="*) WARGS=() ;; *) WARGS=(--weighting both) ;; esac
-timeout "$(budget "${BENCH_S:-170}")" $PY -m scfs.bench.search --out "$OUT" "${WARGS[@]}" "$@" 2>&1 \
+timeout -k 15 "$(budget "${BENCH_S:-170}")" $PY -m scfs.bench.search --out "$OUT" "${WARGS[@]}" "$@" 2>&1 \
   | tee "$OUT/bench.log" | grep -v '^|' ; echo "bench rc=${PIPESTATUS[0]} $(since)"
 cat "$OUT"/search-*.md 2>/dev/null
 
 if [ "${SCFS_PYTEST:-0}" = "1" ]; then
-  timeout "$(budget 90)" $PY -m pytest -q -m gpu -p no:cacheprovider tests/search -x 2>&1 | tail -5 | tee -a "$OUT/profile.txt"
+  timeout -k 15 "$(budget 90)" $PY -m pytest -q -m gpu -p no:cacheprovider tests/search -x 2>&1 | tail -5 | tee -a "$OUT/profile.txt"
 fi
 if [ "${SCFS_NCU:-0}" = "1" ] && command -v ncu >/dev/null; then
-  timeout "$(budget 120)" ncu --clock-control none -k regex:"sim_kernel|weight_kernel|weight_chunked_kernel" -c 8 \
+  timeout -k 15 "$(budget 120)" ncu --clock-control none -k regex:"sim_kernel|weight_kernel|weight_chunked_kernel" -c 8 \
     --section SpeedOfLight --section Occupancy --section MemoryWorkloadAnalysis \
     $PY -c "
 import torch; from scfs.search import cuda_backend, feature_search

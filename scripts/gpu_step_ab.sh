@@ -14,7 +14,7 @@ t0=$(date +%s); since() { echo "$(( $(date +%s) - t0 ))s"; }
 head_tree=$PWD
 bench() {  # tree tag args...
   local tree=$1 tag=$2; shift 2
-  (cd "$tree" && PYTHONPATH=/tmp/site:$tree TORCH_EXTENSIONS_DIR=/tmp/torch_ext_$tag timeout "${AB_S:-300}" \
+  (cd "$tree" && PYTHONPATH=/tmp/site:$tree TORCH_EXTENSIONS_DIR=/tmp/torch_ext_$tag timeout -k 15 "${AB_S:-300}" \
     $PY -m scfs.bench.step "$@" --out "$OUT/ab/$tag" >> "$OUT/ab/$tag.log" 2>&1)
   echo "$tag $* rc=$? $(since)"
 }

@@ -128,12 +128,18 @@ class SCFSModule(L.LightningModule):
         """`torch.compile` backbones and heads of student and teacher in place (`nn.Module.compile`): parameter
         names, checkpoints and the EMA are unchanged; global and local view sizes give two graphs each.
         `compile_mode="reduce-overhead"` replays them as CUDA graphs (the step is launch-bound at small batches)."""
-        kw = {} if self.compile_mode == "default" else {"mode": self.compile_mode}
+        # dynamic=False: one static graph per input shape (global and local views). Without it the second shape
+        # a module sees makes dynamo recompile it with symbolic sizes (slower kernels, a longer compile; seen as
+        # [0/1] [0/2] recompiles on the ResNet-50 step), and CUDA graphs record one graph per shape either way.
+        kw: dict[str, Any] = {"dynamic": False}
+        if self.compile_mode != "default":
+            kw["mode"] = self.compile_mode
         for net in (self.student, self.teacher):
             net["backbone"].compile(**kw)
             net["head"].compile(**kw)
             for head in net["stage_heads"].values():
                 head.compile(**kw)
+                head.compile_searched(**kw)  # the teacher's N·B searched maps go through forward_searched
 
     # ---- schedules -------------------------------------------------------------------------------------
     @property

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -118,6 +120,16 @@ class StageHead(nn.Module):
         y = F.relu(self.bn2(self.conv2(y)))
         return self.bn3(self.conv3(y))
 
+    def branch_pool(self, y: torch.Tensor) -> torch.Tensor:
+        """GAP of the residual branch from its first conv's output on: the part of `forward_searched` that runs
+        over all N·B projected searched maps (`compile_searched` compiles it)."""
+        return self._branch_after_conv1(y).mean(dim=(2, 3))
+
+    def compile_searched(self, **kwargs: Any) -> None:
+        """`torch.compile` the searched path's branch (`branch_pool`) with `kwargs`: `nn.Module.compile` only
+        covers `forward`, and `forward_searched` does not go through it."""
+        self._branch_pool = torch.compile(self.branch_pool, **kwargs)
+
     def pool(self, x: torch.Tensor) -> torch.Tensor:
         """The pooled (pre-MLP) feature of a map batch."""
         y = x + self._branch_after_conv1(self.conv1(x))
@@ -142,7 +154,7 @@ class StageHead(nn.Module):
         out = feature_search(feats, queries, weight=self.conv1.weight.flatten(1), **search_kwargs)
         n, b = queries.shape[:2]
         h, w = feats.shape[-2:]
-        branch = self._branch_after_conv1(out.features).mean(dim=(2, 3))
+        branch = getattr(self, "_branch_pool", self.branch_pool)(out.features)
         # GAP of the searched map itself: mean_hw a[n,b,h,w] * feats[b,:,h,w]
         a = out.weights.to(feats.dtype).flatten(2)  # (N,B,HW)
         gap_x = torch.einsum("nbp,bcp->nbc", a, feats.flatten(2)).reshape(n * b, -1) / (h * w)

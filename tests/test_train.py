@@ -42,6 +42,17 @@ def test_stage_terms_are_logged_for_scfs_only(tmp_path, shapes_root):
     assert "loss/dino" in metrics and "layer2" not in metrics
 
 
+def test_knn_monitor_curve_says_where_a_pass_goes(tmp_path, shapes_root):
+    """eval.knn_every_n_epochs: each curve point has the accuracy and the seconds of the pass by part."""
+    run(compose_cfg(["eval.knn_every_n_epochs=1", "eval.knn_at_start=false"], data_root=shapes_root), tmp_path)
+    (point,) = json.loads((tmp_path / "knn_curve.json").read_text())
+    assert point["epoch"] == 1 and 0 <= point["top1_k20"] <= 100
+    sec = point["seconds"]
+    assert set(sec) == {"loaders_s", "bank_s", "query_s", "search_s", "total_s"}
+    assert all(v >= 0 for v in sec.values()) and sec["bank_s"] > 0
+    assert sec["total_s"] >= sum(v for k, v in sec.items() if k != "total_s") - 1e-3
+
+
 def test_resume_continues_exactly(tmp_path, shapes_root):
     """2 epochs straight == resume from the same run's epoch-1 checkpoint: same step, teacher, student, centre."""
     common = ["trainer.max_epochs=2", "trainer.deterministic=true", "eval.knn_at_start=false",

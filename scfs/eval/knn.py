@@ -49,23 +49,53 @@ def _gpu_faiss() -> bool:
     return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
 
 
-def knn_search(train_feats: torch.Tensor, test_feats: torch.Tensor, k: int,
-               use_gpu: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact k nearest neighbours by inner product (= cosine for L2-normalised features) on faiss `IndexFlatIP`.
+def knn_search(train_feats: torch.Tensor, test_feats: torch.Tensor, k: int, use_gpu: bool | None = None,
+               backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact k nearest neighbours by inner product (= cosine for L2-normalised features).
 
-    Returns (similarities, indices), both (n_test, k), most similar first. GPU faiss is used when it is installed
-    and a GPU is visible (`use_gpu=None`), the CPU index otherwise.
+    Returns (similarities, indices), both (n_test, k), most similar first, on the CPU. `backend`:
+    * ``"faiss"``: faiss `IndexFlatIP`, on the GPU when GPU faiss is installed and a GPU is visible (`use_gpu=None`);
+    * ``"torch"``: chunked matmul + topk on CUDA when a GPU is visible (else the CPU): the same exact search for
+      machines with faiss-cpu and a GPU. Measured: a CIFAR-sized search (50k x 512 bank, 10k queries, k=200) takes
+      8.9 s in faiss-cpu on 2 cores, while the features already sit next to an idle GPU;
+    * ``"auto"``: GPU faiss if available, else torch on a visible GPU, else faiss on the CPU.
     """
     if k < 1:
         raise ValueError(f"k={k}: must be >= 1")
+    if backend not in ("auto", "faiss", "torch"):
+        raise ValueError(f"knn backend={backend!r}: allowed are auto, faiss, torch")
     k = min(k, train_feats.shape[0])
+    gpu_faiss = _gpu_faiss() if use_gpu is None else use_gpu
+    if backend == "torch" or (backend == "auto" and not gpu_faiss and torch.cuda.is_available()):
+        return _torch_search(train_feats, test_feats, k)
     index = faiss.IndexFlatIP(train_feats.shape[1])
-    if (_gpu_faiss() if use_gpu is None else use_gpu) and k <= 2048:  # GPU faiss caps k at 2048
+    if gpu_faiss and k <= 2048:  # GPU faiss caps k at 2048
         res = faiss.StandardGpuResources()
         index = faiss.index_cpu_to_gpu(res, torch.cuda.current_device() if torch.cuda.is_available() else 0, index)
     index.add(np.ascontiguousarray(train_feats.detach().float().cpu().numpy()))
     sims, idx = index.search(np.ascontiguousarray(test_feats.detach().float().cpu().numpy()), k)
     return torch.from_numpy(sims), torch.from_numpy(idx).long()
+
+
+@torch.no_grad()
+def _torch_search(train_feats: torch.Tensor, test_feats: torch.Tensor, k: int,
+                  chunk_bytes: int = 1 << 30) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact inner-product top-k with torch, query chunks sized so one similarity block stays near `chunk_bytes`;
+    float32 throughout (no TF32: neighbour order must not depend on the matmul precision setting)."""
+    dev = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    bank = train_feats.detach().to(dev, torch.float32)
+    rows = max(1, chunk_bytes // (4 * bank.shape[0]))
+    sims, idx = [], []
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        for q in test_feats.detach().split(rows):
+            s, i = (q.to(dev, torch.float32) @ bank.T).topk(k, dim=1)
+            sims.append(s.cpu())
+            idx.append(i.cpu())
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    return torch.cat(sims), torch.cat(idx).long()
 
 
 def knn_votes(sims: torch.Tensor, idx: torch.Tensor, train_labels: torch.Tensor, k: int, temperature: float,
@@ -154,12 +184,20 @@ def normalize(features: torch.Tensor) -> torch.Tensor:
 
 def evaluate_backbone_knn(backbone: nn.Module, bank_loader: DataLoader, query_loader: DataLoader,
                           ks: Sequence[int] = (20,), temperature: float = 0.07,
-                          device: torch.device | str = "cpu") -> dict[str, float]:
-    """kNN accuracy of a backbone's pooled feature (`backbone.pooled`) from two loaders."""
+                          device: torch.device | str = "cpu", timings: dict[str, float] | None = None
+                          ) -> dict[str, float]:
+    """kNN accuracy of a backbone's pooled feature (`backbone.pooled`) from two loaders. `timings`, when given,
+    receives the seconds of each part (bank and query features, search and votes): where a slow pass goes."""
     model = _Pooled(backbone)
+    t0 = time.perf_counter()
     tr_f, tr_y = extract_features(model, bank_loader, device)
+    t1 = time.perf_counter()
     te_f, te_y = extract_features(model, query_loader, device)
-    return knn_accuracy(tr_f, tr_y, te_f, te_y, ks, temperature)
+    t2 = time.perf_counter()
+    acc = knn_accuracy(tr_f, tr_y, te_f, te_y, ks, temperature)
+    if timings is not None:
+        timings.update(bank_s=t1 - t0, query_s=t2 - t1, search_s=time.perf_counter() - t2)
+    return acc
 
 
 class _Pooled(nn.Module):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -27,11 +28,16 @@ class KNNMonitor(L.Callback):
             return
         from scfs.eval.knn import evaluate_backbone_knn
 
+        t0 = time.perf_counter()
         bank, query = trainer.datamodule.knn_loaders()
+        seconds = {"loaders_s": time.perf_counter() - t0}
         acc = evaluate_backbone_knn(pl_module.backbone("teacher"), bank, query, self.ks, self.temperature,
-                                    device=pl_module.device)
+                                    device=pl_module.device, timings=seconds)
+        seconds["total_s"] = time.perf_counter() - t0
         pl_module.log_dict({f"knn/{k}": v for k, v in acc.items()}, rank_zero_only=True)
-        self.curve.append({"epoch": trainer.current_epoch + 1, "step": trainer.global_step, **acc})
+        # the pass's seconds by part, in the curve: a kNN pass that costs several epochs shows where it goes
+        self.curve.append({"epoch": trainer.current_epoch + 1, "step": trainer.global_step, **acc,
+                           "seconds": {k: round(v, 3) for k, v in seconds.items()}})
         if self.out_file:
             self.out_file.write_text(json.dumps(self.curve, indent=2))
 

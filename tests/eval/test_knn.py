@@ -33,6 +33,25 @@ def test_faiss_knn_equals_brute_force(k):
                                atol=1e-4)
 
 
+@pytest.mark.parametrize("k", [1, 20, 200])
+def test_torch_search_equals_faiss(k):
+    """backend="torch" (what a machine with faiss-cpu and a GPU uses) finds the same neighbours, in the same order,
+    as faiss; small query chunks exercise the chunking."""
+    from scfs.eval.knn import _torch_search
+
+    g = torch.Generator().manual_seed(100 + k)
+    train = F.normalize(torch.randn(700, 40, generator=g), dim=1)
+    test = F.normalize(torch.randn(130, 40, generator=g), dim=1)
+    f_sims, f_idx = knn_search(train, test, k, backend="faiss")
+    t_sims, t_idx = knn_search(train, test, k, backend="torch")
+    assert torch.equal(t_idx, f_idx)
+    torch.testing.assert_close(t_sims, f_sims, rtol=1e-5, atol=1e-6)
+    c_sims, c_idx = _torch_search(train, test, k, chunk_bytes=4 * 700 * 7)  # 7 queries per chunk
+    assert torch.equal(c_idx, f_idx) and torch.equal(c_sims, t_sims)
+    with pytest.raises(ValueError, match="allowed are auto, faiss, torch"):
+        knn_search(train, test, k, backend="gpu")
+
+
 def test_accuracies_for_all_k_from_one_search_match_brute_force():
     g = torch.Generator().manual_seed(0)
     centers = torch.randn(8, 32, generator=g)

@@ -97,6 +97,7 @@ def validate_config(cfg: DictConfig) -> None:
     _check(cfg, "method.stage_weight", lambda v: v >= 0, "a number >= 0", required=False)
     _check(cfg, "method.stage_norm", lambda v: v in ("batchnorm", "groupnorm1"), "batchnorm or groupnorm1",
            required=False)
+    _check(cfg, "method.stage_pooled_bn", lambda v: isinstance(v, bool), "true or false", required=False)
     _check(cfg, "optim.name", lambda v: v in OPTIMIZERS, f"one of {', '.join(OPTIMIZERS)}")
     _check(cfg, "optim.lr", _pos, "a learning rate > 0")
     _check(cfg, "optim.weight_decay", lambda v: v >= 0, "a number >= 0", required=False)

@@ -69,6 +69,7 @@ BAD = [
     ("trainer.accumulate_grad_batches=0", "trainer.accumulate_grad_batches"),
     ("compile_mode=turbo", "compile_mode"),
     ("method.stage_norm=layernorm", "method.stage_norm"),
+    ("method.stage_pooled_bn=maybe", "method.stage_pooled_bn"),
 ]
 
 

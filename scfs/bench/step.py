@@ -110,6 +110,7 @@ def compose(suite: str, method: str, batch: int, setting: str, args: argparse.Na
         ov += TINY
     if args.data == "real":
         ov += [f"data.root={args.data_root}"]
+    ov += list(args.override or [])
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
         return hcompose(config_name="config", overrides=ov)
 
@@ -333,7 +334,8 @@ def markdown(result: dict) -> str:
              f"{m['warmup']} warm-up + {m['steps']} timed steps; median step (CUDA events on GPU, wall clock on "
              "CPU). Published = the published implementation, measured separately (../shared/MEASUREMENTS.md)."
              + (f" Host: {m['host_us_per_op']:.1f} us to dispatch one tiny op (the yardstick for host-bound steps)."
-                if m.get("host_us_per_op") else ""), "",
+                if m.get("host_us_per_op") else "")
+             + (f" Overrides on every row: `{' '.join(m['overrides'])}`." if m.get("overrides") else ""), "",
              "| method | B/GPU | setting | step ms | img/s | warm-up s | peak GiB | aug ms | SCFS/DINO | "
              "published ms (img/s) | scaling eff. | epochs/min |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
@@ -416,11 +418,13 @@ def run(args: argparse.Namespace) -> dict:
             "torch": torch.__version__, "lightning": lightning.__version__, "python": platform.python_version(),
             "processes": args.devices, "data": args.data, "warmup": args.warmup, "steps": args.steps,
             "command": "python -m scfs.bench.step " + " ".join(sys.argv[1:]),
-            "host_us_per_op": host_us_per_op(args.device)}
+            "host_us_per_op": host_us_per_op(args.device), "overrides": list(args.override or [])}
     compare = json.loads(Path(args.compare).read_text()) if args.compare else None
     rows: list[dict] = []
     result = {"meta": meta, "rows": rows}
-    for method, b, setting in suite_rows(suite, args.quick, args.tiny, args.batch, args.setting):
+    rows_todo = [r for r in suite_rows(suite, args.quick, args.tiny, args.batch, args.setting)
+                 if not args.method or r[0] in args.method]
+    for method, b, setting in rows_todo:
         row: dict[str, Any] = {"method": method, "B": b, "setting": setting}
         try:
             row.update(measure(compose(suite, method, b, setting, args), args, suite))
@@ -458,6 +462,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--strict", action="store_true", help="raise instead of recording a failing row")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="also profile N steps after the warm-up: op / kernel-launch counts and top ops per row")
+    ap.add_argument("--method", action="append", choices=("scfs", "dino"), help="only these methods (repeatable)")
+    ap.add_argument("--override", action="append", metavar="KEY=VALUE",
+                    help="Hydra override applied to every row, e.g. method.stage_pooled_bn=false (repeatable)")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = ap.parse_args(argv)
     if args.data == "real" and not args.data_root:

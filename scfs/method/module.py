@@ -55,6 +55,7 @@ def _build_network(
                 bottleneck_bn=method_cfg.get("bottleneck_bn", False),
                 norm_last_layer=method_cfg.get("norm_last_layer", True),
                 norm=method_cfg.get("stage_norm", "batchnorm"),
+                pooled_bn=method_cfg.get("stage_pooled_bn", True),
             )
             for s in stages
         }

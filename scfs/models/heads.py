@@ -69,6 +69,50 @@ class DINOHead(nn.Module):
         return self.last_layer(x)
 
 
+def pooled_conv_bn(z: torch.Tensor, conv: nn.Conv2d, bn: nn.BatchNorm2d) -> torch.Tensor:
+    """`bn(conv(z)).mean((2, 3))` for a bias-free 1x1 `conv`, without materialising conv's (M, C, H, W) output.
+
+    Both ops are affine per pixel, so the pooled output needs only the per-map mean of z and, in training, the
+    batch moments of y = W z over all maps and pixels: mean W m and E[y_c^2] = w_c^T S w_c with m, S the first
+    and second moments of z (a mid x mid matrix). That replaces the widest tensors of an SCFS stage head (the
+    C-channel conv3 output and bn3's output over all N*B searched maps, read and written again by the backward)
+    by one mid x mid Gram matrix. Same statistics and running-stat updates as `nn.BatchNorm2d` (momentum or
+    cumulative average, unbiased running variance), computed in float32 (float64 for float64 maps) whatever
+    the autocast dtype."""
+    n, mid, h, w = z.shape
+    training = bn.training or bn.running_mean is None
+    acc = torch.promote_types(z.dtype, torch.float32)  # float32, or float64 for float64 maps
+    with torch.autocast(device_type=z.device.type, enabled=False):
+        zf = z.to(acc).permute(0, 2, 3, 1).reshape(n, h * w, mid)  # a view for channels_last maps
+        w3 = conv.weight.to(acc).flatten(1)  # (C, mid)
+        ybar = zf.mean(1) @ w3.T  # (n, C): the pooled conv output
+        if training:
+            m_count = n * h * w
+            if m_count < 2:
+                raise ValueError("Expected more than 1 value per channel when training, got input size "
+                                 f"{tuple(z.shape)}")
+            flat = zf.reshape(-1, mid)
+            mean_z = flat.mean(0)
+            mean = w3 @ mean_z
+            second = flat.T @ flat / m_count  # (mid, mid)
+            var = (((w3 @ second) * w3).sum(1) - mean * mean).clamp_min(0)
+            if bn.training and bn.track_running_stats and bn.running_mean is not None:
+                with torch.no_grad():
+                    factor = 0.0 if bn.momentum is None else bn.momentum
+                    if bn.num_batches_tracked is not None:
+                        bn.num_batches_tracked.add_(1)
+                        if bn.momentum is None:
+                            factor = 1.0 / float(bn.num_batches_tracked)
+                    bn.running_mean.mul_(1 - factor).add_(mean.detach(), alpha=factor)
+                    bn.running_var.mul_(1 - factor).add_(var.detach() * (m_count / (m_count - 1)), alpha=factor)
+        else:
+            mean, var = bn.running_mean.to(acc), bn.running_var.to(acc)
+        out = (ybar - mean) * torch.rsqrt(var + bn.eps)
+        if bn.affine:
+            out = out * bn.weight.to(acc) + bn.bias.to(acc)
+    return out.to(z.dtype)
+
+
 # The residual branch's norm layers: BatchNorm as published; GroupNorm(1, C) (per-sample statistics, as timm's
 # `groupnorm1`) where batch statistics must not depend on how the batch is split, e.g. the CPU DDP test.
 STAGE_NORMS = {"batchnorm": nn.BatchNorm2d, "groupnorm1": lambda c: nn.GroupNorm(1, c)}
@@ -98,6 +142,7 @@ class StageHead(nn.Module):
         bottleneck_bn: bool = False,
         norm_last_layer: bool = True,
         norm: str = "batchnorm",
+        pooled_bn: bool = True,
     ) -> None:
         super().__init__()
         mid = max(channels // reduction, 8)
@@ -112,6 +157,7 @@ class StageHead(nn.Module):
         self.bn3 = make(channels)
         nn.init.zeros_(self.bn3.weight)  # start as identity: the residual branch is learnt on top of GAP(x)
         self.final_relu = final_relu
+        self.pooled_bn = pooled_bn  # pool conv3 + bn3 in closed form (exact; False materialises them, to compare)
         self.proj = DINOHead(channels, out_dim, hidden_dim, bottleneck_dim, nlayers, use_bn=use_bn,
                              norm_last_layer=norm_last_layer, bottleneck_bn=bottleneck_bn)
 
@@ -122,7 +168,12 @@ class StageHead(nn.Module):
 
     def branch_pool(self, y: torch.Tensor) -> torch.Tensor:
         """GAP of the residual branch from its first conv's output on: the part of `forward_searched` that runs
-        over all N·B projected searched maps (`compile_searched` compiles it)."""
+        over all N·B projected searched maps (`compile_searched` compiles it). With plain BatchNorm (not SyncBN,
+        not GroupNorm) and `pooled_bn` on, conv3 + bn3 are pooled in closed form (`pooled_conv_bn`)."""
+        if self.pooled_bn and type(self.bn3) is nn.BatchNorm2d:
+            z = F.relu(self.bn1(y))
+            z = F.relu(self.bn2(self.conv2(z)))
+            return pooled_conv_bn(z, self.conv3, self.bn3)
         return self._branch_after_conv1(y).mean(dim=(2, 3))
 
     def compile_searched(self, **kwargs: Any) -> None:
@@ -131,11 +182,10 @@ class StageHead(nn.Module):
         self._branch_pool = torch.compile(self.branch_pool, **kwargs)
 
     def pool(self, x: torch.Tensor) -> torch.Tensor:
-        """The pooled (pre-MLP) feature of a map batch."""
-        y = x + self._branch_after_conv1(self.conv1(x))
+        """The pooled (pre-MLP) feature of a map batch: GAP(x) + GAP(branch(x)) when no ReLU follows the sum."""
         if self.final_relu:
-            y = F.relu(y)
-        return y.mean(dim=(2, 3))
+            return F.relu(x + self._branch_after_conv1(self.conv1(x))).mean(dim=(2, 3))
+        return x.mean(dim=(2, 3)) + self.branch_pool(self.conv1(x))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.proj(self.pool(x))

@@ -101,3 +101,18 @@ def test_profile_summary_counts_each_kernel_once() -> None:
     assert [t["op"] for t in out["top"]][:2] == ["aten::cudnn_convolution", "aten::add_"]
     assert not any(t["op"].startswith(("scfs/", "Optimizer")) for t in out["top"])
     assert out["top_kernels"][0] == {"kernel": "sm90_conv_kernel", "count_per_step": 4.0, "ms_per_step": 3.0}
+
+
+def test_method_filter_and_overrides_reach_the_rows(tmp_path: Path) -> None:
+    """--method keeps only those rows; --override reaches every row's config and is recorded in the meta."""
+    torch.set_num_threads(1)
+    assert main(["--device", "cpu", "--tiny", "--warmup", "1", "--steps", "1", "--method", "scfs", "--strict",
+                 "--override", "method.stage_pooled_bn=false", "--out", str(tmp_path)]) == 0
+    (js,) = tmp_path.glob("step-cpu-*-tiny.json")
+    rec = json.loads(js.read_text())
+    assert [r["method"] for r in rec["rows"]] == ["scfs"]
+    assert rec["meta"]["overrides"] == ["method.stage_pooled_bn=false"]
+    assert "Overrides on every row: `method.stage_pooled_bn=false`" in js.with_suffix(".md").read_text()
+    with pytest.raises(Exception, match="stage_pooled_bn"):  # a bad override is the config's error, not a crash
+        main(["--device", "cpu", "--tiny", "--method", "scfs", "--strict", "--override",
+              "method.stage_pooled_bn=maybe", "--out", str(tmp_path / "bad")])

@@ -59,3 +59,98 @@ def test_norm_last_layer_false_makes_the_norm_trainable():
 def test_stage_head_unknown_norm_is_refused():
     with pytest.raises(ValueError, match="norm='layernorm'.*batchnorm, groupnorm1"):
         StageHead(16, norm="layernorm")
+
+
+def _conv_bn(mid: int, c: int, momentum: float | None, dtype=torch.float64):
+    conv = torch.nn.Conv2d(mid, c, 1, bias=False).to(dtype)
+    bn = torch.nn.BatchNorm2d(c, momentum=momentum).to(dtype)
+    torch.nn.init.normal_(bn.weight)
+    torch.nn.init.normal_(bn.bias)
+    return conv, bn
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("momentum", [0.1, None])
+def test_pooled_conv_bn_equals_materialised_in_training(momentum, channels_last):
+    """Closed-form GAP(bn(conv1x1(z))): same output, every gradient and the same running statistics as the
+    materialised ops, over two steps (the second starts from updated running stats)."""
+    from scfs.models.heads import pooled_conv_bn
+
+    torch.manual_seed(1)
+    conv, bn = _conv_bn(6, 10, momentum)
+    conv2, bn2 = _conv_bn(6, 10, momentum)
+    conv2.load_state_dict(conv.state_dict())
+    bn2.load_state_dict(bn.state_dict())
+    for step in range(2):
+        z = (torch.randn(5, 6, 4, 3, dtype=torch.float64) + 0.5 * step).relu()  # post-ReLU maps, non-zero mean
+        if channels_last:
+            z = z.contiguous(memory_format=torch.channels_last)
+        z1, z2 = z.clone().requires_grad_(), z.clone().requires_grad_()
+        fast = pooled_conv_bn(z1, conv, bn)
+        slow = bn2(conv2(z2)).mean(dim=(2, 3))
+        torch.testing.assert_close(fast, slow, rtol=1e-10, atol=1e-10)
+        g = torch.randn_like(slow)
+        fast.backward(g)
+        slow.backward(g)
+        torch.testing.assert_close(z1.grad, z2.grad, rtol=1e-9, atol=1e-10)
+        for a, b in [(conv.weight, conv2.weight), (bn.weight, bn2.weight), (bn.bias, bn2.bias)]:
+            torch.testing.assert_close(a.grad, b.grad, rtol=1e-9, atol=1e-10)
+        torch.testing.assert_close(bn.running_mean, bn2.running_mean, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(bn.running_var, bn2.running_var, rtol=1e-10, atol=1e-12)
+        assert int(bn.num_batches_tracked) == int(bn2.num_batches_tracked) == step + 1
+    bn.eval(), bn2.eval()
+    z = torch.randn(3, 6, 4, 3, dtype=torch.float64).relu()
+    torch.testing.assert_close(pooled_conv_bn(z, conv, bn), bn2(conv2(z)).mean(dim=(2, 3)), rtol=1e-10, atol=1e-10)
+
+
+def test_pooled_conv_bn_under_bf16_autocast_is_float32_accurate():
+    """Under bf16 autocast the materialised path rounds conv3's output to bf16; the closed form keeps float32 and
+    stays within bf16 rounding of the float64 result, and returns the autocast dtype."""
+    from scfs.models.heads import pooled_conv_bn
+
+    torch.manual_seed(2)
+    conv, bn = _conv_bn(16, 32, 0.1, torch.float32)
+    z = torch.randn(8, 16, 7, 7).relu().to(torch.bfloat16)
+    with torch.no_grad():
+        ref = torch.nn.functional.batch_norm(
+            torch.nn.functional.conv2d(z.double(), conv.weight.double()), None, None, bn.weight.double(),
+            bn.bias.double(), training=True, eps=bn.eps).mean(dim=(2, 3))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            fast = pooled_conv_bn(z, conv, bn)
+    assert fast.dtype == torch.bfloat16
+    torch.testing.assert_close(fast.double(), ref, rtol=1e-2, atol=1e-2)
+
+
+def test_pooled_conv_bn_refuses_a_single_value_per_channel():
+    from scfs.models.heads import pooled_conv_bn
+
+    conv, bn = _conv_bn(4, 8, 0.1)
+    with pytest.raises(ValueError, match="more than 1 value per channel"):
+        pooled_conv_bn(torch.randn(1, 4, 1, 1, dtype=torch.float64), conv, bn)
+
+
+@pytest.mark.parametrize("norm", ["batchnorm", "groupnorm1"])
+def test_stage_head_pooled_bn_matches_materialised_head(norm):
+    """StageHead.pool and forward_searched in training mode, closed form (pooled_bn) against the materialised
+    head: outputs, gradients of every parameter, running stats. GroupNorm has no closed form: same path, bitwise."""
+    torch.manual_seed(3)
+    a = StageHead(16, out_dim=20, hidden_dim=16, bottleneck_dim=8, norm=norm).double().train()
+    torch.nn.init.normal_(a.bn3.weight)
+    b = StageHead(16, out_dim=20, hidden_dim=16, bottleneck_dim=8, norm=norm).double().train()
+    b.load_state_dict(a.state_dict())
+    b.pooled_bn = False
+    x = torch.randn(6, 16, 5, 5, dtype=torch.float64)
+    feats, queries = torch.randn(3, 16, 5, 5, dtype=torch.float64), torch.randn(4, 3, 16, dtype=torch.float64)
+    outs = []
+    for head in (a, b):
+        out = head(x).sum() + head.forward_searched(feats, queries, backend="reference")[0].square().sum()
+        out.backward()
+        outs.append(out.detach())
+    exact = norm == "groupnorm1"
+    tol = {"rtol": 0, "atol": 0} if exact else {"rtol": 1e-9, "atol": 1e-10}
+    torch.testing.assert_close(outs[0], outs[1], **tol)
+    for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
+        if pa.grad is not None:
+            torch.testing.assert_close(pa.grad, pb.grad, msg=name, **tol)
+    for (name, ba), bb in zip(a.named_buffers(), b.buffers()):
+        torch.testing.assert_close(ba, bb, msg=name, **tol)

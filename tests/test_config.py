@@ -137,3 +137,13 @@ def test_gradient_accumulation_is_a_trainer_key(trainer):
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
         for b in ("tiny", "resnet18", "resnet18_cifar", "resnet50"):
             assert compose(config_name="config", overrides=[f"backbone={b}"]).backbone.pretrained_path is None
+
+
+def test_gpu_trainers_use_the_cudnn_autotuner():
+    """trainer=gpu and trainer=ddp turn on cudnn.benchmark (fixed view shapes; the published DINO code sets it);
+    the CPU trainer leaves Lightning's default."""
+    from scfs.train import trainer_kwargs
+
+    for trainer in ("gpu", "ddp"):
+        assert trainer_kwargs(compose_cfg([f"trainer={trainer}"]))["benchmark"] is True
+    assert "benchmark" not in trainer_kwargs(compose_cfg(["trainer=cpu"]))

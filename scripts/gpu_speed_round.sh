@@ -9,6 +9,7 @@
 #   4. real: the CIFAR step fed by the real data path (--data real), REAL_S seconds at most;
 #   5. step50: the ResNet-50 step rows with the profile (STEP50_SETTINGS, default bf16_cl), STEP50_S seconds at most.
 #   6. graphs50: the ResNet-50 rows under CUDA graphs (GRAPHS50_ARGS, default B=32 bf16_cl_graphs), GRAPHS50_S.
+#   7. pooled: ResNet-50 SCFS B=32 with method.stage_pooled_bn=true, then false (profiled), POOLED_S for both.
 # timeout -k: a compile worker pool can outlive a plain SIGTERM and hold the call to its limit (2026-11-30).
 # PARTS picks and orders them (default "ddp step"; "kernel" alone fits one call; all of them do not).
 # Lesson of the first round (2026-11-30): the step rows overlapped the kernel harness and the step process rebuilt
@@ -18,7 +19,7 @@
 # Everything lands in $OUT/round.tgz (at most 8 files come back); the tables are printed last.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 WANDB_MODE=disabled NCCL_NVLS_ENABLE=0 TORCH_EXTENSIONS_DIR=/tmp/torch_ext
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/k" "$OUT/s" "$OUT/r" "$OUT/s50" "$OUT/g50"
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/k" "$OUT/s" "$OUT/r" "$OUT/s50" "$OUT/g50" "$OUT/p"
 PY=${PY:-python3}
 t0=$(date +%s)
 since() { echo "$(( $(date +%s) - t0 ))s"; }
@@ -48,6 +49,14 @@ for part in ${PARTS:-ddp step}; do
           CUDA_VISIBLE_DEVICES=0 timeout -k 15 "${GRAPHS50_S:-540}" $PY -m scfs.bench.step --suite resnet50 \
             ${GRAPHS50_ARGS:---batch 32 --setting bf16_cl_graphs} --profile 3 --out "$OUT/g50" > "$OUT/graphs50.log" 2>&1
           echo "graphs50 rc=$? $(since)" ;;
+    pooled) # the stage heads' closed-form conv3 + bn3 against the materialised head, ResNet-50 SCFS B=32, profiled
+          # (GPU busy and the stage parts' kernel ms are the numbers it changes), POOLED_S seconds for both runs
+          for v in true false; do
+            CUDA_VISIBLE_DEVICES=0 timeout -k 15 "$(( ${POOLED_S:-200} / 2 ))" $PY -m scfs.bench.step --suite resnet50 \
+              --batch 32 --setting bf16_cl --method scfs --profile 3 --override "method.stage_pooled_bn=$v" \
+              --out "$OUT/p/$v" > "$OUT/pooled-$v.log" 2>&1
+            echo "pooled $v rc=$? $(since)"
+          done ;;
     kernel) # shellcheck disable=SC2086
       # the harness sweeps both backends on the GPU (Triton's two-pass forward was only interpreter-checked); the
       # benchmark times the default (tiled) CUDA order only, at B=32 and 64, with the torch.compile baseline
@@ -56,8 +65,8 @@ for part in ${PARTS:-ddp step}; do
         bash "$(dirname "$0")/gpu_search.sh" ${KERNEL_ARGS:---tag v4 --weighting tiled --compile-until 150} \
         > "$OUT/kernel.log" 2>&1
       echo "kernel $(since)"; grep -E "rc=|failing" "$OUT/kernel.log" ;;
-    *) echo "unknown part $part (ddp, step, real, step50, graphs50, kernel)"; exit 2 ;;
+    *) echo "unknown part $part (ddp, step, real, step50, graphs50, pooled, kernel)"; exit 2 ;;
   esac
 done
-(cd "$OUT" && tar czf round.tgz k s r s50 g50 ./*.log && rm -rf k s r s50 g50)
+(cd "$OUT" && tar czf round.tgz k s r s50 g50 p ./*.log && rm -rf k s r s50 g50 p)
 tar xzf "$OUT/round.tgz" -O --wildcards '*.md' 2>/dev/null | grep -E "^\||^#" | head -70

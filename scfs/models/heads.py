@@ -78,7 +78,8 @@ def pooled_conv_bn(z: torch.Tensor, conv: nn.Conv2d, bn: nn.BatchNorm2d) -> torc
     C-channel conv3 output and bn3's output over all N*B searched maps, read and written again by the backward)
     by one mid x mid Gram matrix. Same statistics and running-stat updates as `nn.BatchNorm2d` (momentum or
     cumulative average, unbiased running variance), computed in float32 (float64 for float64 maps) whatever
-    the autocast dtype."""
+    the autocast dtype; with TF32 matmuls allowed (`torch.set_float32_matmul_precision("high")`) the moments
+    carry TF32 rounding, like any float32 matmul."""
     n, mid, h, w = z.shape
     training = bn.training or bn.running_mean is None
     acc = torch.promote_types(z.dtype, torch.float32)  # float32, or float64 for float64 maps

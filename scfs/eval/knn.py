@@ -58,7 +58,7 @@ def knn_search(train_feats: torch.Tensor, test_feats: torch.Tensor, k: int, use_
     * ``"torch"``: chunked matmul + topk on CUDA when a GPU is visible (else the CPU): the same exact search for
       machines with faiss-cpu and a GPU. Measured: a CIFAR-sized search (50k x 512 bank, 10k queries, k=200) takes
       8.9 s in faiss-cpu on 2 cores, while the features already sit next to an idle GPU;
-    * ``"auto"``: GPU faiss if available, else torch on a visible GPU, else faiss on the CPU.
+    * ``"auto"``: GPU faiss if available, else torch on a visible GPU with room for the bank, else faiss on the CPU.
     """
     if k < 1:
         raise ValueError(f"k={k}: must be >= 1")
@@ -66,7 +66,7 @@ def knn_search(train_feats: torch.Tensor, test_feats: torch.Tensor, k: int, use_
         raise ValueError(f"knn backend={backend!r}: allowed are auto, faiss, torch")
     k = min(k, train_feats.shape[0])
     gpu_faiss = _gpu_faiss() if use_gpu is None else use_gpu
-    if backend == "torch" or (backend == "auto" and not gpu_faiss and torch.cuda.is_available()):
+    if backend == "torch" or (backend == "auto" and not gpu_faiss and _bank_fits_gpu(train_feats)):
         return _torch_search(train_feats, test_feats, k)
     index = faiss.IndexFlatIP(train_feats.shape[1])
     if gpu_faiss and k <= 2048:  # GPU faiss caps k at 2048
@@ -75,6 +75,15 @@ def knn_search(train_feats: torch.Tensor, test_feats: torch.Tensor, k: int, use_
     index.add(np.ascontiguousarray(train_feats.detach().float().cpu().numpy()))
     sims, idx = index.search(np.ascontiguousarray(test_feats.detach().float().cpu().numpy()), k)
     return torch.from_numpy(sims), torch.from_numpy(idx).long()
+
+
+def _bank_fits_gpu(train_feats: torch.Tensor) -> bool:
+    """A visible GPU with room for the float32 bank plus a 1 GiB similarity block in a quarter of its free memory
+    (an ImageNet bank of 1.28M x 2048 is 10 GiB: on a small GPU faiss on the CPU is the safer choice)."""
+    if not torch.cuda.is_available():
+        return False
+    free, _ = torch.cuda.mem_get_info()
+    return 4 * train_feats.numel() + (1 << 30) < free // 4
 
 
 @torch.no_grad()

@@ -211,3 +211,21 @@ def test_ks_accepts_one_int_or_a_list():
     from scfs.eval.knn import parse_ks
 
     assert parse_ks(20) == [20] and parse_ks(OmegaConf.create({"ks": [10, 200]}).ks) == [10, 200]
+
+
+def test_auto_backend_uses_the_gpu_only_when_the_bank_fits(monkeypatch):
+    """auto: faiss-cpu machines with a GPU search there only when the bank and a 1 GiB block fit in a quarter of
+    the free memory; otherwise faiss on the CPU (an ImageNet bank is 10 GiB)."""
+    import scfs.eval.knn as knn
+
+    used: list[str] = []
+    monkeypatch.setattr(knn, "_gpu_faiss", lambda: False)
+    monkeypatch.setattr(knn.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(knn, "_torch_search", lambda tr, te, k: used.append("torch") or knn.knn_search(
+        tr, te, k, backend="faiss"))
+    train, test = F.normalize(torch.randn(50, 8), dim=1), F.normalize(torch.randn(5, 8), dim=1)
+    monkeypatch.setattr(knn.torch.cuda, "mem_get_info", lambda: (80 << 30, 80 << 30))
+    knn.knn_search(train, test, 3)
+    monkeypatch.setattr(knn.torch.cuda, "mem_get_info", lambda: (2 << 30, 80 << 30))
+    knn.knn_search(train, test, 3)
+    assert used == ["torch"]

@@ -386,8 +386,9 @@ def save(result: dict, stem: Path) -> str:
 
 def host_us_per_op(device: str, n: int = 5000) -> float:
     """Host cost of dispatching one tiny op (an in-place add on 16 elements), in microseconds: the yardstick of
-    this machine's CPU for a host-bound step, whose time is about (ops per step) x (this). Steps measured on
-    different machines compare only after this: the same code and GPU ran the SCFS CIFAR step at 67 and 122 ms."""
+    this machine's CPU for a host-bound step, whose time grows with (ops per step) x (this). Steps measured on
+    different machines compare only with it: one commit ran the ResNet-50 SCFS step at 84.3 and 98.7 ms on two
+    H200 machines (step-h200-2026-11-30-ab.md)."""
     import torch
 
     x = torch.zeros(16, device=device)

@@ -162,19 +162,20 @@ class StageHead(nn.Module):
         self.proj = DINOHead(channels, out_dim, hidden_dim, bottleneck_dim, nlayers, use_bn=use_bn,
                              norm_last_layer=norm_last_layer, bottleneck_bn=bottleneck_bn)
 
-    def _branch_after_conv1(self, y: torch.Tensor) -> torch.Tensor:
+    def _mid(self, y: torch.Tensor) -> torch.Tensor:
+        """The residual branch between its first conv's output and its last conv's input."""
         y = F.relu(self.bn1(y))
-        y = F.relu(self.bn2(self.conv2(y)))
-        return self.bn3(self.conv3(y))
+        return F.relu(self.bn2(self.conv2(y)))
+
+    def _branch_after_conv1(self, y: torch.Tensor) -> torch.Tensor:
+        return self.bn3(self.conv3(self._mid(y)))
 
     def branch_pool(self, y: torch.Tensor) -> torch.Tensor:
         """GAP of the residual branch from its first conv's output on: the part of `forward_searched` that runs
         over all N·B projected searched maps (`compile_searched` compiles it). With plain BatchNorm (not SyncBN,
         not GroupNorm) and `pooled_bn` on, conv3 + bn3 are pooled in closed form (`pooled_conv_bn`)."""
         if self.pooled_bn and type(self.bn3) is nn.BatchNorm2d:
-            z = F.relu(self.bn1(y))
-            z = F.relu(self.bn2(self.conv2(z)))
-            return pooled_conv_bn(z, self.conv3, self.bn3)
+            return pooled_conv_bn(self._mid(y), self.conv3, self.bn3)
         return self._branch_after_conv1(y).mean(dim=(2, 3))
 
     def compile_searched(self, **kwargs: Any) -> None:

@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from scfs.models import DINOHead, StageHead
+from scfs.models.heads import pooled_conv_bn
 from scfs.search import feature_search
 
 
@@ -74,8 +75,6 @@ def _conv_bn(mid: int, c: int, momentum: float | None, dtype=torch.float64):
 def test_pooled_conv_bn_equals_materialised_in_training(momentum, channels_last):
     """Closed-form GAP(bn(conv1x1(z))): same output, every gradient and the same running statistics as the
     materialised ops, over two steps (the second starts from updated running stats)."""
-    from scfs.models.heads import pooled_conv_bn
-
     torch.manual_seed(1)
     conv, bn = _conv_bn(6, 10, momentum)
     conv2, bn2 = _conv_bn(6, 10, momentum)
@@ -106,8 +105,6 @@ def test_pooled_conv_bn_equals_materialised_in_training(momentum, channels_last)
 def test_pooled_conv_bn_under_bf16_autocast_is_float32_accurate():
     """Under bf16 autocast the materialised path rounds conv3's output to bf16; the closed form keeps float32 and
     stays within bf16 rounding of the float64 result, and returns the autocast dtype."""
-    from scfs.models.heads import pooled_conv_bn
-
     torch.manual_seed(2)
     conv, bn = _conv_bn(16, 32, 0.1, torch.float32)
     z = torch.randn(8, 16, 7, 7).relu().to(torch.bfloat16)
@@ -122,8 +119,6 @@ def test_pooled_conv_bn_under_bf16_autocast_is_float32_accurate():
 
 
 def test_pooled_conv_bn_refuses_a_single_value_per_channel():
-    from scfs.models.heads import pooled_conv_bn
-
     conv, bn = _conv_bn(4, 8, 0.1)
     with pytest.raises(ValueError, match="more than 1 value per channel"):
         pooled_conv_bn(torch.randn(1, 4, 1, 1, dtype=torch.float64), conv, bn)

@@ -279,6 +279,11 @@ def summarize_profile(ev: Any, n: int, cuda: bool) -> dict[str, Any]:
         out["gpu_busy_ms_per_step"] = busy
         out["parts"]["rest"] = {"cpu_ms": 0.0, "gpu_ms": busy - sum(p["gpu_ms"] for p in out["parts"].values()),
                                 "gpu_span_ms": 0.0}
+        # where the host time goes when the step is host-bound (busy / step well under 1): ops and runtime calls
+        # (cudaLaunchKernel, graph replays, dynamo's cache lookups) by their own host time
+        out["host_top"] = [{"op": e.key, "count_per_step": e.count / n, "self_cpu_ms_per_step":
+                            e.self_cpu_time_total / 1e3 / n}
+                           for e in sorted(ops, key=lambda e: e.self_cpu_time_total, reverse=True)[:15]]
         out["top_kernels"] = [{"kernel": e.key, "count_per_step": e.count / n,
                                "ms_per_step": e.device_time_total / 1e3 / n}
                               for e in sorted(kernels, key=lambda e: e.device_time_total, reverse=True)[:10]]

@@ -20,6 +20,27 @@ from scfs.models import Backbone, DINOHead, StageHead
 SEARCH_MODES = ("soft", "hard", "softmax", "roi", "none")
 
 
+# Graphs one code object gets per stage head in a step: the stage heads of student and teacher share
+# `StageHead.forward`, which sees the teacher's global maps (no grad) and the student's global and local maps.
+GRAPHS_PER_STAGE = 3
+RECOMPILE_SLACK = 8  # dynamo's default limit: the eval passes (BN in eval mode) and other callers' graphs
+
+
+def raise_recompile_limit(n_stages: int) -> int:
+    """Raise dynamo's per-code-object graph limit to what a compiled SCFS step needs, and return it.
+
+    All instances of one module class share one `forward` code object, and dynamo keeps at most
+    `recompile_limit` graphs for it (8 by default). Three stages need 9 graphs of `StageHead.forward`, so the 9th
+    call ran eager, silently (H200 log, 2026-11-30: 'hit config.recompile_limit (8)', function forward in
+    heads.py; under CUDA graphs that stage's head was then launch-bound). The limit is global dynamo config, so it
+    is only ever raised, never lowered."""
+    import torch._dynamo.config as dynamo_config
+
+    need = GRAPHS_PER_STAGE * n_stages + RECOMPILE_SLACK
+    dynamo_config.recompile_limit = max(int(dynamo_config.recompile_limit), need)
+    return dynamo_config.recompile_limit
+
+
 def _build_network(
     backbone_cfg: Mapping[str, Any], method_cfg: Mapping[str, Any], stages: Sequence[str]
 ) -> nn.ModuleDict:
@@ -133,6 +154,7 @@ class SCFSModule(L.LightningModule):
         # a module sees makes dynamo recompile it with symbolic sizes (slower kernels, a longer compile; seen as
         # [0/1] [0/2] recompiles on the ResNet-50 step), and CUDA graphs record one graph per shape either way.
         kw: dict[str, Any] = {"dynamic": False}
+        raise_recompile_limit(len(self.stages))
         if self.compile_mode != "default":
             kw["mode"] = self.compile_mode
         for net in (self.student, self.teacher):

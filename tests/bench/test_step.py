@@ -101,6 +101,10 @@ def test_profile_summary_counts_each_kernel_once() -> None:
     assert [t["op"] for t in out["top"]][:2] == ["aten::cudnn_convolution", "aten::add_"]
     assert not any(t["op"].startswith(("scfs/", "Optimizer")) for t in out["top"])
     assert out["top_kernels"][0] == {"kernel": "sm90_conv_kernel", "count_per_step": 4.0, "ms_per_step": 3.0}
+    # host time: ops and runtime calls by their own host time, annotations left out
+    assert [t["op"] for t in out["host_top"]][:2] == ["aten::conv2d", "aten::cudnn_convolution"]
+    assert out["host_top"][0]["self_cpu_ms_per_step"] == 0.2
+    assert not any(t["op"].startswith(("scfs/", "Optimizer")) for t in out["host_top"])
 
 
 def test_method_filter_and_overrides_reach_the_rows(tmp_path: Path) -> None:

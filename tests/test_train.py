@@ -50,7 +50,8 @@ def test_knn_monitor_curve_says_where_a_pass_goes(tmp_path, shapes_root):
     sec = point["seconds"]
     assert set(sec) == {"loaders_s", "bank_s", "query_s", "search_s", "total_s"}
     assert all(v >= 0 for v in sec.values()) and sec["bank_s"] > 0
-    assert sec["total_s"] >= sum(v for k, v in sec.items() if k != "total_s") - 1e-3
+    # each value is rounded to 1 ms, so the parts' sum may exceed the rounded total by half a ms per value
+    assert sec["total_s"] >= sum(v for k, v in sec.items() if k != "total_s") - 0.0005 * len(sec)
 
 
 def test_resume_continues_exactly(tmp_path, shapes_root):

@@ -432,6 +432,10 @@ def run(args: argparse.Namespace) -> dict:
                  if not args.method or r[0] in args.method]
     for method, b, setting in rows_todo:
         row: dict[str, Any] = {"method": method, "B": b, "setting": setting}
+        # each row compiles afresh: the rows share modules' forward code objects, so two batch sizes in one process
+        # would fill dynamo's per-code-object graph limit and the later row's last stage head would run eager
+        # (H200 log, 2026-11-30: 'hit config.recompile_limit (17)' on the B=64 row after B=32)
+        torch._dynamo.reset()
         try:
             row.update(measure(compose(suite, method, b, setting, args), args, suite))
         except Exception as err:  # one failing row (say, OOM) must not lose the others

@@ -120,3 +120,19 @@ def test_method_filter_and_overrides_reach_the_rows(tmp_path: Path) -> None:
     with pytest.raises(Exception, match="stage_pooled_bn"):  # a bad override is the config's error, not a crash
         main(["--device", "cpu", "--tiny", "--method", "scfs", "--strict", "--override",
               "method.stage_pooled_bn=maybe", "--out", str(tmp_path / "bad")])
+
+
+def test_each_row_compiles_afresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows share modules' forward code objects: without a dynamo reset per row, a second batch size in one process
+    filled the per-code-object graph limit and its last stage head ran eager (H200, 2026-11-30)."""
+    import torch._dynamo
+
+    torch.set_num_threads(1)
+    seen: list[int] = []
+    real_reset = torch._dynamo.reset
+    monkeypatch.setattr(torch._dynamo, "reset", lambda: (seen.append(1), real_reset())[1])
+    assert main(["--device", "cpu", "--tiny", "--warmup", "1", "--steps", "1", "--method", "scfs", "--batch", "4",
+                 "--batch", "8", "--strict", "--out", str(tmp_path)]) == 0
+    (js,) = tmp_path.glob("step-cpu-*-tiny.json")
+    assert [r["B"] for r in json.loads(js.read_text())["rows"]] == [4, 8]
+    assert len(seen) == 2

@@ -382,6 +382,14 @@ def markdown(result: dict) -> str:
                 cells = [f"{parts[k]['cpu_ms']:.1f} / {parts[k]['gpu_ms']:.1f} / {parts[k].get('gpu_span_ms', 0):.1f}"
                          if k in parts else "-" for k in names]
                 lines.append(f"| {r['method']} | {r['B']} | {r['setting']} | " + " | ".join(cells) + " |")
+        host_rows = [r for r in prof_rows if r["profile"].get("host_top")]
+        if host_rows:
+            lines += ["", "Where the host time goes (CUDA rows): ops by their own host time per step, with calls per "
+                      "step; a step whose GPU is idle part of the time is bound by these.", ""]
+            lines += [f"- {r['method']} B={r['B']} {r['setting']}: " + ", ".join(
+                f"{t['op']} {t['self_cpu_ms_per_step']:.1f} ms ({t['count_per_step']:.0f}x)"
+                for t in r["profile"]["host_top"][:8]) for r in host_rows]
+    lines += [f"{label}: {m[key]}" for key, label in (("made_by", "\nMade by"), ("note", "\nNote")) if m.get(key)]
     return "\n".join(lines) + "\n"
 
 

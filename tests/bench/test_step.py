@@ -136,3 +136,18 @@ def test_each_row_compiles_afresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     (js,) = tmp_path.glob("step-cpu-*-tiny.json")
     assert [r["B"] for r in json.loads(js.read_text())["rows"]] == [4, 8]
     assert len(seen) == 2
+
+
+def test_markdown_names_host_time_and_provenance() -> None:
+    """A committed GPU record's markdown says where host time goes and which command made it."""
+    from scfs.bench.step import markdown
+
+    meta = {"suite": "resnet50", "gpu": "NVIDIA H200", "date": "2026-11-30", "torch": "2", "lightning": "2",
+            "processes": 1, "data": "synthetic", "warmup": 1, "steps": 2, "made_by": "bash scripts/x.sh",
+            "note": "B=64 not measured"}
+    prof = {"aten_ops_per_step": 10, "kernel_launches_per_step": 5, "top": [], "gpu_busy_ms_per_step": 1.0,
+            "host_top": [{"op": "cudaGraphLaunch", "count_per_step": 28.0, "self_cpu_ms_per_step": 8.31}]}
+    md = markdown({"meta": meta, "rows": [{"method": "scfs", "B": 32, "setting": "bf16_cl_graphs", "step_ms": 2.0,
+                                           "img_per_s": 16000.0, "profile": prof}]})
+    assert "- scfs B=32 bf16_cl_graphs: cudaGraphLaunch 8.3 ms (28x)" in md
+    assert "Made by: bash scripts/x.sh" in md and "Note: B=64 not measured" in md

@@ -102,6 +102,8 @@ def validate_config(cfg: DictConfig) -> None:
     _check(cfg, "optim.lr", _pos, "a learning rate > 0")
     _check(cfg, "optim.weight_decay", lambda v: v >= 0, "a number >= 0", required=False)
     _check(cfg, "optim.warmup_epochs", lambda v: v >= 0, "a number of epochs >= 0", required=False)
+    _check(cfg, "optim.fused", lambda v: v in (True, False, "auto"), "true, false or auto (fused on CUDA)",
+           required=False)
     _check(cfg, "batch_size", _pos_int, "an integer > 0 (images per device)")
     _check(cfg, "chunk_minutes", lambda v: v is None or (isinstance(v, (int, float)) and v > 0),
            "null or a number of minutes > 0", required=False)

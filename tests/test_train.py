@@ -72,6 +72,21 @@ def test_resume_continues_exactly(tmp_path, shapes_root):
     assert a["global_step"] == c["global_step"]
 
 
+def test_fused_optimizer_trains_the_same_model(tmp_path, shapes_root):
+    """optim.fused=true (what `auto` picks on CUDA; the CPU's fused SGD here) trains the same weights as the foreach
+    default, which `auto` keeps on the CPU."""
+    common = ["eval.knn_at_start=false", "trainer.deterministic=true"]
+    run(compose_cfg(common, data_root=shapes_root), tmp_path / "auto")
+    run(compose_cfg([*common, "optim.fused=true"], data_root=shapes_root), tmp_path / "fused")
+    a, f = (torch.load(tmp_path / d / "checkpoints" / "last.ckpt", weights_only=False, map_location="cpu")
+            for d in ("auto", "fused"))
+    assert not a["optimizer_states"][0]["param_groups"][0]["fused"]
+    assert f["optimizer_states"][0]["param_groups"][0]["fused"] is True
+    assert a["global_step"] == f["global_step"] == 2
+    for k, v in a["state_dict"].items():
+        torch.testing.assert_close(f["state_dict"][k], v, rtol=1e-5, atol=1e-6, msg=k)
+
+
 def test_resume_auto_finds_latest_and_bad_path_is_clear(tmp_path):
     assert find_resume_checkpoint("auto", "nothing-here", runs_root=tmp_path) is None
     ck = tmp_path / "x" / "2026" / "checkpoints"

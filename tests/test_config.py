@@ -61,6 +61,7 @@ BAD = [
     ("optim.lr=0", "optim.lr"),
     ("optim.weight_decay=-1", "optim.weight_decay"),
     ("optim.fused=sometimes", "optim.fused"),
+    ("optim.fused=true trainer.precision=16-mixed trainer.gradient_clip_val=3", "optim.fused"),
     ("batch_size=0", "batch_size"),
     ("+global_batch_size=7 trainer.devices=2", "global_batch_size"),
     ("data=folder data.root=/definitely/not/here", "data.root"),

@@ -26,6 +26,23 @@ GRAPHS_PER_STAGE = 3
 RECOMPILE_SLACK = 8  # dynamo's default limit: the eval passes (BN in eval mode) and other callers' graphs
 
 
+def use_fused_optimizer(want: bool | str, on_cuda: bool, fp16_scaled: bool, clip_val: float) -> bool:
+    """Whether to build SGD/AdamW with `fused=True`.
+
+    `auto` = on when every parameter is on CUDA, except under fp16 loss scaling with gradient clipping: a fused
+    optimizer unscales inside its own step, so Lightning cannot unscale before clipping and refuses the pair
+    (`+experiment=imagenet` is fp16 with clip 3.0, so it keeps the foreach path). On the CPU `auto` keeps the
+    foreach path the CPU records were made with. `true` with that pair is a config error naming the fix."""
+    if want == "auto":
+        return on_cuda and not (fp16_scaled and clip_val > 0)
+    if want and fp16_scaled and clip_val > 0:
+        raise ValueError("optim.fused=true cannot be combined with fp16 loss scaling (trainer.precision=16-mixed) and "
+                         f"gradient clipping (trainer.gradient_clip_val={clip_val}): the fused step unscales the "
+                         "gradients itself, after clipping would have run. Use optim.fused=auto, "
+                         "trainer.precision=bf16-mixed, or trainer.gradient_clip_val=0")
+    return bool(want)
+
+
 def raise_recompile_limit(n_stages: int) -> int:
     """Raise dynamo's per-code-object graph limit to what a compiled SCFS step needs, and return it.
 
@@ -228,13 +245,12 @@ class SCFSModule(L.LightningModule):
 
     def _fused(self, groups: list[dict]) -> dict[str, bool]:
         """`optim.fused`: the optimizer's fused kernels (one multi-tensor kernel per step instead of a few foreach ops
-        per group: fewer launches on a host-bound GPU step). `auto` = on when every parameter is on a CUDA device
-        (Lightning moves the module before it builds the optimizer), off on the CPU, where the default stays the
-        foreach path the CPU records were made with."""
-        want = self.optim_cfg.get("fused", "auto")
-        if want == "auto":
-            want = all(p.is_cuda for g in groups for p in g["params"])
-        return {"fused": True} if want else {}
+        per group: fewer launches on a host-bound GPU step); see `use_fused_optimizer`."""
+        on_cuda = all(p.is_cuda for g in groups for p in g["params"])  # Lightning moves the module first
+        trainer = self._trainer
+        fp16 = trainer is not None and str(trainer.precision) in ("16-mixed", "16")
+        clip = float((trainer.gradient_clip_val or 0.0) if trainer is not None else 0.0)
+        return {"fused": True} if use_fused_optimizer(self.optim_cfg.get("fused", "auto"), on_cuda, fp16, clip) else {}
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         lr, wd = self._lr_wd()

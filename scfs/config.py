@@ -105,10 +105,10 @@ def validate_config(cfg: DictConfig) -> None:
     _check(cfg, "optim.fused", lambda v: v in (True, False, "auto"), "true, false or auto (fused on CUDA)",
            required=False)
     if _get(cfg, "optim.fused", "auto") is True:
-        from scfs.method.module import use_fused_optimizer
+        from scfs.method.module import FP16_SCALED, use_fused_optimizer
 
         try:  # fp16 loss scaling + clipping cannot take a fused step: said at start-up, not from inside Lightning
-            use_fused_optimizer(True, True, str(_get(cfg, "trainer.precision", "32-true")) in ("16-mixed", "16"),
+            use_fused_optimizer(True, True, str(_get(cfg, "trainer.precision", "32-true")) in FP16_SCALED,
                                 float(_get(cfg, "trainer.gradient_clip_val", 0.0) or 0.0))
         except ValueError as err:
             raise ConfigError(f"config key optim.fused=true is invalid: {err}") from None

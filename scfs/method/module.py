@@ -26,6 +26,9 @@ GRAPHS_PER_STAGE = 3
 RECOMPILE_SLACK = 8  # dynamo's default limit: the eval passes (BN in eval mode) and other callers' graphs
 
 
+FP16_SCALED = ("16-mixed", "16")  # trainer.precision values that run a GradScaler
+
+
 def use_fused_optimizer(want: bool | str, on_cuda: bool, fp16_scaled: bool, clip_val: float) -> bool:
     """Whether to build SGD/AdamW with `fused=True`.
 
@@ -258,7 +261,7 @@ class SCFSModule(L.LightningModule):
         per group: fewer launches on a host-bound GPU step); see `use_fused_optimizer`."""
         on_cuda = all(p.is_cuda for g in groups for p in g["params"])  # Lightning moves the module first
         trainer = self._trainer
-        fp16 = trainer is not None and str(trainer.precision) in ("16-mixed", "16")
+        fp16 = trainer is not None and str(trainer.precision) in FP16_SCALED
         clip = float((trainer.gradient_clip_val or 0.0) if trainer is not None else 0.0)
         return {"fused": True} if use_fused_optimizer(self.optim_cfg.get("fused", "auto"), on_cuda, fp16, clip) else {}
 

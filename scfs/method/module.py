@@ -104,6 +104,42 @@ def _build_network(
     return net
 
 
+def student_forward(student: nn.ModuleDict, g: torch.Tensor, loc: torch.Tensor | None, stages: Sequence[str],
+                    local_heads: bool) -> dict[str, Any]:
+    """Everything a step needs from the student, from its two view batches (global `g`, local `loc`), in one call.
+
+    None of it depends on the teacher, so `compile=true` traces it as one graph: each weight used on both view
+    sizes gets its two gradients summed inside the compiled backward, and the step launches one graph instead of
+    one per module call (the H200 step is host-bound). Returns the pooled global feature, the DINO head's logits
+    (global views, then local), the stage heads' logits on the global and local maps, and per stage the detached
+    pooled local feature (the search queries) and the local map size."""
+    s_g = student["backbone"](g)
+    pooled_g = Backbone.pool(s_g)
+    outs = [student["head"](pooled_g)]
+    s_l = student["backbone"](loc) if loc is not None else {}
+    if s_l:
+        outs.append(student["head"](Backbone.pool(s_l)))
+    heads = student["stage_heads"]
+    return {
+        "pooled_global": pooled_g,
+        "logits": torch.cat(outs) if len(outs) > 1 else outs[0],
+        "stage_global": {s: heads[s](s_g[s]) for s in stages},
+        "stage_local": {s: heads[s](s_l[s]) for s in stages} if local_heads and s_l else {},
+        "queries": {s: s_l[s].detach().mean(dim=(2, 3)) for s in stages} if s_l else {},
+        "local_size": {s: int(s_l[s].shape[-1]) for s in stages} if s_l else {},
+    }
+
+
+def teacher_forward(teacher: nn.ModuleDict, g: torch.Tensor, stages: Sequence[str]) -> dict[str, Any]:
+    """The teacher's part of a step that does not depend on the student (call it under `torch.no_grad`): its
+    global-view maps (searched later by the student's queries), DINO head logits and stage head logits, one graph
+    under `compile=true` for the reason given in `student_forward`."""
+    maps = teacher["backbone"](g)
+    heads = teacher["stage_heads"]
+    return {"maps": maps, "logits": teacher["head"](Backbone.pool(maps)),
+            "stage_global": {s: heads[s](maps[s]) for s in stages}}
+
+
 class SCFSModule(L.LightningModule):
     """Student/EMA-teacher self-distillation with semantics-consistent feature search on backbone stages.
 
@@ -158,7 +194,11 @@ class SCFSModule(L.LightningModule):
                                                for k, v in dict(crops).items()})
         self._aug_gen: torch.Generator | None = None
         self.compile_nets = bool(compile)
-        self._student_maps_compiled: Any = None
+        self._local_heads = self.use_stages and self.search_cfg.get("mode", "soft") != "none"
+        # the step's student and teacher calls; `_compile` swaps in compiled versions. Module-level functions that
+        # take the networks as arguments: a copy of this module calls them with its own networks.
+        self._student_fn: Any = student_forward
+        self._teacher_fn: Any = teacher_forward
         self.compile_mode = compile_mode
         self.finite_every = max(int(finite_check_every_n_steps), 1)
         self._nonfinite: torch.Tensor | None = None  # device flag: a non-finite loss since the last check
@@ -168,9 +208,10 @@ class SCFSModule(L.LightningModule):
             raise ValueError(f"data.n_local={n_local}: search.mode={mode} needs at least one local crop (>= 1)")
 
     def _compile(self) -> None:
-        """`torch.compile` backbones and heads of student and teacher in place (`nn.Module.compile`): parameter
-        names, checkpoints and the EMA are unchanged; global and local view sizes give two graphs each.
-        `compile_mode="reduce-overhead"` replays them as CUDA graphs (the step is launch-bound at small batches)."""
+        """`torch.compile` the step's student and teacher calls (one graph each), and the backbones and heads of
+        both in place (`nn.Module.compile`) for calls outside the step (the teacher's searched branch, evaluation
+        passes): parameter names, checkpoints and the EMA are unchanged. `compile_mode="reduce-overhead"` replays
+        the graphs as CUDA graphs (the step is launch-bound at small batches)."""
         # dynamic=False: one static graph per input shape (global and local views). Without it the second shape
         # a module sees makes dynamo recompile it with symbolic sizes (slower kernels, a longer compile; seen as
         # [0/1] [0/2] recompiles on the ResNet-50 step), and CUDA graphs record one graph per shape either way.
@@ -178,15 +219,9 @@ class SCFSModule(L.LightningModule):
         raise_recompile_limit(len(self.stages))
         if self.compile_mode != "default":
             kw["mode"] = self.compile_mode
-        backbone = self.student["backbone"]
-
-        def student_maps(g: torch.Tensor, loc: torch.Tensor) -> tuple[dict, dict]:
-            return backbone(g), backbone(loc)
-
-        # the student's two view sizes in one graph: each backbone weight's gradient is summed inside the compiled
-        # backward instead of by autograd across two graphs (on the H200 profile, 248 aten::add per step with a
-        # launch each, in a host-bound step). A plain function, so no parameter is registered twice.
-        self._student_maps_compiled = torch.compile(student_maps, **kw)
+        # the student's and the teacher's step-time calls as one graph each (see `student_forward`)
+        self._student_fn = torch.compile(student_forward, **kw)
+        self._teacher_fn = torch.compile(teacher_forward, **kw)
         for net in (self.student, self.teacher):
             net["backbone"].compile(**kw)
             net["head"].compile(**kw)
@@ -352,11 +387,6 @@ class SCFSModule(L.LightningModule):
         return (sample, *batch[1:]) if isinstance(batch, (list, tuple)) else sample
 
     # ---- forward ---------------------------------------------------------------------------------------
-    def _maps(self, net: nn.ModuleDict, x: torch.Tensor) -> dict[str, torch.Tensor]:
-        if self.channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
-        return net["backbone"](x)
-
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         sample = batch[0] if isinstance(batch, (list, tuple)) else batch
         views: list[torch.Tensor] = sample["views"]
@@ -366,40 +396,28 @@ class SCFSModule(L.LightningModule):
 
         # record_function ranges name the parts of the step in a profile (`python -m scfs.bench.step --profile`):
         # where SCFS's time goes next to DINO's; free when no profiler runs
-        g = torch.cat(views[:2])
-        with record_function("scfs/student_backbone"):
-            if n_local and self._student_maps_compiled is not None:
-                cl = torch.channels_last if self.channels_last else torch.contiguous_format
-                s_g, s_l = self._student_maps_compiled(g.contiguous(memory_format=cl),
-                                                       torch.cat(views[2:]).contiguous(memory_format=cl))
-            else:
-                s_g = self._maps(self.student, g)
-                s_l = self._maps(self.student, torch.cat(views[2:])) if n_local else {}
-        with torch.no_grad(), record_function("scfs/teacher_backbone_head"):
-            t_g = self._maps(self.teacher, g)
-            t_out = self.teacher["head"](Backbone.pool(t_g))
-        with record_function("scfs/dino_term"):
-            pooled_g = Backbone.pool(s_g)
-            # for online monitors (stop-gradient linear probe): student features of global view 1 and labels
-            self.last_features = pooled_g[:b].detach()
-            self.last_labels = batch[1] if isinstance(batch, (list, tuple)) and len(batch) > 1 else None
-            s_out = [self.student["head"](pooled_g)]
-            if n_local:
-                s_out.append(self.student["head"](Backbone.pool(s_l)))
-            loss_dino = self.dino_loss(torch.cat(s_out), t_out, temp)
+        cl = torch.channels_last if self.channels_last else torch.contiguous_format
+        g = torch.cat(views[:2]).contiguous(memory_format=cl)
+        loc = torch.cat(views[2:]).contiguous(memory_format=cl) if n_local else None
+        with record_function("scfs/student"):
+            st = self._student_fn(self.student, g, loc, self.stages, self._local_heads)
+        with torch.no_grad(), record_function("scfs/teacher"):
+            te = self._teacher_fn(self.teacher, g, self.stages)
+        # for online monitors (stop-gradient linear probe): student features of global view 1 and labels
+        self.last_features = st["pooled_global"][:b].detach()
+        self.last_labels = batch[1] if isinstance(batch, (list, tuple)) and len(batch) > 1 else None
+        with record_function("scfs/dino_loss"):
+            loss_dino = self.dino_loss(st["logits"], te["logits"], temp)
         logs: dict[str, torch.Tensor | float] = {"loss/dino": loss_dino}
         loss = loss_dino
         w = self.method_cfg.get("stage_weight", 0.5)
         for s in self.stages:
-            with record_function(f"scfs/stage_{s}_global"):
-                sg_out = self.student["stage_heads"][s](s_g[s])
-                with torch.no_grad():
-                    tg_out = self.teacher["stage_heads"][s](t_g[s])
-                loss_g = self.stage_losses[s](sg_out, tg_out, temp)
+            loss_g = self.stage_losses[s](st["stage_global"][s], te["stage_global"][s], temp)
             logs[f"loss/{s}_global"] = loss_g
             stage_loss = loss_g
             with record_function(f"scfs/stage_{s}_local"):
-                loss_l = self._local_term(s, s_l.get(s), t_g[s][:b], b, n_local, temp, logs)
+                loss_l = self._local_term(s, st["stage_local"].get(s), st["queries"].get(s),
+                                          st["local_size"].get(s, 1), te["maps"][s][:b], b, n_local, temp, logs)
             if loss_l is not None:
                 logs[f"loss/{s}_local"] = loss_l
                 stage_loss = stage_loss + loss_l
@@ -440,25 +458,26 @@ class SCFSModule(L.LightningModule):
         except AttributeError:
             return True
 
-    def _local_term(self, stage: str, s_local: torch.Tensor | None, t_global1: torch.Tensor, b: int,
-                    n_local: int, temp: float, logs: dict) -> torch.Tensor | None:
+    def _local_term(self, stage: str, sl_out: torch.Tensor | None, queries: torch.Tensor | None, local_size: int,
+                    t_global1: torch.Tensor, b: int, n_local: int, temp: float, logs: dict) -> torch.Tensor | None:
+        """The stage's local term: the student's stage head logits on its local maps (`sl_out`) matched with the
+        teacher's stage head on its global-view-1 map searched by the student's pooled local features."""
         mode = self.search_cfg.get("mode", "soft")
-        if mode == "none" or s_local is None:
+        if mode == "none" or sl_out is None or queries is None:
             return None
-        sl_out = self.student["stage_heads"][stage](s_local)
         head = self.teacher["stage_heads"][stage]
         with torch.no_grad():
             if mode == "roi":
                 from scfs.search import random_feature_crops
 
-                size = max(s_local.shape[-1], 1)
+                size = max(local_size, 1)
                 crops = random_feature_crops(t_global1, n_local, out_size=size,
                                              scale=tuple(self.search_cfg.get("roi_scale", (0.05, 0.25))))
                 tl_out = head(crops)
             else:
-                queries = Backbone.pool({"layer4": s_local}).view(n_local, b, -1)
                 tl_out, found = head.forward_searched(
-                    t_global1, queries.to(t_global1.dtype), mode=mode, topk=self.search_cfg.get("topk", 0.25),
+                    t_global1, queries.view(n_local, b, -1).to(t_global1.dtype), mode=mode,
+                    topk=self.search_cfg.get("topk", 0.25),
                     temperature=self.search_cfg.get("temperature", 0.1),
                     backend=self.search_cfg.get("backend", "auto"),
                 )

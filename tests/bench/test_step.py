@@ -38,7 +38,7 @@ def test_step_profile_counts_ops_per_step(tmp_path: Path) -> None:
     assert counts == sorted(counts, reverse=True) and counts[0] >= 1
     assert all(f["op"].startswith("aten::") for f in prof["scfs"]["frequent"])
     # the named parts of the step: SCFS has its stage terms, DINO only the shared parts
-    assert {"student_backbone", "teacher_backbone_head", "dino_term", "backward", "ema"} <= set(prof["dino"]["parts"])
+    assert {"student", "teacher", "dino_loss", "backward", "ema"} <= set(prof["dino"]["parts"])
     assert "stage_layer4_local" in prof["scfs"]["parts"] and not any("stage" in k for k in prof["dino"]["parts"])
     assert all(v["cpu_ms"] > 0 for v in prof["scfs"]["parts"].values())
     assert "Profile (`--profile`)" in js.with_suffix(".md").read_text()

@@ -50,3 +50,60 @@ def test_limit_is_never_lowered():
     with dynamo_config.patch(recompile_limit=100):
         assert raise_recompile_limit(3) == 100
         assert dynamo_config.recompile_limit == 100
+
+
+def _tiny_network():
+    from scfs.method.module import _build_network
+
+    method = {"out_dim": 16, "hidden_dim": 16, "bottleneck_dim": 8, "stage_out_dim": 12, "stage_hidden_dim": 16,
+              "stage_bottleneck_dim": 8}
+    backbone = {"name": "resnet18", "cifar_stem": True, "layers": [1, 1, 1, 1], "channels": [8, 8, 16, 16]}
+    return _build_network(backbone, method, ("layer2", "layer3", "layer4"))
+
+
+def test_student_and_teacher_calls_trace_as_one_graph_each():
+    """The step's student call (backbone on both view sizes, DINO head, stage heads) and teacher call compile
+    to one graph each, without graph breaks: a break would split them into several graphs again, each a CUDA
+    graph launch under reduce-overhead, and sum the shared weights' gradients outside the compiled backward."""
+    from scfs.method.module import student_forward, teacher_forward
+
+    net = _tiny_network()
+    stages = ("layer2", "layer3", "layer4")
+    g, loc = torch.randn(4, 3, 32, 32), torch.randn(8, 3, 16, 16)
+    torch._dynamo.reset()
+    student = torch._dynamo.explain(student_forward)(net, g, loc, stages, True)
+    assert (student.graph_count, student.graph_break_count) == (1, 0), student.break_reasons
+    with torch.no_grad():
+        teacher = torch._dynamo.explain(teacher_forward)(net, g, stages)
+    assert (teacher.graph_count, teacher.graph_break_count) == (1, 0), teacher.break_reasons
+    torch._dynamo.reset()
+
+
+def test_compiled_student_call_matches_eager_with_gradients():
+    """`student_forward` compiled (inductor, static shapes) gives the eager outputs and weight gradients."""
+    from scfs.method.module import student_forward
+
+    torch.manual_seed(0)
+    eager_net = _tiny_network()
+    compiled_net = copy.deepcopy(eager_net)
+    stages = ("layer2", "layer3", "layer4")
+    g, loc = torch.randn(4, 3, 32, 32), torch.randn(8, 3, 16, 16)
+    torch._dynamo.reset()
+    outs = []
+    for net, fn in ((eager_net, student_forward), (compiled_net, torch.compile(student_forward, dynamic=False))):
+        out = fn(net, g, loc, stages, True)
+        loss = out["logits"].square().mean() + sum(v.square().mean() for k in ("stage_global", "stage_local")
+                                                   for v in out[k].values())
+        loss.backward()
+        outs.append(out)
+    torch._dynamo.reset()
+    for k in ("pooled_global", "logits"):
+        torch.testing.assert_close(outs[1][k], outs[0][k], rtol=1e-4, atol=1e-5)
+    for k in ("stage_global", "stage_local", "queries"):
+        assert outs[1][k].keys() == outs[0][k].keys() == set(stages)
+        for s in stages:
+            torch.testing.assert_close(outs[1][k][s], outs[0][k][s], rtol=1e-4, atol=1e-5, msg=f"{k}.{s}")
+    assert outs[1]["local_size"] == outs[0]["local_size"] == {"layer2": 8, "layer3": 4, "layer4": 2}
+    for (name, p), q in zip(eager_net.named_parameters(), compiled_net.parameters()):
+        if p.grad is not None:
+            torch.testing.assert_close(q.grad, p.grad, rtol=1e-3, atol=1e-5, msg=name)

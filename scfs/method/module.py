@@ -20,8 +20,10 @@ from scfs.models import Backbone, DINOHead, StageHead
 SEARCH_MODES = ("soft", "hard", "softmax", "roi", "none")
 
 
-# Graphs one code object gets per stage head in a step: the stage heads of student and teacher share
-# `StageHead.forward`, which sees the teacher's global maps (no grad) and the student's global and local maps.
+# Graphs one code object may get per stage head: the stage heads of student and teacher share `StageHead.forward`,
+# which can see the teacher's global maps (no grad) and the student's global and local maps. The compiled step
+# traces those calls inside `student_forward` / `teacher_forward` (no graphs of their own); the per-module compiled
+# calls that remain (RoI crops, the searched branch, calls outside the step) stay within this bound.
 GRAPHS_PER_STAGE = 3
 RECOMPILE_SLACK = 8  # dynamo's default limit: the eval passes (BN in eval mode) and other callers' graphs
 

@@ -115,26 +115,34 @@ def test_knn_runs_on_the_runs_gpu_not_on_the_cpu(monkeypatch):
 
 
 def test_compile_mode_reaches_every_compiled_module(monkeypatch):
-    """`compile=true compile_mode=reduce-overhead`: backbones and heads of student and teacher are compiled with
-    that mode (CUDA graphs); `default` passes no mode. Nothing is compiled here: nn.Module.compile is recorded."""
+    """`compile=true compile_mode=reduce-overhead`: the step's student and teacher calls, the backbones and the
+    teacher's stage heads are compiled with that mode (CUDA graphs); `default` passes no mode. Nothing is compiled
+    here: torch.compile and nn.Module.compile are recorded."""
     from helpers import compose_cfg
     from torch import nn
 
+    import scfs.method.module as module_mod
     from scfs.models.heads import StageHead
     from scfs.train import build
 
     seen: list[dict] = []
     searched: list[dict] = []
+    step_fns: list[tuple] = []
     monkeypatch.setattr(nn.Module, "compile", lambda self, **kw: seen.append(kw))
     monkeypatch.setattr(StageHead, "compile_searched", lambda self, **kw: searched.append(kw))
+    monkeypatch.setattr(module_mod.torch, "compile", lambda fn, **kw: step_fns.append((fn.__name__, kw)) or fn)
     _, model = build(compose_cfg(["compile=true", "compile_mode=reduce-overhead"]))
-    n_modules = 2 * (2 + len(model.student["stage_heads"]))
+    n_heads = len(model.teacher["stage_heads"])
+    want = {"mode": "reduce-overhead", "dynamic": False}
     # static shapes: one graph per view size, no recompile with symbolic sizes when the second size arrives
-    assert seen == [{"mode": "reduce-overhead", "dynamic": False}] * n_modules
-    assert searched == [{"mode": "reduce-overhead", "dynamic": False}] * (2 * len(model.student["stage_heads"]))
+    assert step_fns == [("student_forward", want), ("teacher_forward", want)]
+    assert seen == [want] * (2 + n_heads)
+    assert searched == [want] * n_heads
     seen.clear()
+    step_fns.clear()
     build(compose_cfg(["compile=true"]))
-    assert seen == [{"dynamic": False}] * n_modules
+    assert seen == [{"dynamic": False}] * (2 + n_heads)
+    assert step_fns == [("student_forward", {"dynamic": False}), ("teacher_forward", {"dynamic": False})]
 
 
 def test_chunk_budget_stops_cleanly_and_resume_finishes_like_one_run(tmp_path, shapes_root):

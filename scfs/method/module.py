@@ -210,10 +210,10 @@ class SCFSModule(L.LightningModule):
             raise ValueError(f"data.n_local={n_local}: search.mode={mode} needs at least one local crop (>= 1)")
 
     def _compile(self) -> None:
-        """`torch.compile` the step's student and teacher calls (one graph each), and the backbones and heads of
-        both in place (`nn.Module.compile`) for calls outside the step (the teacher's searched branch, evaluation
-        passes): parameter names, checkpoints and the EMA are unchanged. `compile_mode="reduce-overhead"` replays
-        the graphs as CUDA graphs (the step is launch-bound at small batches)."""
+        """`torch.compile` the step's student and teacher calls (one graph each); in place (`nn.Module.compile`)
+        also what runs outside them: both backbones (evaluation passes) and the teacher's stage heads (RoI crops,
+        the searched branch). Parameter names, checkpoints and the EMA are unchanged. `compile_mode="reduce-overhead"`
+        replays the graphs as CUDA graphs (the step is launch-bound at small batches)."""
         # dynamic=False: one static graph per input shape (global and local views). Without it the second shape
         # a module sees makes dynamo recompile it with symbolic sizes (slower kernels, a longer compile; seen as
         # [0/1] [0/2] recompiles on the ResNet-50 step), and CUDA graphs record one graph per shape either way.
@@ -226,10 +226,9 @@ class SCFSModule(L.LightningModule):
         self._teacher_fn = torch.compile(teacher_forward, **kw)
         for net in (self.student, self.teacher):
             net["backbone"].compile(**kw)
-            net["head"].compile(**kw)
-            for head in net["stage_heads"].values():
-                head.compile(**kw)
-                head.compile_searched(**kw)  # the teacher's N·B searched maps go through forward_searched
+        for head in self.teacher["stage_heads"].values():
+            head.compile(**kw)
+            head.compile_searched(**kw)  # the teacher's N·B searched maps go through forward_searched
 
     # ---- schedules -------------------------------------------------------------------------------------
     @property

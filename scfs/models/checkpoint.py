@@ -4,7 +4,8 @@ Formats (detected from the keys, not the file name):
 * ours: a Lightning checkpoint, ``state_dict`` with ``teacher.backbone.body.*`` / ``student.backbone.body.*`` and
   ``hyper_parameters.backbone`` (the Backbone config, so no config is needed to rebuild the network);
 * the published SCFS / DINO ResNet-50 checkpoints: top-level ``teacher`` / ``student`` dicts whose keys carry
-  ``module.`` (DDP), ``backbone.`` and torchextractor (``model.`` / ``_model.``) prefixes, plus head weights;
+  ``module.`` (DDP), ``backbone.`` and torchextractor (``model.`` / ``_model.``) prefixes, plus head weights (the
+  DINO ``head.*`` and, in SCFS, the per-stage ``layer2_head.*`` .. ``layer4_head.*``), which are dropped;
 * plain torchvision / timm ResNet state dicts (``fc.*`` is dropped) or anything wrapping one under
   ``state_dict`` / ``model`` / ``module``.
 
@@ -36,6 +37,9 @@ WRAPPER_PREFIXES = ("module", "backbone", "body", "model", "_model", "encoder", 
 # Leading key components of heads that a backbone never has (classifier, DINO/SCFS projection heads, loss buffers).
 HEAD_PREFIXES = ("fc", "head", "heads", "stage_heads", "classifier", "dino_loss", "stage_losses", "projector",
                  "predictor")
+# Per-stage heads of the published SCFS wrappers (``layer2_head.conv1.weight`` ...) and any other ``<name>_head``:
+# a timm/torchvision ResNet has no module whose name ends in _head.
+HEAD_PATTERN = re.compile(r"^\w+_head$")
 SHOWN_KEYS = 8
 
 
@@ -147,10 +151,14 @@ def normalize_keys(state: Mapping[str, torch.Tensor], target_keys: set[str] | No
                 if target_keys and ".".join(parts) in target_keys:
                     break
         k = ".".join(parts)
-        if parts[0] in HEAD_PREFIXES and not (target_keys and k in target_keys):
+        if _is_head(parts[0]) and not (target_keys and k in target_keys):
             continue
         out[k] = value
     return out
+
+
+def _is_head(first: str) -> bool:
+    return first in HEAD_PREFIXES or bool(HEAD_PATTERN.match(first))
 
 
 def _listing(keys: list[str]) -> str:

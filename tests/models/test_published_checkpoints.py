@@ -59,7 +59,8 @@ def _stage_head(in_dim: int, bottleneck: int = 256, hidden: int = 2048, out: int
     """The published per-stage head: conv1 1x1 / bn1 / conv2 3x3 / bn2 / conv3 1x1 / bn3 (no conv bias), then
     mlp = Linear(0), BatchNorm1d(1), ReLU(2), Linear(3), BatchNorm1d(4)."""
     sd = {"conv1.weight": torch.zeros(bottleneck, in_dim, 1, 1),
-          "conv2.weight": torch.zeros(bottleneck, bottleneck, 3, 3), "conv3.weight": torch.zeros(in_dim, bottleneck, 1, 1), **_bn("bn1", bottleneck), **_bn("bn2", bottleneck),
+          "conv2.weight": torch.zeros(bottleneck, bottleneck, 3, 3),
+          "conv3.weight": torch.zeros(in_dim, bottleneck, 1, 1), **_bn("bn1", bottleneck), **_bn("bn2", bottleneck),
           **_bn("bn3", in_dim), "mlp.0.weight": torch.zeros(hidden, in_dim), "mlp.0.bias": torch.zeros(hidden),
           **_bn("mlp.1", hidden), "mlp.3.weight": torch.zeros(out, hidden), "mlp.3.bias": torch.zeros(out),
           **_bn("mlp.4", out)}

@@ -55,18 +55,55 @@ def check_resume_checkpoint(path: str, model: Any | None = None) -> dict[str, An
     `UnsafeCheckpointError`) and check that it is a training checkpoint, before anything is built or written, so
     a wrong file fails in one clear line instead of deep inside Lightning. Returns its global_step, epoch and
     tensor shapes; with `model`, also checks that the architecture matches (`check_resume_matches`)."""
-    from scfs.models.checkpoint import NotACheckpointError, safe_load
+    from scfs.models.checkpoint import NonFiniteWeightsError, NotACheckpointError, safe_load
+    from scfs.reliability import check_finite
 
     ckpt = safe_load(path)
     if not (isinstance(ckpt, dict) and isinstance(ckpt.get("state_dict"), dict) and "loops" in ckpt
             and "optimizer_states" in ckpt):
         raise NotACheckpointError(f"resume={path}: not a training checkpoint of scfs.train (no loop / optimizer "
                                   "state); to start from its weights use backbone.pretrained_path=<file> instead")
+    bad = check_finite(ckpt)
+    if bad:  # our writer never saves these; a file from elsewhere (or edited) would only reproduce the divergence
+        raise NonFiniteWeightsError(
+            f"resume={path} holds non-finite values (NaN/Inf) in {', '.join(bad)}: it is no resume point; resume "
+            f"from an earlier checkpoint of that run ({_other_checkpoints(Path(path))})")
+    progress = ((ckpt.get("loops") or {}).get("fit_loop") or {}).get("epoch_progress") or {}
     info = {"path": str(path), "global_step": int(ckpt.get("global_step", 0)), "epoch": int(ckpt.get("epoch", 0)),
+            # epochs whose batches were all trained (Lightning counts an epoch as processed before its end hooks,
+            # where the epoch-end last.ckpt is written)
+            "epochs_done": int(((progress.get("current") or {}).get("processed")) or 0),
             "shapes": {k: tuple(v.shape) for k, v in ckpt["state_dict"].items() if hasattr(v, "shape")}}
     if model is not None:
         check_resume_matches(info, model)
     return info
+
+
+def _other_checkpoints(path: Path) -> str:
+    found = sorted((p for p in path.parent.glob("*.ckpt") if p != path), key=lambda p: p.stat().st_mtime)
+    return f"e.g. resume={found[-1]}" if found else f"there is no other .ckpt in {path.parent}; start afresh"
+
+
+class RunAlreadyCompleteError(ValueError):
+    """`resume=` names a checkpoint whose run already trained its whole schedule: nothing would be trained."""
+
+
+def check_not_complete(info: dict[str, Any], trainer_cfg: Any) -> None:
+    """Refuse to resume a run that has finished its schedule (`trainer.max_epochs` / `trainer.max_steps`):
+    Lightning would return at once, and the summary would report a loss of nan and a last.ckpt never written."""
+    max_epochs = trainer_cfg.get("max_epochs")
+    max_steps = int(trainer_cfg.get("max_steps", -1) or -1)
+    step, epochs = info["global_step"], info["epochs_done"]
+    if 0 < max_steps <= step:
+        reason, fix = f"trainer.max_steps={max_steps}", f"raise trainer.max_steps (e.g. trainer.max_steps={2 * step})"
+    elif max_epochs not in (None, -1) and epochs >= int(max_epochs):
+        reason, fix = (f"trainer.max_epochs={max_epochs}",
+                       f"raise trainer.max_epochs (e.g. trainer.max_epochs={epochs + max(int(max_epochs), 1)})")
+    else:
+        return
+    raise RunAlreadyCompleteError(
+        f"resume={info['path']}: that run is already complete at epoch {epochs} / step {step} ({reason}); to "
+        f"train further {fix} and resume again; to evaluate it: python -m scfs.eval.knn ckpt={info['path']}")
 
 
 def check_resume_matches(info: dict[str, Any], model: Any) -> None:
@@ -257,6 +294,8 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     t0 = time.time()
     ckpt_path = find_resume_checkpoint(cfg.get("resume"), cfg.name)
     resume_info = check_resume_checkpoint(ckpt_path) if ckpt_path else None
+    if resume_info:
+        check_not_complete(resume_info, cfg.trainer)
     run_dir = Path(run_dir or cfg.get("run_dir") or Path("runs") / cfg.name / time.strftime("%Y-%m-%d_%H-%M-%S"))
     run_dir.mkdir(parents=True, exist_ok=True)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
@@ -314,6 +353,13 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
         _finish_logger(logger, failed=True)
         raise
 
+    if (resume_info and trainer.global_step == resume_info["global_step"] and not trainer.interrupted
+            and not (budget is not None and budget.stopped)):
+        _finish_logger(logger, failed=True)  # a schedule end the pre-check did not foresee (e.g. trainer.max_time)
+        raise RunAlreadyCompleteError(
+            f"resume={ckpt_path}: no step was trained (the run is already complete at epoch "
+            f"{resume_info['epochs_done']} / step {resume_info['global_step']}); raise trainer.max_epochs / "
+            "trainer.max_steps to continue")
     if trainer.is_global_zero:
         summary["knn"] = _teacher_knn(model, bank, query, ks, cfg)  # teardown moved the module to the CPU
         summary["loss"] = float(trainer.callback_metrics.get("loss_epoch", float("nan")))
@@ -419,7 +465,8 @@ def _run_errors() -> tuple[type[BaseException], ...]:
     from scfs.reliability import BatchTooLargeError
 
     return (FloatingPointError, BatchTooLargeError, UnsafeCheckpointError, CheckpointMismatchError, ImageDecodeError,
-            FileNotFoundError, IsADirectoryError, NotACheckpointError, AnnotationError, ImageFolderLayoutError)
+            FileNotFoundError, IsADirectoryError, NotACheckpointError, AnnotationError, ImageFolderLayoutError,
+            RunAlreadyCompleteError)
 
 
 def _fail(code: int, kind: str, err: BaseException, prog: str = "scfs.train") -> None:

@@ -56,6 +56,17 @@ class NotACheckpointError(ValueError):
     entry points report it in one line, as a user mistake, not as a crash."""
 
 
+class NonFiniteWeightsError(FloatingPointError):
+    """The checkpoint's weights hold NaN/Inf: features, accuracies and resumed training from it are meaningless."""
+
+
+# What torch.load raises for a file cut short (an interrupted copy or download, a full disk at save time): the
+# zip reader's "failed finding central directory" / "failed reading zip archive", a bare EOFError for 0 bytes,
+# and "Ran out of input" / "truncated" from the legacy (non-zip) pickle reader.
+TRUNCATED = re.compile(r"PytorchStreamReader failed|central directory|zip archive|Ran out of input|truncated",
+                       re.IGNORECASE)
+
+
 def missing_checkpoint(path: str | os.PathLike, key: str | None = None) -> OSError:
     """The error for a checkpoint path that is not a file: a folder gets its newest .ckpt suggested (run folders
     keep them in checkpoints/), so `ckpt=runs/x/<time>` is one edit away from working."""
@@ -77,8 +88,12 @@ def safe_load(path: str | os.PathLike) -> Any:
     try:
         with torch.serialization.safe_globals(list(SAFE_GLOBALS)):
             return torch.load(path, map_location="cpu", weights_only=True)
+    except EOFError as err:
+        raise _truncated(path) from err
     except Exception as err:  # torch raises pickle.UnpicklingError (sometimes wrapped) for disallowed globals
         msg = str(err)
+        if TRUNCATED.search(msg):
+            raise _truncated(path) from err
         if "weights_only" not in msg.lower() and "unsupported global" not in msg.lower():
             raise
         code = [ln.strip() for ln in msg.splitlines() if re.search(r"GLOBAL|reduce", ln)]
@@ -92,6 +107,27 @@ def safe_load(path: str | os.PathLike) -> Any:
             f"({'; '.join(dict.fromkeys(code))}). Only tensors, numbers, strings and containers are accepted "
             "(torch.load weights_only=True). If you trust the file, re-save just its weights: "
             "torch.save(torch.load(p, weights_only=False)['state_dict'], 'weights.pt')") from None
+
+
+def _truncated(path: Path) -> NotACheckpointError:
+    size = path.stat().st_size
+    what = "empty (0 bytes)" if size == 0 else f"truncated or corrupt ({size:,} bytes, the file ends early)"
+    return NotACheckpointError(
+        f"checkpoint {path} is {what}: it was cut short (an interrupted copy or download, a disk that filled up "
+        "while saving, a killed non-atomic write); copy it again, or use another checkpoint of the run (e.g. "
+        "checkpoints/epochNNN.ckpt next to last.ckpt)")
+
+
+def check_finite_weights(state: Mapping[str, torch.Tensor], source: str) -> None:
+    """Refuse weights holding NaN/Inf: an eval on them prints a plausible-looking accuracy of a broken network."""
+    from scfs.reliability import check_finite
+
+    bad = check_finite(dict(state))
+    if bad:
+        raise NonFiniteWeightsError(
+            f"{source} holds non-finite weights (NaN/Inf) in {', '.join(bad)}{' ...' if len(bad) >= 8 else ''}: a "
+            "network with them gives meaningless features; use an earlier checkpoint of the run (e.g. "
+            "checkpoints/epochNNN.ckpt), saved before the training diverged")
 
 
 def file_digest(path: str | os.PathLike, length: int = 16) -> str:
@@ -174,6 +210,7 @@ def load_into(module: nn.Module, state: Mapping[str, torch.Tensor], source: str 
     """
     target = module.state_dict()
     state = normalize_keys(state, set(target))
+    check_finite_weights(state, source)
     missing = sorted(k for k in target if k not in state and not k.endswith("num_batches_tracked"))
     unexpected = sorted(k for k in state if k not in target)
     shapes = sorted(f"{k}: {tuple(state[k].shape)} vs {tuple(target[k].shape)}" for k in state

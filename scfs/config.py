@@ -90,6 +90,9 @@ def validate_config(cfg: DictConfig) -> None:
     for key in ("method.out_dim", "method.hidden_dim", "method.bottleneck_dim", "method.stage_out_dim",
                 "method.stage_hidden_dim", "method.stage_bottleneck_dim"):
         _check(cfg, key, _pos_int, "an integer > 0")
+    for key in ("method.out_dim", "method.stage_out_dim"):  # softmax over 1 output = 1: the loss is identically 0
+        _check(cfg, key, lambda v: _pos_int(v) and v >= 2, "an integer >= 2 (the DINO loss over a single output "
+               "is identically zero: nothing would be learned)")
     for key in ("method.teacher_temp", "method.warmup_teacher_temp", "method.student_temp"):
         _check(cfg, key, _pos, "a temperature > 0", required=key != "method.warmup_teacher_temp")
     _check(cfg, "method.momentum_teacher", lambda v: 0 <= v <= 1, "a number in [0, 1]")

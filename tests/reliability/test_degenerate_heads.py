@@ -10,7 +10,8 @@ from scfs.config import ConfigError, validate_config
 
 @pytest.mark.parametrize("key", ["method.out_dim", "method.stage_out_dim"])
 def test_single_output_head_is_a_config_error(key):
-    with pytest.raises(ConfigError, match=rf"config key {key}=1 is invalid: expected an integer >= 2 .*identically zero"):
+    expected = rf"config key {key}=1 is invalid: expected an integer >= 2 .*identically zero"
+    with pytest.raises(ConfigError, match=expected):
         validate_config(compose_cfg([f"{key}=1"]))
     validate_config(compose_cfg([f"{key}=2"]))  # the smallest head that can learn anything
 

@@ -293,6 +293,11 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
 
     t0 = time.time()
     ckpt_path = find_resume_checkpoint(cfg.get("resume"), cfg.name)
+    if ckpt_path:  # temp files of writes killed in that run: nothing else ever writes to its folder again
+        from scfs.method.checkpoint_io import remove_stale_temps
+
+        for tmp in remove_stale_temps(Path(ckpt_path).parent):
+            log.info("removed %s, left by a checkpoint write that was killed", tmp)
     resume_info = check_resume_checkpoint(ckpt_path) if ckpt_path else None
     if resume_info:
         check_not_complete(resume_info, cfg.trainer)
@@ -461,12 +466,13 @@ def _run_errors() -> tuple[type[BaseException], ...]:
     """Failures whose message says everything (what happened, what is kept, what to do): no traceback needed."""
     from scfs.data.datasets import ImageDecodeError, ImageFolderLayoutError
     from scfs.eval.detection_data import AnnotationError
+    from scfs.method.checkpoint_io import DiskFullError
     from scfs.models.checkpoint import CheckpointMismatchError, NotACheckpointError, UnsafeCheckpointError
     from scfs.reliability import BatchTooLargeError
 
     return (FloatingPointError, BatchTooLargeError, UnsafeCheckpointError, CheckpointMismatchError, ImageDecodeError,
             FileNotFoundError, IsADirectoryError, NotACheckpointError, AnnotationError, ImageFolderLayoutError,
-            RunAlreadyCompleteError)
+            RunAlreadyCompleteError, DiskFullError)
 
 
 def _fail(code: int, kind: str, err: BaseException, prog: str = "scfs.train") -> None:

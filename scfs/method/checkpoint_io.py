@@ -13,9 +13,13 @@ Reads (`trainer.fit(ckpt_path=...)`, i.e. `resume=`): always `torch.load(weights
 
 from __future__ import annotations
 
+import errno
 import os
+import re
+import shutil
 import socket
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,30 +34,88 @@ class NonFiniteCheckpointError(FloatingPointError):
     """The checkpoint to be written holds NaN/Inf weights or optimizer state; it is not written."""
 
 
+class DiskFullError(OSError):
+    """The disk (or quota) filled up while a checkpoint was written; the previous file at that path is intact."""
+
+
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _disk_full(err: BaseException) -> bool:
+    """Whether ENOSPC/EDQUOT is anywhere in the exception chain: torch's zip writer reports a failed write as
+    `RuntimeError: ... unexpected pos 502016 vs 501904`, with the OSError only as its context."""
+    seen: set[int] = set()
+    e: BaseException | None = err
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in DISK_FULL:
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def _disk_full_error(path: Path, written: int | None) -> DiskFullError:
+    try:
+        free = f"{shutil.disk_usage(path.parent).free / 2**20:,.0f} MiB free"
+    except OSError:
+        free = "free space unknown"
+    kept = (f"the previous {path.name} is intact (resume={path} continues from it)" if path.is_file()
+            else "no earlier checkpoint exists at that path")
+    need = f"; this checkpoint needs about {written / 2**20:,.0f} MiB" if written else ""
+    err = DiskFullError(f"No space left on device while writing checkpoint {path} ({free} in {path.parent}{need}): "
+                        f"{kept}; free space there (or keep fewer numbered checkpoints: checkpoint.every_n_epochs) and "
+                        "rerun with resume=auto")
+    err.errno = errno.ENOSPC  # set after: OSError(errno, text) would prefix the text with "[Errno 28]"
+    return err
+
+
 def _tmp_prefix(path: Path) -> str:
     return f".{path.name}.{socket.gethostname()}.{os.getpid()}."
 
 
-def _remove_stale_temps(path: Path) -> None:
-    """Delete temp files of `path` left by writers (of this host) that were killed mid-save."""
-    host = socket.gethostname()
-    for tmp in path.parent.glob(f".{path.name}.{host}.*{TMP_SUFFIX}"):
-        pid = tmp.name[len(f".{path.name}.{host}."):].split(".", 1)[0]
-        if not pid.isdigit() or int(pid) == os.getpid():
+# `.<target>.<host>.<pid>.<random>.tmp` as made by `_tmp_prefix` + mkstemp (whose random part has no dot)
+TMP_NAME = re.compile(r"^\..+\.(\d+)\.[^.]+" + re.escape(TMP_SUFFIX) + "$")
+# A writer touches its temp file with every chunk; one untouched this long belongs to a dead writer even when its
+# pid cannot be checked (another host on a shared file system, a container restarted under a new name).
+STALE_SECONDS = 600.0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, someone else's
+        return True
+    return True
+
+
+def remove_stale_temps(folder: str | os.PathLike, stale_seconds: float = STALE_SECONDS) -> list[Path]:
+    """Delete the temp files of killed checkpoint writes in `folder` (zero-byte or partial `.last.ckpt.*.tmp`):
+    those of this host whose writer process is gone, and any not modified for `stale_seconds`. Called before every
+    save and, by `scfs.train`, on the folder of a resumed checkpoint. Returns the removed paths."""
+    folder, host, now = Path(folder), socket.gethostname(), time.time()
+    removed: list[Path] = []
+    for tmp in folder.glob(f".*{TMP_SUFFIX}") if folder.is_dir() else ():
+        m = TMP_NAME.match(tmp.name)
+        if not m or int(m.group(1)) == os.getpid():
             continue
         try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
+            age = now - tmp.stat().st_mtime
+        except FileNotFoundError:
+            continue
+        pid = int(m.group(1))
+        if (f".{host}.{pid}." in tmp.name and not _alive(pid)) or age > stale_seconds:
             tmp.unlink(missing_ok=True)
-        except PermissionError:  # alive, someone else's
-            pass
+            removed.append(tmp)
+    return removed
 
 
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
     """`torch.save` that is all-or-nothing: readers see the old file or the complete new one, never a torn one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temps(path)
+    remove_stale_temps(path.parent)
     fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(path), suffix=TMP_SUFFIX, dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -61,14 +123,27 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(err, Exception) and _disk_full(err):
+            raise _disk_full_error(path, _nbytes(obj)) from err
         raise
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def _nbytes(obj: Any) -> int:
+    """Bytes of the tensors in a nested checkpoint (what the file needs, give or take the pickle)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_nbytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_nbytes(v) for v in obj)
+    return 0
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

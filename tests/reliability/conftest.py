@@ -17,3 +17,21 @@ def one_thread(monkeypatch):
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def finished(shapes_root, tmp_path_factory):
+    """last.ckpt of a tiny run that trained its whole schedule (1 epoch, 2 steps), shared read-only: copy it before
+    changing anything in its folder."""
+    from helpers import compose_cfg
+
+    from scfs.train import run
+
+    out = tmp_path_factory.mktemp("finished")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        run(compose_cfg(["eval.knn_at_start=false"], data_root=shapes_root), out)
+    finally:
+        torch.set_num_threads(before)
+    return out / "checkpoints" / "last.ckpt"

@@ -18,14 +18,6 @@ from scfs.train import RunAlreadyCompleteError, run
 NO_KNN = ["eval.knn_at_start=false"]
 
 
-@pytest.fixture(scope="module")
-def finished(shapes_root, tmp_path_factory):
-    """A tiny run that trained its whole schedule (1 epoch, 2 steps): its last.ckpt."""
-    out = tmp_path_factory.mktemp("finished")
-    run(compose_cfg(NO_KNN, data_root=shapes_root), out)
-    return out / "checkpoints" / "last.ckpt"
-
-
 def _cut(src, dst, n: int | None):
     data = src.read_bytes()
     dst.write_bytes(b"" if n is None else data[:n])

@@ -419,11 +419,13 @@ def _last_good(last: Any, resumed_from: str | None) -> str | None:
 
 def _skipped_files(*datasets: Any) -> dict[str, str]:
     """Unreadable files that the datasets skipped in this process (path -> reason)."""
+    from scfs.data.datasets import shown_path
+
     out: dict[str, str] = {}
     for ds in datasets:
         ds = getattr(ds, "dataset", ds)  # a DataLoader
         out.update(getattr(ds, "bad_files", None) or {})
-    return out
+    return {shown_path(k): v for k, v in out.items()}  # non-UTF-8 names as \xNN: log files and JSON take them
 
 
 def _save_figure(model, dm, run_dir: Path, logger) -> str | None:

@@ -20,7 +20,7 @@ import torchvision.transforms.v2.functional as F
 from PIL import Image, ImageOps
 from torch.utils.data import Dataset
 from torchvision.datasets import CIFAR10
-from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
+from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes
 from torchvision.io import ImageReadMode, decode_image
 
 from scfs.data.shapes import ShapesSpec, ensure_shapes, load_shapes
@@ -40,6 +40,61 @@ class NoReadableImageError(ImageDecodeError, RuntimeError):
 
 class ImageFolderLayoutError(ValueError):
     """The ImageFolder tree is not laid out as train/<class>/<image> (+ val/<class>/<image>); the message says how."""
+
+
+def shown_path(path: str | os.PathLike) -> str:
+    """A path as text that any log handler can write: a file name that is not valid UTF-8 (kept by Python as
+    lone surrogates, which a UTF-8 log file refuses with "surrogates not allowed") shows its raw bytes as \\xNN."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def _is_image(name: str) -> bool:
+    return name.lower().endswith(IMG_EXTENSIONS)
+
+
+def _within(real: str, ancestor: str) -> bool:
+    return real == ancestor or real.startswith(ancestor.rstrip(os.sep) + os.sep)
+
+
+def list_image_files(top: str | os.PathLike, seen: set[str], skipped: list[str], first_only: bool = False
+                     ) -> list[str]:
+    """Image files under `top`, in torchvision's ImageFolder order (folders sorted by path, files by name).
+
+    Symlinked folders are followed once per real folder: a link to a folder that encloses it (a loop such as
+    `dirloop -> ..`) or to a folder already listed (`seen`, shared by all classes of a split, so a link from one
+    class into another cannot repeat images under a second label) is not entered; it is appended to `skipped` as
+    "link -> target". File links (also dangling ones: they are reported as unreadable when read) are kept."""
+    found: list[tuple[str, list[str]]] = []
+    top = os.fspath(top)
+    seen.add(os.path.realpath(top))
+    stack = [top]
+    while stack:
+        d = stack.pop()
+        real_d = os.path.realpath(d)
+        try:
+            entries = sorted(os.scandir(d), key=lambda e: e.name)
+        except OSError:
+            continue
+        names = []
+        for e in entries:
+            try:
+                is_dir = e.is_dir(follow_symlinks=True)
+            except OSError:
+                is_dir = False
+            if not is_dir:
+                if _is_image(e.name):
+                    names.append(e.name)
+                    if first_only:
+                        return [e.path]
+                continue
+            real = os.path.realpath(e.path)
+            if e.is_symlink() and (_within(real_d, real) or real in seen):
+                skipped.append(f"{e.path} -> {real}")
+                continue
+            seen.add(real)
+            stack.append(e.path)
+        found.append((d, names))
+    return [os.path.join(d, n) for d, names in sorted(found) for n in names]
 
 
 def _pil_to_rgb(im: Image.Image) -> Image.Image:
@@ -79,7 +134,7 @@ def decode_rgb(path: str | os.PathLike, min_side: int | None = None) -> torch.Te
         with Image.open(path) as im:
             return F.pil_to_tensor(_pil_to_rgb(im))
     except Exception as e:
-        raise ImageDecodeError(f"cannot decode {path}: torchvision: {tv_error}; PIL: {e}") from e
+        raise ImageDecodeError(f"cannot decode {shown_path(path)}: torchvision: {tv_error}; PIL: {e}") from e
 
 
 def _decode_jpeg_reduced(path: str | os.PathLike, min_side: int) -> torch.Tensor | None:
@@ -144,10 +199,11 @@ class ImageFileDataset(Dataset):
                 img, label = self._load(i)
             except (OSError, ValueError, RuntimeError) as e:
                 if self.strict:
-                    raise ImageDecodeError(f"unreadable image {path} (strict mode): {e}") from e
+                    raise ImageDecodeError(f"unreadable image {shown_path(path)} (strict mode): {e}") from e
                 self.bad_files[path] = str(e)
-                shown = ", ".join(list(self.bad_files)[:10]) + (" ..." if len(self.bad_files) > 10 else "")
-                warnings.warn(f"skipping unreadable image {path} and returning a neighbour instead; "
+                shown = ", ".join(shown_path(p) for p in list(self.bad_files)[:10]) + (
+                    " ..." if len(self.bad_files) > 10 else "")
+                warnings.warn(f"skipping unreadable image {shown_path(path)} and returning a neighbour instead; "
                               f"{len(self.bad_files)} bad file(s) so far: {shown}", RuntimeWarning,
                               stacklevel=2)
                 continue
@@ -161,19 +217,51 @@ class ImageFileDataset(Dataset):
 def image_folder(split_dir: Path, transform: Transform = None, strict: bool = False,
                  classes_from: Path | None = None, min_side: int | None = None) -> ImageFileDataset:
     """ImageFolder tree ``split_dir/<class>/<file>``; class indices from ``classes_from`` (the train split) so
-    train and val agree even if val lacks a class."""
+    train and val agree even if val lacks a class.
+
+    A class folder of the train split without any image file is not a class (a warning names it): a class with
+    no sample would count in num_classes (the linear probe's outputs, chance level) without ever being seen.
+    Symlinked folders are followed once per real folder (see `list_image_files`); loops and repeats are warned
+    about once per split."""
+    base = Path(classes_from or split_dir)
     try:
-        classes, class_to_idx = find_classes(str(classes_from or split_dir))
-        extra = set(find_classes(str(split_dir))[0]) - set(classes)
+        all_classes = find_classes(str(base))[0]
+        split_classes = find_classes(str(split_dir))[0]
     except FileNotFoundError as err:  # torchvision: "Couldn't find any class folder in X."
         raise ImageFolderLayoutError(f"{err} An ImageFolder split holds one sub-folder per class: "
                                      f"{split_dir}/<class>/<image>.jpg") from err
+    probe_seen: set[str] = {os.path.realpath(base)}
+    empty = [c for c in all_classes if not list_image_files(base / c, set(probe_seen), [], first_only=True)]
+    classes = [c for c in all_classes if c not in empty]
+    if empty and base == Path(split_dir):  # said once, when the train split itself is listed
+        warnings.warn(f"{len(empty)} class folder(s) of {shown_path(base)} hold no image file and are not used as "
+                      f"classes: {', '.join(shown_path(c) for c in empty[:10])}{' ...' if len(empty) > 10 else ''}; "
+                      "add images or remove the folder(s)", RuntimeWarning, stacklevel=2)
+    class_to_idx = {c: i for i, c in enumerate(classes)}
+    # every class folder counts as listed from the start: a link from class a into class b's folder must not
+    # list b's images under label a too, whichever class comes first
+    seen = {os.path.realpath(split_dir)} | {os.path.realpath(Path(split_dir) / c) for c in split_classes}
+    skipped: list[str] = []
+    samples: list[tuple[str, int]] = []
+    extra: list[str] = []
+    for c in split_classes:
+        files = list_image_files(Path(split_dir) / c, seen, skipped)
+        if c in class_to_idx:
+            samples.extend((f, class_to_idx[c]) for f in files)
+        elif files:
+            extra.append(c)
     if extra:
-        raise ImageFolderLayoutError(f"{split_dir} has classes that {classes_from} lacks: {sorted(extra)[:10]}; "
-                                     "the class folders of val must be a subset of train's (same names)")
-    samples = make_dataset(str(split_dir), class_to_idx, extensions=IMG_EXTENSIONS, allow_empty=True)
+        why = "has no images of" if set(extra) & set(empty) else "lacks"
+        raise ImageFolderLayoutError(f"{shown_path(split_dir)} has classes that {shown_path(base)} {why}: "
+                                     f"{sorted(extra)[:10]}; the class folders of val must be a subset of train's "
+                                     "non-empty ones (same names)")
+    if skipped:
+        warnings.warn(f"{shown_path(split_dir)}: {len(skipped)} symlinked folder(s) not entered, as they loop back "
+                      f"to a folder above them or repeat one already listed (each real folder is listed once): "
+                      f"{'; '.join(shown_path(s) for s in skipped[:5])}{' ...' if len(skipped) > 5 else ''}",
+                      RuntimeWarning, stacklevel=2)
     if not samples:
-        raise FileNotFoundError(f"no image files ({', '.join(IMG_EXTENSIONS)}) under {split_dir}")
+        raise FileNotFoundError(f"no image files ({', '.join(IMG_EXTENSIONS)}) under {shown_path(split_dir)}")
     return ImageFileDataset(samples, classes, transform, strict, min_side)
 
 

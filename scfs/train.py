@@ -281,15 +281,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     validate_config(cfg)
     refuse_secrets(cfg)
     check_accelerator(cfg.trainer)
-    import lightning as L
-    import torch
-    from lightning.pytorch.callbacks import ModelCheckpoint
-
-    from scfs.method.callbacks import KNNMonitor, WallClockBudget
-    from scfs.method.checkpoint_io import AtomicCheckpointIO
-    from scfs.method.monitors import OnlineLinearMonitor
-    from scfs.reliability import BatchTooLargeError, oom_message
-    from scfs.reliability.resume import LastCheckpoint, ResumeState, make_train_loader_resumable
+    from scfs.reliability import RunFolderLock
 
     t0 = time.time()
     ckpt_path = find_resume_checkpoint(cfg.get("resume"), cfg.name)
@@ -303,6 +295,23 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
         check_not_complete(resume_info, cfg.trainer)
     run_dir = Path(run_dir or cfg.get("run_dir") or Path("runs") / cfg.name / time.strftime("%Y-%m-%d_%H-%M-%S"))
     run_dir.mkdir(parents=True, exist_ok=True)
+    with RunFolderLock(run_dir):  # a second run in this folder would overwrite last.ckpt and the logs
+        return _train(cfg, run_dir, ckpt_path, resume_info, t0)
+
+
+def _train(cfg: DictConfig, run_dir: Path, ckpt_path: str | None, resume_info: dict[str, Any] | None,
+           t0: float) -> dict[str, Any]:
+    """`run` from the model build on, in a locked run folder."""
+    import lightning as L
+    import torch
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from scfs.method.callbacks import KNNMonitor, WallClockBudget
+    from scfs.method.checkpoint_io import AtomicCheckpointIO
+    from scfs.method.monitors import OnlineLinearMonitor
+    from scfs.reliability import BatchTooLargeError, oom_message
+    from scfs.reliability.resume import LastCheckpoint, ResumeState, make_train_loader_resumable
+
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     if cfg.trainer.get("accelerator", "cpu") == "cpu" and os.environ.get("SCFS_THREADS"):
         torch.set_num_threads(int(os.environ["SCFS_THREADS"]))
@@ -470,11 +479,11 @@ def _run_errors() -> tuple[type[BaseException], ...]:
     from scfs.eval.detection_data import AnnotationError
     from scfs.method.checkpoint_io import DiskFullError
     from scfs.models.checkpoint import CheckpointMismatchError, NotACheckpointError, UnsafeCheckpointError
-    from scfs.reliability import BatchTooLargeError
+    from scfs.reliability import BatchTooLargeError, RunFolderBusyError
 
     return (FloatingPointError, BatchTooLargeError, UnsafeCheckpointError, CheckpointMismatchError, ImageDecodeError,
-            FileNotFoundError, IsADirectoryError, NotACheckpointError, AnnotationError, ImageFolderLayoutError,
-            RunAlreadyCompleteError, DiskFullError)
+            FileNotFoundError, IsADirectoryError, NotADirectoryError, NotACheckpointError, AnnotationError,
+            ImageFolderLayoutError, RunAlreadyCompleteError, DiskFullError, RunFolderBusyError)
 
 
 def _fail(code: int, kind: str, err: BaseException, prog: str = "scfs.train") -> None:
@@ -493,6 +502,20 @@ def run_reporting_errors(prog: str, fn: Any, *args: Any) -> Any:
         _fail(2, "config error", err, prog)
     except _run_errors() as err:
         _fail(1, "error", err, prog)
+    except RuntimeError as err:
+        if type(err).__name__ != "OutOfMemoryError":  # torch.cuda.OutOfMemoryError, without importing torch here
+            raise
+        _fail(1, "error", RuntimeError(_oom_outside_step(err, args[0] if args else None)), prog)
+
+
+def _oom_outside_step(err: BaseException, cfg: Any) -> str:
+    """CUDA out of memory where no training step is running (eval feature passes, the kNN monitor of scfs.train):
+    the batch size that ran out, and half of it to try."""
+    bs = cfg.get("batch_size") if isinstance(cfg, DictConfig) else None
+    first = str(err).strip().splitlines()[0] if str(err).strip() else "CUDA out of memory"
+    fix = (f"rerun with batch_size={max(int(bs) // 2, 1)} (it was {bs}; the results do not depend on it)"
+           if isinstance(bs, int) and bs > 1 else "use a smaller batch_size or a GPU with more free memory")
+    return f"CUDA out of memory outside a training step ({first}): {fix}; nothing was written that needs cleaning up"
 
 
 def cli_with_one_line_errors(prog: str, hydra_main: Any) -> None:

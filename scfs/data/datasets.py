@@ -310,6 +310,10 @@ def _split_dir(root: Path, name: str, candidates: tuple[str, ...]) -> Path:
             return root / c
     if not root.exists():
         raise _missing(root, name, root)
+    if not root.is_dir():
+        raise NotADirectoryError(f"{name} data root {shown_path(root)} is a file, not a folder: data.root must be the "
+                                 f"folder holding {' / '.join(candidates)}/<class>/<image> (unpack an archive with "
+                                 "python -m scfs.data.prepare extract --archive <file> --out <folder>)")
     raise _missing(root / candidates[0], name, root, f" (looked for {' or '.join(candidates)} in {root})")
 
 

@@ -104,10 +104,17 @@ def cached_features(backbone: nn.Module, dataset: Dataset, *, model_id: str, dat
                         pin_memory=torch.device(device).type == "cuda")
     feats, labels = extract_pooled(backbone, loader, device, progress, desc)
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
-        torch.save({"features": feats, "labels": labels, "meta": json.dumps(
-            {"model": model_id, **_jsonable(dict(data_key))})}, tmp)
-        os.replace(tmp, path)  # atomic: a concurrent reader never sees half a file
-        log.info("features of %s cached in %s", data_key.get("split"), path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save({"features": feats, "labels": labels, "meta": json.dumps(
+                {"model": model_id, **_jsonable(dict(data_key))})}, tmp)
+            os.replace(tmp, path)  # atomic: a concurrent reader never sees half a file
+            log.info("features of %s cached in %s", data_key.get("split"), path)
+        except (OSError, RuntimeError) as err:  # a full or read-only cache folder must not cost the evaluation
+            tmp.unlink(missing_ok=True)
+            cause = err.__context__ if isinstance(err.__context__, OSError) else err  # torch's zip writer wraps it
+            log.warning("could not write the feature cache %s (%s): the evaluation goes on without caching; free "
+                        "space there or set feature_cache=<writable folder>", path, str(cause).splitlines()[0])
+            path = None
     return FeatureSet(feats, labels, False, path)

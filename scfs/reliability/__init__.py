@@ -13,10 +13,13 @@ error must fail in a second); the Lightning pieces are in `scfs.reliability.resu
 * `check_finite`: the names of non-finite tensors of a checkpoint (a checkpoint with NaN weights is never written).
 * `find_secrets` / `scrub_files`: secret-looking config keys are refused and never left in run folders.
 * `NetworkGuard` / `offline_by_default`: nothing leaves the machine by default, and tests can prove it.
+* `RunFolderLock`: one training run per run folder at a time.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import ipaddress
 import logging
 import os
@@ -232,3 +235,44 @@ def one_line(err: BaseException) -> str:
     return re.sub(r"Could not override '([^']+)'\. To append to your config use (\+\S+)",
                   r"Could not override '\1': the config has no such key or group (a typo?); only to add a new key "
                   r"on purpose use \2", text)
+
+
+# ---- one run per run folder ----------------------------------------------------------------------------------------
+class RunFolderBusyError(RuntimeError):
+    """Another live process trains in this run folder; both would overwrite each other's checkpoints and logs."""
+
+
+class RunFolderLock:
+    """An exclusive `flock` on `<run_dir>/.scfs.lock` for the duration of a training run.
+
+    The kernel drops the lock when its process dies (crash, `kill -9`, power cut), so a killed run never blocks the
+    next one in its folder; the file only records who holds it, for the message."""
+
+    NAME = ".scfs.lock"
+
+    def __init__(self, run_dir: str | os.PathLike) -> None:
+        self.path = Path(run_dir) / self.NAME
+        self._fd: int | None = None
+
+    def __enter__(self) -> RunFolderLock:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            if err.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                raise
+            raise RunFolderBusyError(
+                f"run folder {self.path.parent} is in use by another training run ({holder}): two runs in one "
+                "folder overwrite each other's checkpoints and logs; give this one its own folder (leave "
+                "hydra.run.dir at its default, or pick another) or wait for the other to finish") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # releases the flock
+            self._fd = None

@@ -9,11 +9,12 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from scfs.method.optimizers import FP16_SCALED, OPTIMIZERS, FusedOptimizerError, use_fused_optimizer
+
 STAGES = ("layer1", "layer2", "layer3", "layer4")
 SEARCH_MODES = ("soft", "hard", "softmax", "roi", "none")
 BACKENDS = ("auto", "reference", "triton", "cuda")
 METHODS = ("scfs", "dino")
-OPTIMIZERS = ("sgd", "adamw", "lars")
 DATASETS = ("shapes", "folder", "cifar10", "imagenet")
 
 
@@ -107,14 +108,12 @@ def validate_config(cfg: DictConfig) -> None:
     _check(cfg, "optim.warmup_epochs", lambda v: v >= 0, "a number of epochs >= 0", required=False)
     _check(cfg, "optim.fused", lambda v: v in (True, False, "auto"), "true, false or auto (fused on CUDA)",
            required=False)
-    if _get(cfg, "optim.fused", "auto") is True:
-        from scfs.method.module import FP16_SCALED, use_fused_optimizer
-
-        try:  # fp16 loss scaling + clipping cannot take a fused step: said at start-up, not from inside Lightning
-            use_fused_optimizer(True, True, str(_get(cfg, "trainer.precision", "32-true")) in FP16_SCALED,
-                                float(_get(cfg, "trainer.gradient_clip_val", 0.0) or 0.0))
-        except ValueError as err:
-            raise ConfigError(f"config key optim.fused=true is invalid: {err}") from None
+    try:  # a fused step that cannot run is said at start-up, not from inside Lightning at the first step
+        use_fused_optimizer(_get(cfg, "optim.fused", "auto"), str(_get(cfg, "optim.name", "sgd")), True,
+                            str(_get(cfg, "trainer.precision", "32-true")) in FP16_SCALED,
+                            float(_get(cfg, "trainer.gradient_clip_val", 0.0) or 0.0))
+    except FusedOptimizerError as err:
+        raise ConfigError(f"config key optim.fused={_get(cfg, 'optim.fused')} is invalid: {err}") from None
     _check(cfg, "batch_size", _pos_int, "an integer > 0 (images per device)")
     _check(cfg, "chunk_minutes", lambda v: v is None or (isinstance(v, (int, float)) and v > 0),
            "null or a number of minutes > 0", required=False)

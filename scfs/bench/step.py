@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import itertools
 import json
 import os
 import platform
@@ -90,7 +91,17 @@ def suite_rows(suite: str, quick: bool, tiny: bool, batches: list[int] | None,
     return rows
 
 
-def compose(suite: str, method: str, batch: int, setting: str, args: argparse.Namespace) -> Any:
+def variants(vary: str | None) -> list[str]:
+    """`KEY=A,B` -> ["KEY=A", "KEY=B"]; no `--vary` -> one unnamed variant."""
+    if not vary:
+        return [""]
+    key, _, values = vary.partition("=")
+    if not key or not values:
+        raise SystemExit(f"--vary {vary!r}: expected KEY=A,B (e.g. optim.fused=true,false)")
+    return [f"{key}={v}" for v in values.split(",")]
+
+
+def compose(suite: str, method: str, batch: int, setting: str, args: argparse.Namespace, variant: str = "") -> Any:
     from hydra import compose as hcompose
     from hydra import initialize_config_dir
 
@@ -110,7 +121,7 @@ def compose(suite: str, method: str, batch: int, setting: str, args: argparse.Na
         ov += TINY
     if args.data == "real":
         ov += [f"data.root={args.data_root}"]
-    ov += list(args.override or [])
+    ov += list(args.override or []) + ([variant] if variant else [])
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
         return hcompose(config_name="config", overrides=ov)
 
@@ -321,7 +332,8 @@ def add_reference(rows: list[dict], suite: str, compare: dict | None) -> None:
     by = {(r["method"], r["B"], r["setting"]): r for r in rows if "step_ms" in r}
     base = {(r["method"], r["B"], r["setting"]): r for r in (compare or {}).get("rows", []) if "img_per_s" in r}
     for r in rows:
-        pub = PUBLISHED.get((suite, r["method"], r["B"], r["setting"].replace("_compile", "").replace("_graphs", "")))
+        base_setting = r["setting"].split(" ")[0].replace("_compile", "").replace("_graphs", "")
+        pub = PUBLISHED.get((suite, r["method"], r["B"], base_setting))
         if pub:
             r["published"] = {"step_ms": pub[0], "img_per_s": pub[1], "setting": pub[2]}
         dino = by.get(("dino", r["B"], r["setting"]))
@@ -438,14 +450,14 @@ def run(args: argparse.Namespace) -> dict:
     result = {"meta": meta, "rows": rows}
     rows_todo = [r for r in suite_rows(suite, args.quick, args.tiny, args.batch, args.setting)
                  if not args.method or r[0] in args.method]
-    for method, b, setting in rows_todo:
-        row: dict[str, Any] = {"method": method, "B": b, "setting": setting}
+    for (method, b, setting), variant in itertools.product(rows_todo, variants(args.vary)):
+        row: dict[str, Any] = {"method": method, "B": b, "setting": setting + (f" {variant}" if variant else "")}
         # each row compiles afresh: the rows share modules' forward code objects, so two batch sizes in one process
         # would fill dynamo's per-code-object graph limit and the later row's last stage head would run eager
         # (H200 log, 2026-11-30: 'hit config.recompile_limit (17)' on the B=64 row after B=32)
         torch._dynamo.reset()
         try:
-            row.update(measure(compose(suite, method, b, setting, args), args, suite))
+            row.update(measure(compose(suite, method, b, setting, args, variant), args, suite))
         except Exception as err:  # one failing row (say, OOM) must not lose the others
             if args.device == "cuda":
                 torch.cuda.empty_cache()
@@ -481,6 +493,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="also profile N steps after the warm-up: op / kernel-launch counts and top ops per row")
     ap.add_argument("--method", action="append", choices=("scfs", "dino"), help="only these methods (repeatable)")
+    ap.add_argument("--vary", default=None, metavar="KEY=A,B",
+                    help="run every row once per value of one config key, side by side (e.g. optim.fused=true,false)")
     ap.add_argument("--override", action="append", metavar="KEY=VALUE",
                     help="Hydra override applied to every row, e.g. method.stage_pooled_bn=false (repeatable)")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))

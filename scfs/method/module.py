@@ -14,6 +14,13 @@ from torch.profiler import record_function
 
 from scfs.method.ema import ema_update
 from scfs.method.losses import DINOLoss, sharpened_cross_entropy
+from scfs.method.optimizers import (
+    FP16_SCALED,
+    build_optimizer,
+    clip_gradients_,
+    fill_momentum_buffers_,
+    use_fused_optimizer,
+)
 from scfs.method.schedules import cosine, linear_warmup
 from scfs.models import Backbone, DINOHead, StageHead
 
@@ -26,26 +33,6 @@ SEARCH_MODES = ("soft", "hard", "softmax", "roi", "none")
 # calls that remain (RoI crops, the searched branch, calls outside the step) stay within this bound.
 GRAPHS_PER_STAGE = 3
 RECOMPILE_SLACK = 8  # dynamo's default limit: the eval passes (BN in eval mode) and other callers' graphs
-
-
-FP16_SCALED = ("16-mixed", "16")  # trainer.precision values that run a GradScaler
-
-
-def use_fused_optimizer(want: bool | str, on_cuda: bool, fp16_scaled: bool, clip_val: float) -> bool:
-    """Whether to build SGD/AdamW with `fused=True`.
-
-    `auto` = on when every parameter is on CUDA, except under fp16 loss scaling with gradient clipping: a fused
-    optimizer unscales inside its own step, so Lightning cannot unscale before clipping and refuses the pair
-    (`+experiment=imagenet` is fp16 with clip 3.0, so it keeps the foreach path). On the CPU `auto` keeps the
-    foreach path the CPU records were made with. `true` with that pair is a config error naming the fix."""
-    if want == "auto":
-        return on_cuda and not (fp16_scaled and clip_val > 0)
-    if want and fp16_scaled and clip_val > 0:
-        raise ValueError("optim.fused=true cannot be combined with fp16 loss scaling (trainer.precision=16-mixed) and "
-                         f"gradient clipping (trainer.gradient_clip_val={clip_val}): the fused step unscales the "
-                         "gradients itself, after clipping would have run. Use optim.fused=auto, "
-                         "trainer.precision=bf16-mixed, or trainer.gradient_clip_val=0")
-    return bool(want)
 
 
 def raise_recompile_limit(n_stages: int) -> int:
@@ -279,27 +266,33 @@ class SCFSModule(L.LightningModule):
                 continue
             (no_decay if p.ndim <= 1 or name.endswith(".bias") else decay).append(p)
         groups = [{"params": decay, "apply_wd": True}, {"params": no_decay, "apply_wd": False, "weight_decay": 0.0}]
-        o = self.optim_cfg
-        name = o.get("name", "sgd")
-        if name == "sgd":
-            return torch.optim.SGD(groups, lr=o["lr"], momentum=o.get("momentum", 0.9), **self._fused(groups))
-        if name == "adamw":
-            return torch.optim.AdamW(groups, lr=o["lr"], betas=tuple(o.get("betas", (0.9, 0.999))),
-                                     **self._fused(groups))
-        if name == "lars":
-            from timm.optim import Lars
-
-            return Lars(groups, lr=o["lr"], momentum=o.get("momentum", 0.9))
-        raise ValueError(f"optim.name={name!r} is not known: allowed are sgd, adamw, lars")
-
-    def _fused(self, groups: list[dict]) -> dict[str, bool]:
-        """`optim.fused`: the optimizer's fused kernels (one multi-tensor kernel per step instead of a few foreach ops
-        per group: fewer launches on a host-bound GPU step); see `use_fused_optimizer`."""
-        on_cuda = all(p.is_cuda for g in groups for p in g["params"])  # Lightning moves the module first
         trainer = self._trainer
-        fp16 = trainer is not None and str(trainer.precision) in FP16_SCALED
-        clip = float((trainer.gradient_clip_val or 0.0) if trainer is not None else 0.0)
-        return {"fused": True} if use_fused_optimizer(self.optim_cfg.get("fused", "auto"), on_cuda, fp16, clip) else {}
+        fused = use_fused_optimizer(
+            self.optim_cfg.get("fused", "auto"), self.optim_cfg.get("name", "sgd"),
+            self.params_on_cuda(groups),  # Lightning moves the module before it calls this
+            trainer is not None and str(trainer.precision) in FP16_SCALED,
+            float((trainer.gradient_clip_val or 0.0) if trainer is not None else 0.0))
+        return build_optimizer(groups, self.optim_cfg, fused)
+
+    @staticmethod
+    def params_on_cuda(groups: list[dict]) -> bool:
+        """The device fact behind `optim.fused=auto` (a seam: the CPU tests take the CUDA branch through it)."""
+        return all(p.is_cuda for g in groups for p in g["params"])
+
+    def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
+                                    gradient_clip_algorithm: str | None = None) -> None:
+        """Clip here, not in Lightning's mixed-precision plugin, which refuses any fused optimizer even under bf16.
+
+        Without a loss scaler the gradients are already true, so `clip_gradients_` is exact. Under fp16 loss
+        scaling Lightning has unscaled them before this hook (the optimizer is never fused with clipping there:
+        `use_fused_optimizer`), and its own clipping runs."""
+        if not gradient_clip_val:
+            return
+        if getattr(self.trainer.precision_plugin, "scaler", None) is not None:
+            self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+            return
+        clip_gradients_((p for g in optimizer.param_groups for p in g["params"]), float(gradient_clip_val),
+                        gradient_clip_algorithm)
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         lr, wd = self._lr_wd()
@@ -315,6 +308,9 @@ class SCFSModule(L.LightningModule):
                     p.grad = None
         if self._check_now():
             self._check_finite_grads()
+        opt = getattr(optimizer, "optimizer", optimizer)  # the torch optimizer under Lightning's wrapper
+        if isinstance(opt, torch.optim.SGD) and opt.defaults.get("fused"):
+            fill_momentum_buffers_(opt)
 
     def _check_now(self) -> bool:
         """Finite checks read a device value on the host (a sync): every step by default, every

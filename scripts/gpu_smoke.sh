@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# The GPU gate: every GPU-facing command of the README, each for a few steps, on one GPU machine, in at most
+# 6 minutes on one H200; prints one PASS/FAIL table last and writes it to
+# benchmarks/results/gpu-smoke-<date>.md (and $OUT/) naming the commit it ran on.
+#
+#   COMMIT=$(git rev-parse --short HEAD) OUT=/dir bash scripts/gpu_smoke.sh     (device machine, repo root)
+#
+# Needs on the machine: the project's wheels on PYTHONPATH (hydra-core, omegaconf, faiss-cpu, pycocotools; see
+# the README's contributing section) and the two shared archives in .gpudata/ (git-excluded copies of
+# ../shared/data/*.tar.xz). Each README command runs exactly as written there, followed only by overrides that
+# cut it to a few steps (shown in the table); a command missing from the README fails its row, so the two stay
+# in step. Independent commands run side by side (the GPU and 16 cores have room), so the wall time is the
+# longest chain, not the sum. On a machine with 2+ GPUs it adds a DDP CIFAR run next to one GPU at the same
+# global batch.
+set -uo pipefail
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 OMP_NUM_THREADS=2 WANDB_MODE=offline
+OUT=${OUT:-/tmp/gpu-smoke}; mkdir -p "$OUT/logs"
+PY=${PY:-python3}
+COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+STAMP=$(date +%F); T0=$(date +%s)
+NGPU=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l)
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+ROWS="$OUT/rows.tsv"; : > "$ROWS"
+# the README says `python`: make that the interpreter of this machine, for `timeout` too (it execs a binary)
+mkdir -p /tmp/smoke-bin && ln -sf "$(command -v "$PY")" /tmp/smoke-bin/python && export PATH="/tmp/smoke-bin:$PATH"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+SHORT="trainer.max_epochs=1 +trainer.limit_train_batches=4"   # a few steps of every training command
+
+in_readme() { [ -z "$1" ] || grep -qF -- "$1" README.md; }
+
+# run ID 'README COMMAND' EXTRA...: the README's command, its placeholders (<ckpt>, <scfs ckpt>, <dino ckpt>)
+# filled in from the runs of wave 1, then EXTRA (the overrides that make it short); logged, timed, one row.
+# An empty README COMMAND marks a step that is not a README command (the notebook); EXTRA is then the command.
+run() {
+  local id=$1 readme=$2; shift 2
+  local extra="$*" t rc why=""
+  t=$(date +%s)
+  if ! in_readme "$readme"; then
+    printf '%s\tFAIL\t0\t%s\t%s\tnot in README.md\n' "$id" "$readme" "$extra" >> "$ROWS"; return 1
+  fi
+  local cmd=${readme//<scfs ckpt>/${CK:-}}; cmd=${cmd//<dino ckpt>/${DK:-}}; cmd=${cmd//<ckpt>/${CK:-}}
+  eval "timeout ${LIMIT:-330} $cmd $extra" > "$OUT/logs/$id.log" 2>&1; rc=$?
+  [ $rc -ne 0 ] && why=$(grep -v '^\s*$' "$OUT/logs/$id.log" | tail -n 1 | cut -c1-160 | tr '\t|' '  ')
+  [ $rc -eq 124 ] && why="timed out after ${LIMIT:-330} s"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$id" "$([ $rc -eq 0 ] && echo PASS || echo FAIL)" "$(( $(date +%s) - t ))" \
+    "$readme" "$extra" "$why" >> "$ROWS"
+  return $rc
+}
+last_ckpt() { find runs/"$1" -name last.ckpt -path '*/checkpoints/*' -printf '%T@ %p\n' 2>/dev/null | sort -n | tail -n 1 | cut -d' ' -f2; }
+
+# --- data: CIFAR-10 decoded once (the parallel runs share the cache); an ImageFolder of the 100 sample photos
+# (5 made-up classes: enough for the ImageNet recipe's data path)
+ARCHIVE=.gpudata/cifar10-jpeg.tar.xz; . "$(dirname "$0")/cifar10_data.sh"
+cifar10_ready > "$OUT/logs/data.log" 2>&1 || echo "CIFAR-10 preparation failed (see logs/data.log)"
+if [ ! -d data/imagenet-smoke/train ]; then
+  $PY -m scfs.data.prepare imagenet-samples --archive .gpudata/imagenet-samples-100.tar.xz \
+    --out data/imagenet-samples >> "$OUT/logs/data.log" 2>&1
+  i=0
+  for f in $(find data/imagenet-samples -type f -name '*.jpg' | sort); do
+    split=train; [ $((i % 5)) -eq 0 ] && split=val
+    mkdir -p "data/imagenet-smoke/$split/class$((i / 5 % 5))" && cp "$f" "data/imagenet-smoke/$split/class$((i / 5 % 5))/"
+    i=$((i + 1))
+  done
+fi
+echo "data ready after $(( $(date +%s) - T0 )) s"
+
+# --- wave 1: every training command and the GPU tools, side by side
+C="python -m scfs.train +experiment=cifar10"
+run cifar10 "$C" "$SHORT name=smoke-scfs" &
+run cifar10-graphs "$C compile=true compile_mode=reduce-overhead" "$SHORT name=smoke-graphs" &
+run cifar10-dino "$C method=dino" "$SHORT name=smoke-dino" &
+for m in hard softmax roi none; do  # the README's loop over the modes; soft is the default (row cifar10)
+  run "search-$m" "$C search=\$m" "$SHORT name=smoke-search-$m eval.knn_at_start=false" &
+done
+run imagenet "python -m scfs.train +experiment=imagenet" \
+  "data.root=data/imagenet-smoke global_batch_size=32 num_workers=4 $SHORT name=smoke-imagenet" &
+( run resume-stop "$C" "$SHORT name=smoke-resume eval.knn_at_start=false" &&
+  run resume-auto "python -m scfs.train resume=auto" \
+    "+experiment=cifar10 name=smoke-resume trainer.max_epochs=2 +trainer.limit_train_batches=4 eval.knn_at_start=false" ) &
+run search-check "python -m scfs.search.check --quick" "" &
+run bench-step "python -m scfs.bench.step --quick" "--out $OUT/step --steps 10 --warmup 3" &
+if [ "$NGPU" -ge 2 ]; then  # DDP next to one GPU at the same global batch: time per epoch and kNN side by side
+  run ddp-2gpu "python -m scfs.train +experiment=cifar10 trainer=ddp trainer.devices=2 sync_bn=true" \
+    "global_batch_size=512 trainer.max_epochs=2 name=smoke-ddp" &
+  CUDA_VISIBLE_DEVICES=0 run ddp-1gpu-same-batch "$C" "global_batch_size=512 trainer.max_epochs=2 name=smoke-1gpu" &
+fi
+wait
+echo "wave 1 done after $(( $(date +%s) - T0 )) s"
+
+# --- wave 2: the evaluation CLIs and notebook 02 on the checkpoints of wave 1
+CK=$(last_ckpt smoke-scfs); DK=$(last_ckpt smoke-dino)
+run knn "python -m scfs.eval.knn ckpt=<ckpt>" "" &
+run linear-fast "python -m scfs.eval.linear ckpt=<ckpt> fast=true" "probe.epochs=2" &
+run linear-full "python -m scfs.eval.linear ckpt=<ckpt>" "probe.epochs=1" &
+run detect "python -m scfs.eval.detect ckpt=<ckpt>" "schedule.max_iters=20" &
+run precision "python -m scfs.eval.precision SCFS=<scfs ckpt> DINO=<dino ckpt> random" "--limit 40" &
+run notebook-02 "" "env SCFS_NB_SMALL=1 SCFS_NB_STATIC=1 CKPT=$CK $PY scripts/run_notebook_cells.py notebooks/02_searched_regions.ipynb" &
+wait
+WALL=$(( $(date +%s) - T0 ))
+
+# --- the record: one PASS/FAIL table, last
+REC="benchmarks/results/gpu-smoke-$STAMP.md"; mkdir -p benchmarks/results
+NPASS=$(awk -F'\t' '$2 == "PASS"' "$ROWS" | wc -l); NROWS=$(wc -l < "$ROWS")
+{
+  echo "# GPU smoke, $STAMP: $NPASS of $NROWS PASS"
+  echo
+  echo "Commit \`$COMMIT\`; $GPU x $NGPU; $WALL s wall; torch $($PY -c 'import torch; print(torch.__version__)'), lightning \
+$($PY -c 'import lightning; print(lightning.__version__)'). Made by \`COMMIT=$COMMIT OUT=\$OUT bash scripts/gpu_smoke.sh\`:"
+  echo "each README command as written there, then only the overrides that cut it to a few steps."
+  [ "$NGPU" -lt 2 ] && echo "One GPU: the 2-GPU DDP rows did not run."
+  echo
+  echo "| step | result | s | README command | + overrides | why it failed |"
+  echo "|---|---|---|---|---|---|"
+  sort "$ROWS" | awk -F'\t' '{printf "| %s | %s | %s | `%s` | `%s` | %s |\n", $1, $2, $3, $4, $5, $6}'
+} > "$OUT/gpu-smoke.md"
+cp "$OUT/gpu-smoke.md" "$REC"
+cat "$OUT/gpu-smoke.md"
+[ "$NPASS" -eq "$NROWS" ]

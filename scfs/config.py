@@ -106,10 +106,10 @@ def validate_config(cfg: DictConfig) -> None:
     _check(cfg, "optim.lr", _pos, "a learning rate > 0")
     _check(cfg, "optim.weight_decay", lambda v: v >= 0, "a number >= 0", required=False)
     _check(cfg, "optim.warmup_epochs", lambda v: v >= 0, "a number of epochs >= 0", required=False)
-    _check(cfg, "optim.fused", lambda v: v in (True, False, "auto"), "true, false or auto (fused on CUDA)",
+    _check(cfg, "optim.fused", lambda v: v in (True, False, "auto"), "true, false or auto (the foreach step)",
            required=False)
     try:  # a fused step that cannot run is said at start-up, not from inside Lightning at the first step
-        use_fused_optimizer(_get(cfg, "optim.fused", "auto"), str(_get(cfg, "optim.name", "sgd")), True,
+        use_fused_optimizer(_get(cfg, "optim.fused", "auto"), str(_get(cfg, "optim.name", "sgd")),
                             str(_get(cfg, "trainer.precision", "32-true")) in FP16_SCALED,
                             float(_get(cfg, "trainer.gradient_clip_val", 0.0) or 0.0))
     except FusedOptimizerError as err:

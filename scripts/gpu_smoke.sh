@@ -22,7 +22,9 @@ NGPU=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l)
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
 ROWS="$OUT/rows.tsv"; : > "$ROWS"
 # the README says `python`: make that the interpreter of this machine, for `timeout` too (it execs a binary)
-mkdir -p /tmp/smoke-bin && ln -sf "$(command -v "$PY")" /tmp/smoke-bin/python && export PATH="/tmp/smoke-bin:$PATH"
+# (a wrapper, not a link: a venv's interpreter linked from elsewhere loses its venv)
+mkdir -p /tmp/smoke-bin && printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v "$PY")" > /tmp/smoke-bin/python \
+  && chmod +x /tmp/smoke-bin/python && export PATH="/tmp/smoke-bin:$PATH"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 SHORT="trainer.max_epochs=1 +trainer.limit_train_batches=4"   # a few steps of every training command
 
@@ -114,5 +116,6 @@ $($PY -c 'import lightning; print(lightning.__version__)'). Made by \`COMMIT=$CO
   sort "$ROWS" | awk -F'\t' '{printf "| %s | %s | %s | `%s` | `%s` | %s |\n", $1, $2, $3, $4, $5, $6}'
 } > "$OUT/gpu-smoke.md"
 cp "$OUT/gpu-smoke.md" "$REC"
+tar czf "$OUT/smoke-logs.tgz" -C "$OUT" logs && rm -r "$OUT/logs"  # one file: the device returns at most 8
 cat "$OUT/gpu-smoke.md"
 [ "$NPASS" -eq "$NROWS" ]

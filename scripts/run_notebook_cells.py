@@ -27,6 +27,7 @@ def _stub_ipython() -> None:
     ipython = types.ModuleType("IPython")
     ipython.display = display  # type: ignore[attr-defined]
     ipython.get_ipython = lambda: None  # type: ignore[attr-defined]
+    ipython.version_info = (8, 24, 0, "")  # matplotlib reads it; >= 8.24 asks nothing more of IPython
     sys.modules.update({"IPython": ipython, "IPython.display": display})
 
 

@@ -269,15 +269,9 @@ class SCFSModule(L.LightningModule):
         trainer = self._trainer
         fused = use_fused_optimizer(
             self.optim_cfg.get("fused", "auto"), self.optim_cfg.get("name", "sgd"),
-            self.params_on_cuda(groups),  # Lightning moves the module before it calls this
             trainer is not None and str(trainer.precision) in FP16_SCALED,
             float((trainer.gradient_clip_val or 0.0) if trainer is not None else 0.0))
         return build_optimizer(groups, self.optim_cfg, fused)
-
-    @staticmethod
-    def params_on_cuda(groups: list[dict]) -> bool:
-        """The device fact behind `optim.fused=auto` (a seam: the CPU tests take the CUDA branch through it)."""
-        return all(p.is_cuda for g in groups for p in g["params"])
 
     def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
                                     gradient_clip_algorithm: str | None = None) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from scfs.method.optimizers import FP16_SCALED, OPTIMIZERS, FusedOptimizerError, use_fused_optimizer
+from scfs.optim import FP16_SCALED, OPTIMIZERS, FusedOptimizerError, use_fused_optimizer
 
 STAGES = ("layer1", "layer2", "layer3", "layer4")
 SEARCH_MODES = ("soft", "hard", "softmax", "roi", "none")

@@ -14,15 +14,15 @@ from torch.profiler import record_function
 
 from scfs.method.ema import ema_update
 from scfs.method.losses import DINOLoss, sharpened_cross_entropy
-from scfs.method.optimizers import (
+from scfs.method.schedules import cosine, linear_warmup
+from scfs.models import Backbone, DINOHead, StageHead
+from scfs.optim import (
     FP16_SCALED,
     build_optimizer,
     clip_gradients_,
     fill_momentum_buffers_,
     use_fused_optimizer,
 )
-from scfs.method.schedules import cosine, linear_warmup
-from scfs.models import Backbone, DINOHead, StageHead
 
 SEARCH_MODES = ("soft", "hard", "softmax", "roi", "none")
 

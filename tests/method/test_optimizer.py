@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from scfs.config import ConfigError, validate_config
-from scfs.method.optimizers import FusedOptimizerError, clip_gradients_, use_fused_optimizer
+from scfs.optim import FusedOptimizerError, clip_gradients_, use_fused_optimizer
 from tests.helpers import compose_cfg
 
 

@@ -1,4 +1,6 @@
-"""Optimizers of the pretraining run and when they may use their fused kernels.
+"""Optimizers of the pretraining run (the `optim` config group) and when they may use their fused kernels.
+
+A leaf module (nothing from scfs): config validation and the training module both use it.
 
 A fused step (one multi-tensor kernel per step instead of a few foreach ops per group) can run with these rules:
 

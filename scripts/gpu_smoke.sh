@@ -101,7 +101,7 @@ wait
 WALL=$(( $(date +%s) - T0 ))
 
 # --- the record: one PASS/FAIL table, last
-REC="benchmarks/results/gpu-smoke-$STAMP.md"; mkdir -p benchmarks/results
+REC_DIR=${REC_DIR:-benchmarks/results}; REC="$REC_DIR/gpu-smoke-$STAMP.md"; mkdir -p "$REC_DIR"
 NPASS=$(awk -F'\t' '$2 == "PASS"' "$ROWS" | wc -l); NROWS=$(wc -l < "$ROWS")
 {
   echo "# GPU smoke, $STAMP: $NPASS of $NROWS PASS"
@@ -109,7 +109,7 @@ NPASS=$(awk -F'\t' '$2 == "PASS"' "$ROWS" | wc -l); NROWS=$(wc -l < "$ROWS")
   echo "Commit \`$COMMIT\`; $GPU x $NGPU; $WALL s wall; torch $($PY -c 'import torch; print(torch.__version__)'), lightning \
 $($PY -c 'import lightning; print(lightning.__version__)'). Made by \`COMMIT=$COMMIT OUT=\$OUT bash scripts/gpu_smoke.sh\`:"
   echo "each README command as written there, then only the overrides that cut it to a few steps."
-  [ "$NGPU" -lt 2 ] && echo "One GPU: the 2-GPU DDP rows did not run."
+  [ "$NGPU" -lt 2 ] && echo "$NGPU GPU(s): the 2-GPU DDP rows did not run."
   echo
   echo "| step | result | s | README command | + overrides | why it failed |"
   echo "|---|---|---|---|---|---|"

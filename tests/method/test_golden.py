@@ -1,0 +1,95 @@
+"""Golden training steps: 5 CPU steps of `method=scfs` and `method=dino` on a fixed, fully explicit config and
+synthetic images must give the losses and weights recorded before the methods became classes (bit for bit on the
+CPU capability they were recorded on; within float32 rounding on another, whose kernels may sum in another order).
+
+Re-record only for an intended change of the numbers: `python tests/method/test_golden.py --record`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+GOLDEN = Path(__file__).parent / "golden"
+STEPS = 5
+EXPLICIT = [  # every key that shapes the numbers, so a changed default elsewhere does not move them
+    "backbone.name=resnet18", "backbone.cifar_stem=true", "backbone.stem_stride=2", "backbone.layers=[1,1,1,1]",
+    "backbone.channels=[8,16,16,32]", "backbone.channels_last=false", "++backbone.zero_init_last=false",
+    "method.out_dim=64", "method.hidden_dim=32", "method.bottleneck_dim=16", "method.head_layers=3",
+    "method.head_bn=true", "method.bottleneck_bn=true", "method.norm_last_layer=true",
+    "method.freeze_last_layer_epochs=0", "method.stage_out_dim=32", "method.stage_hidden_dim=16",
+    "method.stage_bottleneck_dim=8", "method.stage_weight=0.5", "method.stage_final_relu=false",
+    "method.stage_norm=batchnorm", "method.stage_pooled_bn=true", "method.student_temp=0.1",
+    "method.teacher_temp=0.04", "method.warmup_teacher_temp=0.04", "method.warmup_teacher_temp_epochs=0",
+    "method.center_momentum=0.9", "method.momentum_teacher=0.99",
+    "search=soft", "search.stages=[layer2,layer3,layer4]", "search.backend=reference",
+    "crops.global_size=32", "crops.local_size=16", "crops.n_local=2", "crops.global_scale=[0.4,1.0]",
+    "crops.local_scale=[0.1,0.4]", "crops.flip_p=0.5", "crops.jitter=[0.4,0.4,0.4,0.1]", "crops.jitter_p=0.8",
+    "crops.gray_p=0.2", "crops.blur_p=[1.0,0.1,0.5]", "crops.solarize_p=0.2",
+    "optim=sgd", "optim.lr=0.3", "optim.momentum=0.9", "optim.weight_decay=1e-4", "optim.weight_decay_end=1e-4",
+    "optim.min_lr=0.0", "optim.warmup_epochs=0", "optim.fused=false", "optim.scale_lr=true",
+    "batch_size=8", "seed=0", "data.batch_aug=true", "trainer.precision=32-true", "trainer.gradient_clip_val=3.0",
+    "trainer.max_epochs=1", "trainer.deterministic=true",
+]
+
+
+def train_golden(method: str) -> dict:
+    """Losses per step and a digest of every tensor of the state after STEPS steps (module built as train does)."""
+    import lightning as L
+
+    from scfs.bench.step import SyntheticData
+    from scfs.train import build, trainer_kwargs
+    from tests.helpers import compose_cfg
+
+    torch.set_num_threads(1)  # one summation order on any machine with the same CPU capability
+    cfg = compose_cfg([*EXPLICIT, f"method={method}", *(_method_keys())])
+    L.seed_everything(0, verbose=False)
+    _, model = build(cfg)
+    losses: list[float] = []
+
+    class Record(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            losses.append(float(outputs["loss"] if isinstance(outputs, dict) else outputs))
+
+    kw = trainer_kwargs(cfg)
+    kw.update(max_steps=STEPS, limit_train_batches=STEPS, logger=False, enable_checkpointing=False)
+    trainer = L.Trainer(**kw, callbacks=[Record()])
+    trainer.fit(model, SyntheticData(size=32, n=8 * STEPS, batch=8, seed=0))
+    state = model.state_dict()
+    return {"losses": losses, "capability": torch.backends.cpu.get_cpu_capability(),
+            "tensors": {k: {"sha256": hashlib.sha256(v.detach().contiguous().numpy().tobytes()).hexdigest(),
+                            "sum": float(v.double().sum()), "abs_sum": float(v.double().abs().sum())}
+                        for k, v in state.items() if v.is_floating_point()}}
+
+
+def _method_keys() -> list[str]:
+    return [k for k in EXPLICIT if k.startswith("method.")]  # again after `method=`, which resets the group
+
+
+@pytest.mark.parametrize("method", ["scfs", "dino"])
+def test_five_steps_match_the_golden_record(method):
+    want = json.loads((GOLDEN / f"{method}.json").read_text())
+    got = train_golden(method)
+    assert set(got["tensors"]) == set(want["tensors"]), set(got["tensors"]) ^ set(want["tensors"])
+    if got["capability"] == want["capability"]:
+        assert got["losses"] == want["losses"]
+        diff = [k for k, v in want["tensors"].items() if got["tensors"][k]["sha256"] != v["sha256"]]
+        assert not diff, f"{len(diff)} tensors differ bit-wise from the golden record, e.g. {diff[:5]}"
+    else:
+        assert got["losses"] == pytest.approx(want["losses"], rel=1e-4)
+        for k, v in want["tensors"].items():
+            assert got["tensors"][k]["abs_sum"] == pytest.approx(v["abs_sum"], rel=1e-4, abs=1e-5), k
+
+
+if __name__ == "__main__" and "--record" in sys.argv:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    GOLDEN.mkdir(exist_ok=True)
+    for m in ("scfs", "dino"):
+        rec = train_golden(m)
+        (GOLDEN / f"{m}.json").write_text(json.dumps(rec, indent=1) + "\n")
+        print(m, rec["losses"], len(rec["tensors"]), "tensors")

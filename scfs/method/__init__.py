@@ -1,1 +1,0 @@
-"""The training method: losses, EMA teacher, schedules and the SCFS / DINO LightningModule."""

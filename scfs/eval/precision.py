@@ -99,6 +99,29 @@ class PrecisionScores:
         ok = self.objects > 0
         return float(self.chance[ok].mean()) if ok.any() else float("nan")
 
+    def mean_ci(self, mode: str, stage: str, minus_chance: bool = False) -> tuple[float, float, float]:
+        """(mean, 95 % CI low, high) of a stage's precision over the used pairs (`minus_chance`: of precision minus
+        each pair's own chance level). The crops of one image are not independent, so the interval comes from the
+        per-image means (normal approximation over images)."""
+        v = self.precision[mode][stage] - (self.chance if minus_chance else 0.0)
+        return mean_ci(v)
+
+    def chance_ci(self) -> tuple[float, float, float]:
+        """(mean, 95 % CI) of the per-crop chance level (the covered object's share of the image)."""
+        return mean_ci(np.where(self.objects > 0, self.chance, np.nan))
+
+
+def mean_ci(values: np.ndarray, z: float = 1.96) -> tuple[float, float, float]:
+    """Mean of the finite entries of an (images, crops) array and its 95 % interval from per-image means."""
+    v = np.asarray(values, dtype=np.float64)
+    ok = np.isfinite(v)
+    if not ok.any():
+        return (float("nan"),) * 3
+    per_image = np.array([row[m].mean() for row, m in zip(v, ok) if m.any()])
+    mean = float(v[ok].mean())
+    half = z * float(per_image.std(ddof=1)) / np.sqrt(len(per_image)) if len(per_image) > 1 else float("nan")
+    return mean, mean - half, mean + half
+
 
 def precision_scores(backbone: nn.Module, images: np.ndarray, masks: np.ndarray,
                      objects: Sequence[Sequence[Mapping[str, Any]]] | None = None, crops: np.ndarray | None = None, *,
@@ -155,7 +178,11 @@ def search_precision(backbone: nn.Module, images: np.ndarray, masks: np.ndarray,
 # ---- several backbones: table, plot, files ------------------------------------------------------------------
 @dataclass
 class PrecisionReport:
-    """Mean precision for each backbone x mode x stage, with the chance level and what was measured."""
+    """Mean precision for each backbone x mode x stage with 95 % intervals, the chance level and what was measured.
+
+    `values[model][mode][stage]` is the mean precision; `ci` the same keys with [low, high]; `lift` the mean of
+    precision minus each pair's own chance level, with `lift_ci`. `chance` is the mean per-crop chance (the covered
+    object's share of the image: what uniform weights score), `chance_interval` its 95 % interval."""
 
     values: dict[str, dict[str, dict[str, float]]]  # model -> mode -> stage -> precision
     chance: float
@@ -165,46 +192,78 @@ class PrecisionReport:
     modes: tuple[str, ...]
     settings: dict[str, Any] = field(default_factory=dict)
     checkpoints: dict[str, str] = field(default_factory=dict)
+    ci: dict[str, dict[str, dict[str, list[float]]]] = field(default_factory=dict)
+    lift: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    lift_ci: dict[str, dict[str, dict[str, list[float]]]] = field(default_factory=dict)
+    chance_interval: list[float] = field(default_factory=list)
 
     def rows(self) -> list[dict[str, Any]]:
         return [{"model": mdl, "mode": m, **{s: v[s] for s in self.stages}}
                 for mdl, per_mode in self.values.items() for m, v in per_mode.items()]
 
+    def best_stage(self, model: str, mode: str) -> str:
+        """The stage where `model` puts the most weight on the crop's object."""
+        v = self.values[model][mode]
+        return max(self.stages, key=lambda s: v[s] if v[s] == v[s] else -1.0)
+
+    def _cell(self, mdl: str, m: str, s: str) -> str:
+        v = self.values[mdl][m][s]
+        lo_hi = self.ci.get(mdl, {}).get(m, {}).get(s)
+        if lo_hi and all(x == x for x in lo_hi):
+            return f"{100 * v:.1f} ± {100 * (lo_hi[1] - lo_hi[0]) / 2:.1f}"
+        return f"{100 * v:.1f}"
+
     def markdown(self) -> str:
         head = "| model | mode | " + " | ".join(self.stages) + " |"
         lines = [head, "|---|---|" + "---:|" * len(self.stages)]
         for r in self.rows():
-            lines.append(f"| {r['model']} | {r['mode']} | " + " | ".join(f"{100 * r[s]:.1f}" for s in self.stages)
-                         + " |")
-        lines.append("| uniform weights (chance) | - | " + " | ".join(f"{100 * self.chance:.1f}" for _ in self.stages)
-                     + " |")
+            lines.append(f"| {r['model']} | {r['mode']} | "
+                         + " | ".join(self._cell(r["model"], r["mode"], s) for s in self.stages) + " |")
+        ch = f"{100 * self.chance:.1f}"
+        if len(self.chance_interval) == 2 and all(x == x for x in self.chance_interval):
+            ch += f" ± {100 * (self.chance_interval[1] - self.chance_interval[0]) / 2:.1f}"
+        lines.append("| uniform weights (chance, per crop) | - | " + " | ".join(ch for _ in self.stages) + " |")
         return "\n".join(lines)
 
     def document(self) -> dict[str, Any]:
         return {"metric": "search precision: share of the positive searched-weight mass inside the mask of the "
-                          "object the local crop covers (mean over image x crop pairs; percent in the table)",
-                "values": self.values, "chance": self.chance, "n_pairs": self.n_pairs, "n_images": self.n_images,
-                "stages": list(self.stages), "modes": list(self.modes), "settings": self.settings,
-                "checkpoints": self.checkpoints}
+                          "object the local crop covers (mean over image x crop pairs; percent in the table, "
+                          "± = half the 95 % interval from per-image means)",
+                "values": self.values, "ci95": self.ci, "lift_over_chance": self.lift, "lift_ci95": self.lift_ci,
+                "chance": self.chance, "chance_ci95": self.chance_interval, "n_pairs": self.n_pairs,
+                "n_images": self.n_images, "stages": list(self.stages), "modes": list(self.modes),
+                "settings": self.settings, "checkpoints": self.checkpoints}
 
     def figure(self, title: str | None = None):
-        """One panel per mode: precision (%) per stage, a line per backbone, chance dashed."""
+        """One panel per mode on one shared y axis: precision (%) per stage, a line with 95 % error bars per
+        backbone (offset sideways so overlapping lines stay visible), chance dashed with its interval shaded."""
         from scfs.viz.draw import new_figure
 
         fig = new_figure(3.4 * len(self.modes) + 0.6, 3.4)
-        axes = fig.subplots(1, len(self.modes), squeeze=False)[0]
-        x = np.arange(len(self.stages))
+        axes = fig.subplots(1, len(self.modes), squeeze=False, sharey=True)[0]
+        x = np.arange(len(self.stages), dtype=float)
+        models = list(self.values)
+        offsets = (np.arange(len(models)) - (len(models) - 1) / 2) * 0.07
         for ax, m in zip(axes, self.modes):
-            for mdl, per_mode in self.values.items():
-                ax.plot(x, [100 * per_mode[m][s] for s in self.stages], marker="o", label=mdl)
-            ax.axhline(100 * self.chance, color="grey", ls="--", lw=1, label="chance (uniform)")
+            for k, (mdl, per_mode) in enumerate(self.values.items()):
+                y = np.array([100 * per_mode[m][s] for s in self.stages])
+                ci = self.ci.get(mdl, {}).get(m, {})
+                err = None
+                if all(s in ci for s in self.stages):
+                    lo = np.array([100 * ci[s][0] for s in self.stages])
+                    hi = np.array([100 * ci[s][1] for s in self.stages])
+                    err = np.nan_to_num(np.stack([y - lo, hi - y]))
+                ax.errorbar(x + offsets[k], y, yerr=err, marker="o", ms=4, capsize=3, lw=1.5, label=mdl)
+            ax.axhline(100 * self.chance, color="grey", ls="--", lw=1, label="chance (uniform weights)")
+            if len(self.chance_interval) == 2 and all(v == v for v in self.chance_interval):
+                ax.axhspan(100 * self.chance_interval[0], 100 * self.chance_interval[1], color="grey", alpha=0.15)
             ax.set_xticks(x, labels=list(self.stages))
             ax.set_title(f"search = {m}", fontsize=10)
-            ax.set_ylabel("weight mass on the crop's object (%)", fontsize=8)
             ax.grid(alpha=0.3)
+        axes[0].set_ylabel("weight mass on the crop's object (%)", fontsize=8)
         axes[0].legend(fontsize=7, loc="best")
         fig.suptitle(title or f"Search precision on shapes val ({self.n_pairs} crop x image pairs, "
-                              f"{self.n_images} images)", fontsize=10)
+                              f"{self.n_images} images; bars: 95 % CI)", fontsize=10)
         fig.tight_layout()
         return fig
 
@@ -238,17 +297,27 @@ def precision_report(backbones: Mapping[str, nn.Module], images: np.ndarray, mas
     if crops is None:
         crops = sample_crop_boxes(len(images), n_crops, images.shape[1], images.shape[2], scale, seed=seed)
     values: dict[str, dict[str, dict[str, float]]] = {}
+    ci: dict[str, dict[str, dict[str, list[float]]]] = {}
+    lift: dict[str, dict[str, dict[str, float]]] = {}
+    lift_ci: dict[str, dict[str, dict[str, list[float]]]] = {}
     scores = None
     for name, bb in backbones.items():
         scores = precision_scores(bb, images, masks, objects, crops, stages=stages, modes=modes,
                                   local_size=local_size, topk=topk, temperature=temperature, batch_size=batch_size)
         values[name] = {m: scores.mean(m) for m in modes}
+        ci[name], lift[name], lift_ci[name] = {}, {}, {}
+        for m in modes:
+            ci[name][m], lift[name][m], lift_ci[name][m] = {}, {}, {}
+            for s in stages:
+                ci[name][m][s] = list(scores.mean_ci(m, s)[1:])
+                d = scores.mean_ci(m, s, minus_chance=True)
+                lift[name][m][s], lift_ci[name][m][s] = d[0], list(d[1:])
     if scores is None:
         raise ValueError("no backbones given")
     settings = {"local_size": local_size, "n_crops": int(crops.shape[1]), "crop_scale": list(scale), "seed": seed,
                 "topk": topk, "temperature": temperature, "image_size": int(images.shape[1])}
     return PrecisionReport(values, scores.chance_mean, scores.n_used, len(images), tuple(stages), tuple(modes),
-                           settings, dict(checkpoints or {}))
+                           settings, dict(checkpoints or {}), ci, lift, lift_ci, list(scores.chance_ci()[1:]))
 
 
 # ---- CLI --------------------------------------------------------------------------------------------------------

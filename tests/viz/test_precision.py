@@ -100,4 +100,27 @@ def test_precision_cli_random_init(tmp_path, capsys):
                 "--modes", "soft", "hard", "--out", str(tmp_path / "run")])
     assert set(doc["values"]) == {"random init"} and set(doc["values"]["random init"]) == {"soft", "hard"}
     assert (tmp_path / "run" / "precision.json").is_file() and (tmp_path / "run" / "precision.png").is_file()
-    assert "uniform weights (chance)" in capsys.readouterr().out
+    assert "uniform weights (chance, per crop)" in capsys.readouterr().out
+
+
+def test_mean_ci_uses_per_image_means_and_report_carries_intervals():
+    from scfs.eval.precision import mean_ci
+
+    v = np.array([[1.0, 1.0, np.nan], [0.0, 0.0, 0.0], [0.5, np.nan, np.nan]])
+    mean, lo, hi = mean_ci(v)
+    assert mean == pytest.approx(2.5 / 6)
+    per_image = np.array([1.0, 0.0, 0.5])
+    half = 1.96 * per_image.std(ddof=1) / np.sqrt(3)
+    assert (lo, hi) == pytest.approx((mean - half, mean + half))
+    assert all(np.isnan(mean_ci(np.full((2, 2), np.nan))))
+
+    images, masks, objects = _red_square_on_blue(4, 16)
+    crops = np.array([[[1, 1, 7, 7], [2, 2, 6, 6]]] * 4)
+    rep = precision_report({"colour": ColourNet()}, images, masks, objects, crops, stages=("layer2",),
+                           modes=("soft",), local_size=4)
+    lo, hi = rep.ci["colour"]["soft"]["layer2"]
+    assert lo <= rep.values["colour"]["soft"]["layer2"] <= hi
+    # lift = precision minus the crop's own chance (the square is 64 of 256 pixels)
+    assert rep.lift["colour"]["soft"]["layer2"] == pytest.approx(1.0 - 0.25, abs=1e-3)
+    assert rep.chance_interval[0] <= rep.chance <= rep.chance_interval[1]
+    assert rep.best_stage("colour", "soft") == "layer2" and "±" in rep.markdown()

@@ -14,7 +14,6 @@ from scfs.optim import FP16_SCALED, OPTIMIZERS, FusedOptimizerError, use_fused_o
 STAGES = ("layer1", "layer2", "layer3", "layer4")
 SEARCH_MODES = ("soft", "hard", "softmax", "roi", "none")
 BACKENDS = ("auto", "reference", "triton", "cuda")
-METHODS = ("scfs", "dino")
 DATASETS = ("shapes", "folder", "cifar10", "imagenet")
 
 
@@ -72,7 +71,8 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 
 def validate_config(cfg: DictConfig) -> None:
     """Raise `ConfigError` on the first invalid value."""
-    _check(cfg, "method.name", lambda v: v in METHODS, f"one of {', '.join(METHODS)}")
+    _check(cfg, "method.name", lambda v: isinstance(v, str) and v != "", "a method name (the registered ones: "
+           "scfs.methods.methods())")  # the name itself is checked against the registry in scfs.train.build
     _check(cfg, "search.mode", lambda v: v in SEARCH_MODES, f"one of {', '.join(SEARCH_MODES)}")
     _check(cfg, "search.backend", lambda v: v in BACKENDS, f"one of {', '.join(BACKENDS)}", required=False)
     _check(cfg, "search.stages", lambda v: len(v) > 0 and all(s in STAGES for s in v),
@@ -89,11 +89,11 @@ def validate_config(cfg: DictConfig) -> None:
         raise ConfigError(f"config key crops.n_local={cfg.crops.n_local} is invalid: search.mode={cfg.search.mode} "
                           "needs at least 1 local crop (or use search=none / method=dino)")
     for key in ("method.out_dim", "method.hidden_dim", "method.bottleneck_dim", "method.stage_out_dim",
-                "method.stage_hidden_dim", "method.stage_bottleneck_dim"):
-        _check(cfg, key, _pos_int, "an integer > 0")
+                "method.stage_hidden_dim", "method.stage_bottleneck_dim"):  # stage keys: methods with stage heads
+        _check(cfg, key, _pos_int, "an integer > 0", required=not key.startswith("method.stage_"))
     for key in ("method.out_dim", "method.stage_out_dim"):  # softmax over 1 output = 1: the loss is identically 0
         _check(cfg, key, lambda v: _pos_int(v) and v >= 2, "an integer >= 2 (the DINO loss over a single output "
-               "is identically zero: nothing would be learned)")
+               "is identically zero: nothing would be learned)", required=key == "method.out_dim")
     for key in ("method.teacher_temp", "method.warmup_teacher_temp", "method.student_temp"):
         _check(cfg, key, _pos, "a temperature > 0", required=key != "method.warmup_teacher_temp")
     _check(cfg, "method.momentum_teacher", lambda v: 0 <= v <= 1, "a number in [0, 1]")

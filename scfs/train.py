@@ -174,12 +174,14 @@ def _wandb_settings():
 
 
 def build(cfg: DictConfig):
-    """Data module and LightningModule from a composed config (also used by notebooks and tests)."""
+    """Data module and the method's LightningModule (`method.name`, see `scfs.methods`) from a composed config
+    (also used by notebooks and tests)."""
     from scfs.config import validate_config
     from scfs.data.datamodule import SSLDataModule
-    from scfs.method.module import SCFSModule
+    from scfs.methods import method_class
 
     validate_config(cfg)
+    method = method_class(cfg.method.name)  # an unknown name fails here, before any data is touched
     crops = OmegaConf.to_container(cfg.crops, resolve=True)
     batch_aug = bool(cfg.data.get("batch_aug", False))
     batch_size = per_device_batch_size(cfg)
@@ -190,7 +192,7 @@ def build(cfg: DictConfig):
     for k in ("layers", "channels"):
         if k in backbone_cfg:
             backbone_cfg[k] = tuple(backbone_cfg[k])
-    model = SCFSModule(backbone_cfg, OmegaConf.to_container(cfg.method, resolve=True),
+    model = method(backbone_cfg, OmegaConf.to_container(cfg.method, resolve=True),
                        OmegaConf.to_container(cfg.search, resolve=True),
                        OmegaConf.to_container(cfg.optim, resolve=True),
                        batch_size=batch_size, n_local=cfg.crops.n_local,
@@ -286,7 +288,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     t0 = time.time()
     ckpt_path = find_resume_checkpoint(cfg.get("resume"), cfg.name)
     if ckpt_path:  # temp files of writes killed in that run: nothing else ever writes to its folder again
-        from scfs.method.checkpoint_io import remove_stale_temps
+        from scfs.training.checkpoint_io import remove_stale_temps
 
         for tmp in remove_stale_temps(Path(ckpt_path).parent):
             log.info("removed %s, left by a checkpoint write that was killed", tmp)
@@ -306,11 +308,11 @@ def _train(cfg: DictConfig, run_dir: Path, ckpt_path: str | None, resume_info: d
     import torch
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    from scfs.method.callbacks import KNNMonitor, WallClockBudget
-    from scfs.method.checkpoint_io import AtomicCheckpointIO
-    from scfs.method.monitors import OnlineLinearMonitor
     from scfs.reliability import BatchTooLargeError, oom_message
     from scfs.reliability.resume import LastCheckpoint, ResumeState, make_train_loader_resumable
+    from scfs.training.callbacks import KNNMonitor, WallClockBudget
+    from scfs.training.checkpoint_io import AtomicCheckpointIO
+    from scfs.training.monitors import OnlineLinearMonitor
 
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     if cfg.trainer.get("accelerator", "cpu") == "cpu" and os.environ.get("SCFS_THREADS"):
@@ -477,9 +479,9 @@ def _run_errors() -> tuple[type[BaseException], ...]:
     """Failures whose message says everything (what happened, what is kept, what to do): no traceback needed."""
     from scfs.data.datasets import ImageDecodeError, ImageFolderLayoutError
     from scfs.eval.detection_data import AnnotationError
-    from scfs.method.checkpoint_io import DiskFullError
     from scfs.models.checkpoint import CheckpointMismatchError, NotACheckpointError, UnsafeCheckpointError
     from scfs.reliability import BatchTooLargeError, RunFolderBusyError
+    from scfs.training.checkpoint_io import DiskFullError
 
     return (FloatingPointError, BatchTooLargeError, UnsafeCheckpointError, CheckpointMismatchError, ImageDecodeError,
             FileNotFoundError, IsADirectoryError, NotADirectoryError, NotACheckpointError, AnnotationError,

@@ -69,19 +69,19 @@ def _run(args: argparse.Namespace) -> None:
     import torch
     from helpers import compose_cfg
 
-    from scfs.method.module import SCFSModule
+    from scfs.methods.base import SelfDistillation
     from scfs.train import run
 
     torch.set_num_threads(1)
     if args.crash_at >= 0:
-        original = SCFSModule.training_step
+        original = SelfDistillation.training_step
 
-        def crash(self: SCFSModule, batch: Any, batch_idx: int) -> Any:
+        def crash(self: SelfDistillation, batch: Any, batch_idx: int) -> Any:
             if self.global_step == args.crash_at:
                 raise RuntimeError(f"simulated crash at step {args.crash_at}")
             return original(self, batch, batch_idx)
 
-        SCFSModule.training_step = crash
+        SelfDistillation.training_step = crash
     run(compose_cfg(args.overrides, data_root=args.data), args.out)
 
 

@@ -14,8 +14,8 @@ CONF = str(Path(__file__).resolve().parent.parent / "conf")
 TINY = [
     "++data.n_train=48", "++data.n_val=24", "++data.image_size=32", "batch_size=16", "trainer.max_epochs=1",
     "+trainer.limit_train_batches=2", "backbone.channels=[8,16,16,32]", "method.out_dim=64", "method.hidden_dim=32",
-    "method.bottleneck_dim=16", "method.stage_out_dim=32", "method.stage_hidden_dim=16",
-    "method.stage_bottleneck_dim=8", "logger=csv", "eval.figure=false", "trainer.enable_progress_bar=false",
+    "method.bottleneck_dim=16", "++method.stage_out_dim=32", "++method.stage_hidden_dim=16",
+    "++method.stage_bottleneck_dim=8", "logger=csv", "eval.figure=false", "trainer.enable_progress_bar=false",
     "trainer.log_every_n_steps=1", "+trainer.enable_model_summary=false",
 ]
 

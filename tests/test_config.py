@@ -55,7 +55,6 @@ BAD = [
     ("method.student_temp=-0.1", "method.student_temp"),
     ("method.warmup_teacher_temp=0", "method.warmup_teacher_temp"),
     ("method.momentum_teacher=1.5", "method.momentum_teacher"),
-    ("method.name=byol", "method.name"),
     ("method.out_dim=0", "method.out_dim"),
     ("optim.name=rmsprop", "optim.name"),
     ("optim.lr=0", "optim.lr"),

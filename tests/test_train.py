@@ -121,7 +121,7 @@ def test_compile_mode_reaches_every_compiled_module(monkeypatch):
     from helpers import compose_cfg
     from torch import nn
 
-    import scfs.method.module as module_mod
+    import scfs.methods.base as module_mod
     from scfs.models.heads import StageHead
     from scfs.train import build
 

@@ -1,8 +1,8 @@
-"""Whole-training-step benchmark: the real SCFSModule trained by the real Lightning Trainer, timed per step.
+"""Whole-training-step benchmark: the real method module trained by the real Lightning Trainer, timed per step.
 
 The step is exactly the training one: `Trainer.fit` runs `on_after_batch_transfer` (views by `BatchMultiCrop` on
 the device), `training_step`, backward, gradient clipping, the optimizer step and the EMA update (in
-`SCFSModule.optimizer_step`), plus the online linear monitor, with the configs of `+experiment=imagenet`
+`SelfDistillation.optimizer_step`), plus the online linear monitor, with the configs of `+experiment=imagenet`
 (ResNet-50, 2x224 + 8x96, 65,536-way head) or `+experiment=cifar10` (`--suite cifar`: ResNet-18 CIFAR stem,
 2x32 + 6x16, B=512, epochs/min for 50,000 images).
 
@@ -63,8 +63,8 @@ SETTINGS = {  # name -> (trainer.precision, backbone.channels_last, compile)
     "bf16_cl_graphs": ("bf16-mixed", True, "reduce-overhead"),  # torch.compile + CUDA graphs
 }
 TINY = ["backbone=tiny", "backbone.channels=[8,16,16,32]", "method.out_dim=64", "method.hidden_dim=32",
-        "method.bottleneck_dim=16", "method.stage_out_dim=32", "method.stage_hidden_dim=16",
-        "method.stage_bottleneck_dim=8", "crops=shapes", "crops.global_size=32", "crops.local_size=16",
+        "method.bottleneck_dim=16", "++method.stage_out_dim=32", "++method.stage_hidden_dim=16",
+        "++method.stage_bottleneck_dim=8", "crops=shapes", "crops.global_size=32", "crops.local_size=16",
         "crops.n_local=2"]
 
 
@@ -153,8 +153,8 @@ def measure(cfg: Any, args: argparse.Namespace, suite: str) -> dict[str, Any]:
     import lightning as L
     import torch
 
-    from scfs.method.monitors import OnlineLinearMonitor
     from scfs.train import build, trainer_kwargs
+    from scfs.training.monitors import OnlineLinearMonitor
 
     cuda = args.device == "cuda"
     events: list[Any] = []
@@ -277,7 +277,7 @@ def summarize_profile(ev: Any, n: int, cuda: bool) -> dict[str, Any]:
         # where the launches come from: the most frequent aten ops (each launches one kernel or more)
         "frequent": [{"op": e.key, "count_per_step": e.count / n} for e in sorted(
             (e for e in ops if e.key.startswith("aten::")), key=lambda e: e.count, reverse=True)[:15]]}
-    # the named parts of the step (record_function ranges of SCFSModule): host ms, GPU ms of the kernels launched
+    # the named parts of the step (record_function ranges of the method module): host ms, GPU ms of the kernels launched
     # inside (same thread: the backward's kernels are launched by autograd's thread and count under "rest"), and
     # the GPU span of the range (first kernel start to last kernel end: kernel time plus the gaps between them)
     spans = {e.key: e.device_time_total for e in ev if not on_cpu(e) and e.key.startswith("scfs/")}

@@ -149,7 +149,7 @@ def _trainer(cfg: DictConfig, run_dir: Path, logger: Any, max_iters: int) -> L.T
     from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 
     from scfs.eval.common import to_plain
-    from scfs.method.checkpoint_io import AtomicCheckpointIO
+    from scfs.training.checkpoint_io import AtomicCheckpointIO
 
     s = cfg.schedule
     every = int(cfg.get("checkpoint_every_n_iters") or 0)

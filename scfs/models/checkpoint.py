@@ -140,7 +140,7 @@ def file_digest(path: str | os.PathLike, length: int = 16) -> str:
 
 
 def is_lightning_checkpoint(ckpt: Any) -> bool:
-    """Ours: a Lightning checkpoint of `SCFSModule` (state_dict + hyper_parameters.backbone)."""
+    """Ours: a Lightning checkpoint of a `scfs.methods` module (state_dict + hyper_parameters.backbone)."""
     return (isinstance(ckpt, Mapping) and isinstance(ckpt.get("state_dict"), Mapping)
             and isinstance(ckpt.get("hyper_parameters"), Mapping) and "backbone" in ckpt["hyper_parameters"])
 

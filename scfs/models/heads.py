@@ -30,7 +30,7 @@ class DINOHead(nn.Module):
     """DINO's head: MLP -> L2-normalised bottleneck -> weight-normalised prototypes (logits over out_dim).
 
     The last layer's norm is fixed to 1 (`norm_last_layer`), which DINO found stabilises training; the method
-    freezes the last layer during the first epoch(s) (see `SCFSModule`).
+    freezes the last layer during the first epoch(s) (see `scfs.methods.base.SelfDistillation`).
     """
 
     def __init__(

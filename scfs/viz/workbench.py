@@ -24,7 +24,7 @@ DATA_ROOT = REPO / "data" / "shapes"
 SMALL_OVERRIDES = [
     "++data.n_train=96", "++data.n_val=48", "batch_size=32", "trainer.max_epochs=1", "+trainer.limit_train_batches=3",
     "backbone.channels=[8,16,16,32]", "method.out_dim=64", "method.hidden_dim=32", "method.bottleneck_dim=16",
-    "method.stage_out_dim=32", "method.stage_hidden_dim=16", "method.stage_bottleneck_dim=8",
+    "++method.stage_out_dim=32", "++method.stage_hidden_dim=16", "++method.stage_bottleneck_dim=8",
     "trainer.log_every_n_steps=1", "+trainer.enable_model_summary=false",
 ]
 # config entries that do not change what is trained: left out of the run key

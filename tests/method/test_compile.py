@@ -9,7 +9,7 @@ import torch
 import torch._dynamo
 import torch._dynamo.config as dynamo_config
 
-from scfs.method.module import GRAPHS_PER_STAGE, RECOMPILE_SLACK, raise_recompile_limit
+from scfs.methods.networks import GRAPHS_PER_STAGE, RECOMPILE_SLACK, raise_recompile_limit
 from scfs.models import StageHead
 
 
@@ -53,19 +53,19 @@ def test_limit_is_never_lowered():
 
 
 def _tiny_network():
-    from scfs.method.module import _build_network
+    from scfs.methods.networks import build_network
 
     method = {"out_dim": 16, "hidden_dim": 16, "bottleneck_dim": 8, "stage_out_dim": 12, "stage_hidden_dim": 16,
               "stage_bottleneck_dim": 8}
     backbone = {"name": "resnet18", "cifar_stem": True, "layers": [1, 1, 1, 1], "channels": [8, 8, 16, 16]}
-    return _build_network(backbone, method, ("layer2", "layer3", "layer4"))
+    return build_network(backbone, method, ("layer2", "layer3", "layer4"))
 
 
 def test_student_and_teacher_calls_trace_as_one_graph_each():
     """The step's student call (backbone on both view sizes, DINO head, stage heads) and teacher call compile
     to one graph each, without graph breaks: a break would split them into several graphs again, each a CUDA
     graph launch under reduce-overhead, and sum the shared weights' gradients outside the compiled backward."""
-    from scfs.method.module import student_forward, teacher_forward
+    from scfs.methods.networks import student_forward, teacher_forward
 
     net = _tiny_network()
     stages = ("layer2", "layer3", "layer4")
@@ -81,7 +81,7 @@ def test_student_and_teacher_calls_trace_as_one_graph_each():
 
 def test_compiled_student_call_matches_eager_with_gradients():
     """`student_forward` compiled (inductor, static shapes) gives the eager outputs and weight gradients."""
-    from scfs.method.module import student_forward
+    from scfs.methods.networks import student_forward
 
     torch.manual_seed(0)
     eager_net = _tiny_network()

@@ -3,8 +3,8 @@ import math
 import pytest
 import torch
 
-from scfs.method.ema import ema_update
-from scfs.method.schedules import cosine, linear_warmup
+from scfs.methods.ema import ema_update
+from scfs.methods.schedules import cosine, linear_warmup
 
 
 def test_ema_update_formula_and_buffers_untouched():

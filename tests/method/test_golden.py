@@ -22,9 +22,9 @@ EXPLICIT = [  # every key that shapes the numbers, so a changed default elsewher
     "backbone.channels=[8,16,16,32]", "backbone.channels_last=false", "++backbone.zero_init_last=false",
     "method.out_dim=64", "method.hidden_dim=32", "method.bottleneck_dim=16", "method.head_layers=3",
     "method.head_bn=true", "method.bottleneck_bn=true", "method.norm_last_layer=true",
-    "method.freeze_last_layer_epochs=0", "method.stage_out_dim=32", "method.stage_hidden_dim=16",
-    "method.stage_bottleneck_dim=8", "method.stage_weight=0.5", "method.stage_final_relu=false",
-    "method.stage_norm=batchnorm", "method.stage_pooled_bn=true", "method.student_temp=0.1",
+    "method.freeze_last_layer_epochs=0", "++method.stage_out_dim=32", "++method.stage_hidden_dim=16",
+    "++method.stage_bottleneck_dim=8", "++method.stage_weight=0.5", "++method.stage_final_relu=false",
+    "++method.stage_norm=batchnorm", "++method.stage_pooled_bn=true", "method.student_temp=0.1",
     "method.teacher_temp=0.04", "method.warmup_teacher_temp=0.04", "method.warmup_teacher_temp_epochs=0",
     "method.center_momentum=0.9", "method.momentum_teacher=0.99",
     "search=soft", "search.stages=[layer2,layer3,layer4]", "search.backend=reference",
@@ -68,7 +68,7 @@ def train_golden(method: str) -> dict:
 
 
 def _method_keys() -> list[str]:
-    return [k for k in EXPLICIT if k.startswith("method.")]  # again after `method=`, which resets the group
+    return [k for k in EXPLICIT if k.lstrip("+").startswith("method.")]  # again after `method=`, which resets it
 
 
 @pytest.mark.parametrize("method", ["scfs", "dino"])

@@ -2,7 +2,7 @@ import math
 
 import torch
 
-from scfs.method.losses import DINOLoss, sharpened_cross_entropy
+from scfs.methods.losses import DINOLoss, sharpened_cross_entropy
 
 
 def test_dino_loss_hand_computed_two_views():

@@ -1,4 +1,4 @@
-"""OnlineLinearMonitor (scfs/method/monitors.py): trains its own stop-gradient classifier, logs every epoch,
+"""OnlineLinearMonitor (scfs/training/monitors.py): trains its own stop-gradient classifier, logs every epoch,
 does nothing when the module exposes no features. (Mirrors tests/method/; kept here with the eval tests.)"""
 
 import lightning as L
@@ -6,7 +6,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from scfs.method.monitors import OnlineLinearMonitor
+from scfs.training.monitors import OnlineLinearMonitor
 
 
 class _Toy(L.LightningModule):

@@ -15,11 +15,11 @@ import pytest
 import torch
 from helpers import compose_cfg
 
-import scfs.method.checkpoint_io as cio
-from scfs.method.checkpoint_io import DiskFullError, atomic_torch_save, remove_stale_temps
+import scfs.training.checkpoint_io as cio
 from scfs.models.checkpoint import safe_load
 from scfs.reliability import one_line
 from scfs.train import RunAlreadyCompleteError, run, run_reporting_errors
+from scfs.training.checkpoint_io import DiskFullError, atomic_torch_save, remove_stale_temps
 
 
 class _FullDisk(io.RawIOBase):

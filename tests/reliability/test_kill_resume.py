@@ -17,7 +17,7 @@ from torch.utils.data import Dataset
 
 from scfs.data.datasets import build_dataset
 from scfs.data.samplers import EpochSeededRandomSampler
-from scfs.method.module import SCFSModule
+from scfs.methods.base import SelfDistillation
 from scfs.models.checkpoint import safe_load
 from scfs.reliability.resume import ResumableDataLoader
 from scfs.train import run
@@ -30,12 +30,12 @@ NAME = "scfs-shapes"  # cfg.name of the default method/data: resume=auto looks u
 # `python -m scfs.train` with a 0.2 s pause per step, so that the kill lands mid-run on any machine
 SLOW_MAIN = (
     "import runpy, sys, time\n"
-    "from scfs.method.module import SCFSModule\n"
-    "_start = SCFSModule.on_train_batch_start\n"
+    "from scfs.methods.base import SelfDistillation\n"
+    "_start = SelfDistillation.on_train_batch_start\n"
     "def _slow(self, batch, batch_idx):\n"
     "    time.sleep(0.2)\n"
     "    return _start(self, batch, batch_idx)\n"
-    "SCFSModule.on_train_batch_start = _slow\n"
+    "SelfDistillation.on_train_batch_start = _slow\n"
     "sys.argv[0] = 'scfs.train'\n"
     "runpy.run_module('scfs.train', run_name='__main__', alter_sys=True)\n"
 )
@@ -108,17 +108,17 @@ def test_crash_then_resume_with_per_sample_augmentation_is_exact(tmp_path, shape
                                                                   per_sample_reference, crash_step):
     """Per-sample MultiCrop (data.batch_aug=false) draws from the global RNG: the checkpoint carries it. Step 4 is
     one batch into epoch 1 (a step checkpoint), step 3 the start of epoch 1 (the epoch-end checkpoint)."""
-    original = SCFSModule.training_step
+    original = SelfDistillation.training_step
 
     def crash(self, batch, batch_idx):
         if self.global_step == crash_step:
             raise RuntimeError("simulated crash")
         return original(self, batch, batch_idx)
 
-    monkeypatch.setattr(SCFSModule, "training_step", crash)
+    monkeypatch.setattr(SelfDistillation, "training_step", crash)
     with pytest.raises(RuntimeError, match="simulated crash"):
         run(compose_cfg(PER_SAMPLE, data_root=shapes_root), tmp_path / "crashed")
-    monkeypatch.setattr(SCFSModule, "training_step", original)
+    monkeypatch.setattr(SelfDistillation, "training_step", original)
     crashed = tmp_path / "crashed" / "checkpoints" / "last.ckpt"
     assert safe_load(crashed)["global_step"] == crash_step
 

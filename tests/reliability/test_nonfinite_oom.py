@@ -7,12 +7,13 @@ import pytest
 import torch
 from helpers import compose_cfg
 
-import scfs.method.module as module_mod
-from scfs.method.checkpoint_io import NonFiniteCheckpointError
-from scfs.method.module import SCFSModule
+import scfs.methods.base as module_mod
+from scfs.methods.base import SelfDistillation
+from scfs.methods.scfs import SCFS
 from scfs.models.checkpoint import safe_load
 from scfs.reliability import BatchTooLargeError, check_finite
 from scfs.train import run
+from scfs.training.checkpoint_io import NonFiniteCheckpointError
 
 EVERY_STEP = ["checkpoint.every_n_train_steps=1", "trainer.limit_train_batches=3", "eval.knn_at_start=false"]
 
@@ -24,13 +25,13 @@ def _last(tmp_path) -> dict:
 
 
 def test_nan_loss_term_stops_naming_step_and_term_and_keeps_last_good(tmp_path, shapes_root, monkeypatch):
-    original = SCFSModule._local_term
+    original = SCFS._local_term
 
     def nan_at_step_2(self, stage, *args, **kwargs):
         out = original(self, stage, *args, **kwargs)
         return out * float("nan") if self.global_step == 2 and stage == "layer3" else out
 
-    monkeypatch.setattr(SCFSModule, "_local_term", nan_at_step_2)
+    monkeypatch.setattr(SCFS, "_local_term", nan_at_step_2)
     with pytest.raises(FloatingPointError) as info:
         run(compose_cfg(EVERY_STEP, data_root=shapes_root), tmp_path)
     msg = str(info.value)
@@ -70,7 +71,7 @@ class _NanGrad(torch.autograd.Function):
 
 
 def test_nan_gradient_stops_before_the_weights_change(tmp_path, shapes_root, monkeypatch):
-    original = SCFSModule.training_step
+    original = SelfDistillation.training_step
 
     def nan_grad_at_step_1(self, batch, batch_idx):
         loss = original(self, batch, batch_idx)
@@ -78,7 +79,7 @@ def test_nan_gradient_stops_before_the_weights_change(tmp_path, shapes_root, mon
             loss = loss + 0.0 * _NanGrad.apply(next(self.student.parameters())).sum()
         return loss
 
-    monkeypatch.setattr(SCFSModule, "training_step", nan_grad_at_step_1)
+    monkeypatch.setattr(SelfDistillation, "training_step", nan_grad_at_step_1)
     with pytest.raises(FloatingPointError, match=r"non-finite gradient at step 1 .*the loss was finite"):
         run(compose_cfg(EVERY_STEP, data_root=shapes_root), tmp_path)
     assert _last(tmp_path)["global_step"] == 1
@@ -88,7 +89,7 @@ def test_cuda_out_of_memory_names_the_batch_size_to_try(tmp_path, shapes_root, m
     def oom(self, batch, batch_idx):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    monkeypatch.setattr(SCFSModule, "training_step", oom)
+    monkeypatch.setattr(SelfDistillation, "training_step", oom)
     with pytest.raises(BatchTooLargeError, match=r"batch_size=16 per device.*try batch_size=8") as info:
         run(compose_cfg(EVERY_STEP, data_root=shapes_root), tmp_path)
     assert isinstance(info.value.__cause__, torch.cuda.OutOfMemoryError)

@@ -9,9 +9,9 @@ import pytest
 import torch
 from helpers import compose_cfg
 
-from scfs.method.checkpoint_io import AtomicCheckpointIO
 from scfs.models.checkpoint import CheckpointMismatchError, UnsafeCheckpointError
 from scfs.train import run
+from scfs.training.checkpoint_io import AtomicCheckpointIO
 
 
 class _Payload:

@@ -1,0 +1,350 @@
+"""The self-distillation base every method shares (a LightningModule); methods subclass it (`scfs.methods`)."""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import lightning as L
+import torch
+from torch.profiler import record_function
+
+from scfs.methods.ema import ema_update
+from scfs.methods.networks import build_network, raise_recompile_limit, student_forward, teacher_forward
+from scfs.methods.schedules import cosine, linear_warmup
+from scfs.models import Backbone
+from scfs.optim import (
+    FP16_SCALED,
+    build_optimizer,
+    clip_gradients_,
+    fill_momentum_buffers_,
+    use_fused_optimizer,
+)
+
+
+class SelfDistillation(L.LightningModule):
+    """Student / EMA-teacher self-distillation on multi-crop views: what every method here shares.
+
+    The teacher is an EMA of the student (momentum on a cosine schedule to 1) and never gets gradients; the base
+    owns the networks' two step-time calls, the schedules (lr, weight decay, teacher temperature, momentum), the
+    optimizer and its clipping, the last-layer freeze, finite checks, the views made on the training device and
+    logging. A method adds its loss terms (`loss_terms`), the backbone stages it needs heads on (`stage_names`)
+    and its loss at the uniform solution (`uniform_loss`); it registers under its config name
+    (`scfs.methods.register`).
+    """
+
+    method_name: str = ""  # the config name it is registered under (`register` sets it)
+
+    def __init__(
+        self,
+        backbone: Mapping[str, Any],
+        method: Mapping[str, Any],
+        search: Mapping[str, Any],
+        optim: Mapping[str, Any],
+        batch_size: int,
+        n_local: int,
+        crops: Mapping[str, Any] | None = None,
+        seed: int = 0,
+        compile: bool = False,
+        finite_check_every_n_steps: int = 1,
+        compile_mode: str = "default",
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.method_cfg, self.search_cfg, self.optim_cfg = dict(method), dict(search), dict(optim)
+        self.stages: tuple[str, ...] = self.stage_names()
+        self.channels_last = bool(backbone.get("channels_last", False))
+        self.student = build_network(backbone, self.method_cfg, self.stages)
+        self.teacher = copy.deepcopy(self.student)
+        for p in self.teacher.parameters():
+            p.requires_grad_(False)
+        self.build_losses()
+        self.n_local = n_local
+        self.seed = seed
+        self.batch_aug = None
+        if crops is not None:
+            from scfs.data.batch_aug import BatchMultiCrop
+
+            self.batch_aug = BatchMultiCrop(**{k: tuple(v) if isinstance(v, (list, tuple)) else v
+                                               for k, v in dict(crops).items()})
+        self._aug_gen: torch.Generator | None = None
+        self.compile_nets = bool(compile)
+        self._local_heads = self.uses_local_heads()
+        # the step's student and teacher calls; `_compile` swaps in compiled versions. Module-level functions that
+        # take the networks as arguments: a copy of this module calls them with its own networks.
+        self._student_fn: Any = student_forward
+        self._teacher_fn: Any = teacher_forward
+        self.compile_mode = compile_mode
+        self.finite_every = max(int(finite_check_every_n_steps), 1)
+        self._nonfinite: torch.Tensor | None = None  # device flag: a non-finite loss since the last check
+        if self.compile_nets:
+            self._compile()
+
+    # ---- what a method defines -------------------------------------------------------------------------
+    def stage_names(self) -> tuple[str, ...]:
+        """Backbone stages that get a stage head (built before the losses; none by default)."""
+        return ()
+
+    def uses_local_heads(self) -> bool:
+        """Whether the student's stage heads also run on the local views' maps."""
+        return False
+
+    def build_losses(self) -> None:
+        """Create the loss modules (they hold state such as DINO's centre, so they are submodules)."""
+
+    def loss_terms(self, st: dict[str, Any], te: dict[str, Any], b: int, n_local: int, temp: float,
+                   logs: dict[str, Any]) -> torch.Tensor:
+        """The total loss of a step from the student's and the teacher's outputs (`student_forward`,
+        `teacher_forward`); terms go into `logs` as `loss/<name>`."""
+        raise NotImplementedError
+
+    def uniform_loss(self) -> float:
+        """The loss value when every output is uniform (log of the head sizes): a stuck objective sits here."""
+        raise NotImplementedError
+
+    def _compile(self) -> None:
+        """`torch.compile` the step's student and teacher calls (one graph each); in place (`nn.Module.compile`)
+        also what runs outside them: both backbones (evaluation passes) and the teacher's stage heads (RoI crops,
+        the searched branch). Parameter names, checkpoints and the EMA are unchanged. `compile_mode="reduce-overhead"`
+        replays the graphs as CUDA graphs (the step is launch-bound at small batches)."""
+        # dynamic=False: one static graph per input shape (global and local views). Without it the second shape
+        # a module sees makes dynamo recompile it with symbolic sizes (slower kernels, a longer compile; seen as
+        # [0/1] [0/2] recompiles on the ResNet-50 step), and CUDA graphs record one graph per shape either way.
+        kw: dict[str, Any] = {"dynamic": False}
+        raise_recompile_limit(len(self.stages))
+        if self.compile_mode != "default":
+            kw["mode"] = self.compile_mode
+        # the student's and the teacher's step-time calls as one graph each (see `student_forward`)
+        self._student_fn = torch.compile(student_forward, **kw)
+        self._teacher_fn = torch.compile(teacher_forward, **kw)
+        for net in (self.student, self.teacher):
+            net["backbone"].compile(**kw)
+        for head in self.teacher["stage_heads"].values():
+            head.compile(**kw)
+            head.compile_searched(**kw)  # the teacher's N·B searched maps go through forward_searched
+
+    # ---- schedules -------------------------------------------------------------------------------------
+    @property
+    def total_steps(self) -> int:
+        if self._trainer is None:
+            return 1
+        total = self.trainer.estimated_stepping_batches
+        return int(total) if math.isfinite(total) else 1
+
+    @property
+    def steps_per_epoch(self) -> float:
+        return self.total_steps / max(self.trainer.max_epochs or 1, 1) if self._trainer is not None else 1.0
+
+    def teacher_temp(self) -> float:
+        m = self.method_cfg
+        epoch = self.global_step / max(self.steps_per_epoch, 1.0)
+        return linear_warmup(epoch, m.get("warmup_teacher_temp_epochs", 0), m.get("warmup_teacher_temp", 0.04),
+                             m.get("teacher_temp", 0.04))
+
+    def teacher_momentum(self, step: int | None = None) -> float:
+        m = self.method_cfg
+        step = self.global_step if step is None else step
+        return cosine(step, self.total_steps, m.get("momentum_teacher", 0.996), 1.0)
+
+    def global_batch_size(self) -> int:
+        """Images per optimizer step over all processes: batch_size (per device) x devices x nodes x
+        accumulate_grad_batches. `optim.lr` is the lr *per 256 images* of it (linear scaling rule of Goyal et al.,
+        as in DINO: lr = optim.lr x global_batch / 256) when `optim.scale_lr` (default true)."""
+        if self._trainer is None:
+            return int(self.hparams.batch_size)
+        return int(self.hparams.batch_size) * max(self.trainer.world_size, 1) * max(
+            int(self.trainer.accumulate_grad_batches), 1)
+
+    def _lr_wd(self) -> tuple[float, float]:
+        o = self.optim_cfg
+        scale = self.global_batch_size() / 256 if o.get("scale_lr", True) else 1.0
+        warm = int(o.get("warmup_epochs", 0) * self.steps_per_epoch)
+        lr = cosine(self.global_step, self.total_steps, o["lr"] * scale, o.get("min_lr", 0.0), warm)
+        wd = cosine(self.global_step, self.total_steps, o.get("weight_decay", 0.0),
+                    o.get("weight_decay_end", o.get("weight_decay", 0.0)))
+        return lr, wd
+
+    # ---- optimisation ----------------------------------------------------------------------------------
+    def configure_optimizers(self):
+        decay, no_decay = [], []
+        for name, p in self.student.named_parameters():
+            if not p.requires_grad:
+                continue
+            (no_decay if p.ndim <= 1 or name.endswith(".bias") else decay).append(p)
+        groups = [{"params": decay, "apply_wd": True}, {"params": no_decay, "apply_wd": False, "weight_decay": 0.0}]
+        trainer = self._trainer
+        fused = use_fused_optimizer(
+            self.optim_cfg.get("fused", "auto"), self.optim_cfg.get("name", "sgd"),
+            trainer is not None and str(trainer.precision) in FP16_SCALED,
+            float((trainer.gradient_clip_val or 0.0) if trainer is not None else 0.0))
+        return build_optimizer(groups, self.optim_cfg, fused)
+
+    def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
+                                    gradient_clip_algorithm: str | None = None) -> None:
+        """Clip here, not in Lightning's mixed-precision plugin, which refuses any fused optimizer even under bf16.
+
+        Without a loss scaler the gradients are already true, so `clip_gradients_` is exact. Under fp16 loss
+        scaling Lightning has unscaled them before this hook (the optimizer is never fused with clipping there:
+        `use_fused_optimizer`), and its own clipping runs."""
+        if not gradient_clip_val:
+            return
+        if getattr(self.trainer.precision_plugin, "scaler", None) is not None:
+            self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+            return
+        clip_gradients_((p for g in optimizer.param_groups for p in g["params"]), float(gradient_clip_val),
+                        gradient_clip_algorithm)
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        lr, wd = self._lr_wd()
+        for g in self.optimizers().optimizer.param_groups:
+            g["lr"] = lr
+            if g.get("apply_wd", False):
+                g["weight_decay"] = wd
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.current_epoch < self.method_cfg.get("freeze_last_layer_epochs", 0):
+            for name, p in self.student.named_parameters():
+                if "last_layer" in name:
+                    p.grad = None
+        if self._check_now():
+            self._check_finite_grads()
+        opt = getattr(optimizer, "optimizer", optimizer)  # the torch optimizer under Lightning's wrapper
+        if isinstance(opt, torch.optim.SGD) and opt.defaults.get("fused"):
+            fill_momentum_buffers_(opt)
+
+    def _check_now(self) -> bool:
+        """Finite checks read a device value on the host (a sync): every step by default, every
+        `finite_check_every_n_steps` steps on GPU recipes (a non-finite loss in between is remembered on the
+        device and reported at the next check; `AtomicCheckpointIO` never writes non-finite weights)."""
+        return self.finite_every <= 1 or (self.global_step + 1) % self.finite_every == 0
+
+    def _check_finite_grads(self) -> None:
+        """Stop before the optimizer step when a gradient is NaN/Inf although the loss was finite: the step
+        would write NaN into every weight (clipping spreads it) and the next checkpoint would be lost.
+        Skipped under fp16 loss scaling, where inf gradients are expected and the scaler skips the step."""
+        if self._trainer is not None and getattr(self.trainer.precision_plugin, "scaler", None) is not None:
+            return
+        named = [(n, p.grad) for n, p in self.student.named_parameters() if p.grad is not None]
+        if not named:
+            return
+        norms = torch.stack(torch._foreach_norm([g for _, g in named]))
+        finite = torch.isfinite(norms)
+        if bool(finite.all()):
+            return
+        bad = [named[i][0] for i in (~finite).nonzero().flatten().tolist()]
+        raise FloatingPointError(
+            f"non-finite gradient at step {self.global_step} (epoch {self.current_epoch}) in {len(bad)} "
+            f"parameter(s): {', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}; the loss was finite. Stopped "
+            "before the weights were updated: the last checkpoint is the last good one. Lower optim.lr or enable "
+            "gradient clipping (trainer.gradient_clip_val)")
+
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
+        """The optimizer step, then the EMA teacher update of that step.
+
+        The EMA is done here rather than in `on_train_batch_end` because Lightning calls the callbacks'
+        `on_train_batch_end` (where step checkpoints are written) *before* the module's: a mid-epoch checkpoint
+        would hold the teacher without this step's update and a resumed run would drift from an uninterrupted
+        one. `global_step` is incremented after this hook, hence `+ 1` (same momentum as before)."""
+        super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)  # runs the closure: step + backward
+        with record_function("scfs/ema"):
+            ema_update(self.teacher, self.student, self.teacher_momentum(self.global_step + 1))
+
+    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        with record_function("scfs/backward"):  # a named part of the step in profiles, like those of training_step
+            super().backward(loss, *args, **kwargs)
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Raw uint8 image batches get their multi-crop views here, on the training device, in one go.
+
+        The generator is re-seeded from (seed, global step), so the views of a step do not depend on what
+        ran before it: a resumed run sees exactly the views of an uninterrupted one.
+        """
+        images = batch[0] if isinstance(batch, (list, tuple)) else batch
+        cropped = isinstance(images, dict) and images.get("views") and images["views"][0].dtype == torch.uint8
+        if not (self.training and (cropped or isinstance(images, torch.Tensor) and images.dtype == torch.uint8)):
+            return batch
+        if self.batch_aug is None:
+            raise RuntimeError("the loader yields uint8 images or crops but the module has no crops config: build it "
+                               "with scfs.train.build (data.batch_aug / data.colour_on_device pass the crops)")
+        first = images["views"][0] if cropped else images
+        if self._aug_gen is None or self._aug_gen.device != first.device:
+            self._aug_gen = torch.Generator(device=first.device)
+        self._aug_gen.manual_seed(self.seed * 1_000_003 + self.global_step)
+        # DDP: every rank draws the parameters of the whole global batch from the same seed and keeps its
+        # rows (the sampler gives rank r images r*B..(r+1)*B-1 of the global batch), so 2 ranks x B get
+        # exactly the views of 1 rank x 2B (tests/test_ddp.py)
+        b = first.shape[0]
+        rank, world = (self.trainer.global_rank, self.trainer.world_size) if self._trainer is not None else (0, 1)
+        with record_function("scfs/views"):
+            if cropped:  # data.colour_on_device: the workers cropped, the colour ops run here for the whole batch
+                sample = {**images, **self.batch_aug.colour(images["views"], generator=self._aug_gen,
+                                                            global_batch=b * world, offset=rank * b)}
+            else:
+                sample = self.batch_aug(images, generator=self._aug_gen, global_batch=b * world, offset=rank * b)
+        return (sample, *batch[1:]) if isinstance(batch, (list, tuple)) else sample
+
+    # ---- forward ---------------------------------------------------------------------------------------
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        sample = batch[0] if isinstance(batch, (list, tuple)) else batch
+        views: list[torch.Tensor] = sample["views"]
+        b = views[0].shape[0]
+        n_local = len(views) - 2
+        temp = self.teacher_temp()
+
+        # record_function ranges name the parts of the step in a profile (`python -m scfs.bench.step --profile`):
+        # where SCFS's time goes next to DINO's; free when no profiler runs
+        cl = torch.channels_last if self.channels_last else torch.contiguous_format
+        g = torch.cat(views[:2]).contiguous(memory_format=cl)
+        loc = torch.cat(views[2:]).contiguous(memory_format=cl) if n_local else None
+        with record_function("scfs/student"):
+            st = self._student_fn(self.student, g, loc, self.stages, self._local_heads)
+        with torch.no_grad(), record_function("scfs/teacher"):
+            te = self._teacher_fn(self.teacher, g, self.stages)
+        # for online monitors (stop-gradient linear probe): student features of global view 1 and labels
+        self.last_features = st["pooled_global"][:b].detach()
+        self.last_labels = batch[1] if isinstance(batch, (list, tuple)) and len(batch) > 1 else None
+        logs: dict[str, torch.Tensor | float] = {}
+        loss = self.loss_terms(st, te, b, n_local, temp, logs)
+        logs["loss/total"] = loss
+        if self._logging_step():  # Python floats become device tensors in self.log: a blocking copy each
+            logs.update({"sched/teacher_temp": temp, "sched/momentum": self.teacher_momentum(),
+                         "sched/lr": self.optimizers().optimizer.param_groups[0]["lr"],
+                         "sched/wd": self.optimizers().optimizer.param_groups[0]["weight_decay"]})
+        self.log_dict(logs, on_step=True, on_epoch=False, batch_size=b)
+        self.log("loss", loss, prog_bar=True, on_step=True, on_epoch=True, batch_size=b)
+        if self.finite_every > 1:
+            bad = ~torch.isfinite(loss)
+            self._nonfinite = bad if self._nonfinite is None else self._nonfinite | bad
+            if self._check_now() and bool(self._nonfinite):
+                raise FloatingPointError(
+                    f"non-finite loss in the {self.finite_every} steps up to step {self.global_step} (epoch "
+                    f"{self.current_epoch}; checked every finite_check_every_n_steps={self.finite_every}): the "
+                    "weights may already be non-finite, but no checkpoint with non-finite weights is ever written, "
+                    "so the last checkpoint is good; lower optim.lr or enable gradient clipping "
+                    "(trainer.gradient_clip_val), or set finite_check_every_n_steps=1 to stop at the first one")
+        elif not torch.isfinite(loss):
+            bad = [k for k, v in logs.items() if isinstance(v, torch.Tensor) and not torch.isfinite(v).all()]
+            raise FloatingPointError(
+                f"non-finite loss at step {self.global_step} (epoch {self.current_epoch}, batch {batch_idx}): "
+                f"offending term(s) {', '.join(bad) or 'loss/total'}. Stopped before the weights were updated: the "
+                "last checkpoint is the last good one; lower optim.lr or enable gradient clipping "
+                "(trainer.gradient_clip_val)"
+            )
+        return loss
+
+    def _logging_step(self) -> bool:
+        """True on the steps whose logs Lightning writes (every `trainer.log_every_n_steps`)."""
+        if self._trainer is None:
+            return True
+        try:
+            return bool(self.trainer._logger_connector.should_update_logs)
+        except AttributeError:
+            return True
+
+    # ---- helpers for evaluation ------------------------------------------------------------------------
+    def backbone(self, which: str = "teacher") -> Backbone:
+        if which not in ("teacher", "student"):
+            raise ValueError(f"which={which!r}: allowed are teacher, student")
+        return getattr(self, which)["backbone"]

@@ -1,0 +1,117 @@
+"""The networks of a self-distillation step and their two step-time calls (student side, teacher side).
+
+Module-level functions that take the networks as arguments, so `torch.compile` can trace each side as one graph
+and a copy of a module calls them with its own networks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from scfs.models import Backbone, DINOHead, StageHead
+
+# Graphs one code object may get per stage head: the stage heads of student and teacher share `StageHead.forward`,
+# which can see the teacher's global maps (no grad) and the student's global and local maps. The compiled step
+# traces those calls inside `student_forward` / `teacher_forward` (no graphs of their own); the per-module compiled
+# calls that remain (RoI crops, the searched branch, calls outside the step) stay within this bound.
+GRAPHS_PER_STAGE = 3
+RECOMPILE_SLACK = 8  # dynamo's default limit: the eval passes (BN in eval mode) and other callers' graphs
+
+
+def raise_recompile_limit(n_stages: int) -> int:
+    """Raise dynamo's per-code-object graph limit to what a compiled SCFS step needs, and return it.
+
+    All instances of one module class share one `forward` code object, and dynamo keeps at most
+    `recompile_limit` graphs for it (8 by default). Three stages need 9 graphs of `StageHead.forward`, so the 9th
+    call ran eager, silently (H200 log, 2026-11-30: 'hit config.recompile_limit (8)', function forward in
+    heads.py; under CUDA graphs that stage's head was then launch-bound). The limit is global dynamo config, so it
+    is only ever raised, never lowered."""
+    import torch._dynamo.config as dynamo_config
+
+    need = GRAPHS_PER_STAGE * n_stages + RECOMPILE_SLACK
+    dynamo_config.recompile_limit = max(int(dynamo_config.recompile_limit), need)
+    return dynamo_config.recompile_limit
+
+
+def build_network(
+    backbone_cfg: Mapping[str, Any], method_cfg: Mapping[str, Any], stages: Sequence[str]
+) -> nn.ModuleDict:
+    """Backbone + DINO head + one stage head per searched stage (none for DINO): the student; the teacher is a copy."""
+    bcfg = dict(backbone_cfg)
+    name = bcfg.pop("name")
+    bcfg.pop("channels_last", None)
+    backbone = Backbone(name, stages=stages or ("layer4",), **bcfg)
+    net = nn.ModuleDict(
+        {
+            "backbone": backbone,
+            "head": DINOHead(
+                backbone.embed_dim,
+                out_dim=method_cfg["out_dim"],
+                hidden_dim=method_cfg["hidden_dim"],
+                bottleneck_dim=method_cfg["bottleneck_dim"],
+                nlayers=method_cfg.get("head_layers", 3),
+                use_bn=method_cfg.get("head_bn", False),
+                norm_last_layer=method_cfg.get("norm_last_layer", True),
+                bottleneck_bn=method_cfg.get("bottleneck_bn", False),
+            ),
+        }
+    )
+    net["stage_heads"] = nn.ModuleDict(
+        {
+            s: StageHead(
+                backbone.channels[s],
+                out_dim=method_cfg["stage_out_dim"],
+                hidden_dim=method_cfg["stage_hidden_dim"],
+                bottleneck_dim=method_cfg["stage_bottleneck_dim"],
+                nlayers=method_cfg.get("head_layers", 3),
+                final_relu=method_cfg.get("stage_final_relu", False),
+                use_bn=method_cfg.get("head_bn", False),
+                bottleneck_bn=method_cfg.get("bottleneck_bn", False),
+                norm_last_layer=method_cfg.get("norm_last_layer", True),
+                norm=method_cfg.get("stage_norm", "batchnorm"),
+                pooled_bn=method_cfg.get("stage_pooled_bn", True),
+            )
+            for s in stages
+        }
+    )
+    return net
+
+
+def student_forward(student: nn.ModuleDict, g: torch.Tensor, loc: torch.Tensor | None, stages: Sequence[str],
+                    local_heads: bool) -> dict[str, Any]:
+    """Everything a step needs from the student, from its two view batches (global `g`, local `loc`), in one call.
+
+    None of it depends on the teacher, so `compile=true` traces it as one graph: each weight used on both view
+    sizes gets its two gradients summed inside the compiled backward, and the step launches one graph instead of
+    one per module call (the H200 step is host-bound). Returns the pooled global feature, the DINO head's logits
+    (global views, then local), the stage heads' logits on the global and local maps, and per stage the detached
+    pooled local feature (the search queries) and the local map size."""
+    s_g = student["backbone"](g)
+    pooled_g = Backbone.pool(s_g)
+    outs = [student["head"](pooled_g)]
+    s_l = student["backbone"](loc) if loc is not None else {}
+    if s_l:
+        outs.append(student["head"](Backbone.pool(s_l)))
+    heads = student["stage_heads"]
+    return {
+        "pooled_global": pooled_g,
+        "logits": torch.cat(outs) if len(outs) > 1 else outs[0],
+        "stage_global": {s: heads[s](s_g[s]) for s in stages},
+        "stage_local": {s: heads[s](s_l[s]) for s in stages} if local_heads and s_l else {},
+        "queries": {s: s_l[s].detach().mean(dim=(2, 3)) for s in stages} if s_l else {},
+        "local_size": {s: int(s_l[s].shape[-1]) for s in stages} if s_l else {},
+    }
+
+
+def teacher_forward(teacher: nn.ModuleDict, g: torch.Tensor, stages: Sequence[str]) -> dict[str, Any]:
+    """The teacher's part of a step that does not depend on the student (call it under `torch.no_grad`): its
+    global-view maps (searched later by the student's queries), DINO head logits and stage head logits, one graph
+    under `compile=true` for the reason given in `student_forward`."""
+    maps = teacher["backbone"](g)
+    heads = teacher["stage_heads"]
+    return {"maps": maps, "logits": teacher["head"](Backbone.pool(maps)),
+            "stage_global": {s: heads[s](maps[s]) for s in stages}}

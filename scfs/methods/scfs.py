@@ -1,0 +1,106 @@
+"""SCFS (Song et al., ICCV 2023): DINO plus, on backbone stages, per-stage heads matched across the global views and
+a local term whose teacher target is the teacher's global-view map *searched* with the student's local query."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+from torch.profiler import record_function
+
+from scfs.methods.dino import DINO
+from scfs.methods.losses import DINOLoss, sharpened_cross_entropy
+from scfs.methods.registry import register
+
+SEARCH_MODES = ("soft", "hard", "softmax", "roi", "none")
+
+
+@register("scfs")
+class SCFS(DINO):
+    """Loss = L_dino + sum_s w_s (L_global_s + L_local_s), w_s = `method.stage_weight` (0.5 published):
+    * L_global_s: per-stage heads matched across the two global views (centred teacher);
+    * L_local_s: the student's per-stage head on local view n of image b is matched with the teacher's
+      per-stage head on the teacher's global-view-1 map *searched* with the student's pooled local feature
+      (teacher sharpened, not centred). `search.mode=roi` replaces the search by random RoI crops of that map
+      (the naive feature-level augmentation), `none` drops the local term.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        mode = self.search_cfg.get("mode", "soft")
+        if mode != "none" and self.n_local < 1:
+            raise ValueError(f"data.n_local={self.n_local}: search.mode={mode} needs at least one local crop (>= 1)")
+
+    def stage_names(self) -> tuple[str, ...]:
+        mode = self.search_cfg.get("mode", "soft")
+        if mode not in SEARCH_MODES:
+            raise ValueError(f"search.mode={mode!r} is not known: allowed are {', '.join(SEARCH_MODES)}")
+        return tuple(self.search_cfg.get("stages", ()))
+
+    def uses_local_heads(self) -> bool:
+        return self.search_cfg.get("mode", "soft") != "none"
+
+    def build_losses(self) -> None:
+        super().build_losses()
+        st, cm = self.method_cfg.get("student_temp", 0.1), self.method_cfg.get("center_momentum", 0.9)
+        self.stage_losses = nn.ModuleDict({s: DINOLoss(self.method_cfg["stage_out_dim"], st, cm) for s in self.stages})
+
+    def loss_terms(self, st: dict[str, Any], te: dict[str, Any], b: int, n_local: int, temp: float,
+                   logs: dict[str, Any]) -> torch.Tensor:
+        loss = super().loss_terms(st, te, b, n_local, temp, logs)
+        w = self.method_cfg.get("stage_weight", 0.5)
+        for s in self.stages:
+            loss_g = self.stage_losses[s](st["stage_global"][s], te["stage_global"][s], temp)
+            logs[f"loss/{s}_global"] = loss_g
+            stage_loss = loss_g
+            with record_function(f"scfs/stage_{s}_local"):
+                loss_l = self._local_term(s, st["stage_local"].get(s), st["queries"].get(s),
+                                          st["local_size"].get(s, 1), te["maps"][s][:b], b, n_local, temp, logs)
+            if loss_l is not None:
+                logs[f"loss/{s}_local"] = loss_l
+                stage_loss = stage_loss + loss_l
+            loss = loss + w * stage_loss
+        return loss
+
+    def _local_term(self, stage: str, sl_out: torch.Tensor | None, queries: torch.Tensor | None, local_size: int,
+                    t_global1: torch.Tensor, b: int, n_local: int, temp: float, logs: dict) -> torch.Tensor | None:
+        """The stage's local term: the student's stage head logits on its local maps (`sl_out`) matched with the
+        teacher's stage head on its global-view-1 map searched by the student's pooled local features."""
+        mode = self.search_cfg.get("mode", "soft")
+        if mode == "none" or sl_out is None or queries is None:
+            return None
+        head = self.teacher["stage_heads"][stage]
+        with torch.no_grad():
+            if mode == "roi":
+                from scfs.search import random_feature_crops
+
+                size = max(local_size, 1)
+                crops = random_feature_crops(t_global1, n_local, out_size=size,
+                                             scale=tuple(self.search_cfg.get("roi_scale", (0.05, 0.25))))
+                tl_out = head(crops)
+            else:
+                tl_out, found = head.forward_searched(
+                    t_global1, queries.view(n_local, b, -1).to(t_global1.dtype), mode=mode,
+                    topk=self.search_cfg.get("topk", 0.25),
+                    temperature=self.search_cfg.get("temperature", 0.1),
+                    backend=self.search_cfg.get("backend", "auto"),
+                )
+                if self._logging_step():  # diagnostics only on the steps that are written
+                    sim = found.similarity
+                    p = found.weights.clamp_min(0).flatten(2)
+                    p = p / p.sum(-1, keepdim=True).clamp_min(1e-12)
+                    ent = -(p * p.clamp_min(1e-12).log()).sum(-1).mean() / math.log(max(p.shape[-1], 2))
+                    logs[f"search/{stage}_sim_mean"] = sim.mean()
+                    logs[f"search/{stage}_sim_max"] = sim.amax(dim=(2, 3)).mean()
+                    logs[f"search/{stage}_weight_entropy"] = ent
+        return sharpened_cross_entropy(sl_out, tl_out, temp, self.method_cfg.get("student_temp", 0.1))
+
+    def uniform_loss(self) -> float:
+        u = super().uniform_loss()
+        if self.stages:
+            n_terms = 1 + (self.search_cfg.get("mode", "soft") != "none")
+            u += self.method_cfg.get("stage_weight", 0.5) * n_terms * len(self.stages) * math.log(
+                self.method_cfg["stage_out_dim"])
+        return u

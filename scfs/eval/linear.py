@@ -93,6 +93,14 @@ class GridSGD(torch.optim.Optimizer):
         super().__init__(params, {"lr": 1.0, "momentum": float(momentum)})
         self.lrs = torch.tensor([float(v) for v in lrs])
         self.wds = torch.tensor([float(v) for v in weight_decays])
+        self._on: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _member_values(self, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(lrs, wds) on p's device: copied once, not a host-to-device copy every step."""
+        key = (p.device, p.dtype)
+        if key not in self._on:
+            self._on[key] = (self.lrs.to(p), self.wds.to(p))
+        return self._on[key]
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
@@ -105,14 +113,15 @@ class GridSGD(torch.optim.Optimizer):
                 if p.grad is None:
                     continue
                 shape = (-1,) + (1,) * (p.dim() - 1)
-                d = p.grad + self.wds.to(p).view(shape) * p
+                lrs, wds = self._member_values(p)
+                d = p.grad + wds.view(shape) * p
                 state = self.state[p]
                 buf = state.get("momentum_buffer")
                 if buf is None:
                     buf = state["momentum_buffer"] = d.clone()
                 else:
                     buf.mul_(group["momentum"]).add_(d)
-                p.sub_(self.lrs.to(p).view(shape) * group["lr"] * buf)
+                p.sub_(lrs.view(shape) * group["lr"] * buf)
         return loss
 
 
@@ -458,7 +467,7 @@ def run_linear(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, 
     )
     from scfs.eval.features import cached_features, dataset_key
     from scfs.eval.report import EvalLogger, EvalResult, confusion_matrix, topk_accuracy
-    from scfs.train import scrub
+    from scfs.reliability import scrub
 
     t0 = time.time()
     p = cfg.probe

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -18,23 +17,12 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from scfs.reliability import find_secrets, is_secret_key, offline_by_default, one_line, scrub_files
+from scfs.cli import cli_with_one_line_errors, run_reporting_errors
+from scfs.errors import ReportedError
+from scfs.reliability import find_secrets, offline_by_default, scrub, scrub_files
 
 log = logging.getLogger("scfs.train")
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
-SECRET_WORDS = ("api_key", "apikey", "secret", "token", "password")  # kept for importers; see is_secret_key
-
-
-def scrub(obj: Any) -> Any:
-    """Mask secret-looking keys before a config is logged anywhere (the eval CLIs use it too)."""
-    if isinstance(obj, dict):
-        return {k: ("***" if is_secret_key(k) or any(w in str(k).lower() for w in SECRET_WORDS) else scrub(v))
-                for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [scrub(v) for v in obj]
-    return obj
-
-
 def refuse_secrets(cfg: DictConfig) -> None:
     """Secrets never belong in a config: Hydra saves it to `.hydra/`, the logger stores it, runs get shared.
 
@@ -84,7 +72,7 @@ def _other_checkpoints(path: Path) -> str:
     return f"e.g. resume={found[-1]}" if found else f"there is no other .ckpt in {path.parent}; start afresh"
 
 
-class RunAlreadyCompleteError(ValueError):
+class RunAlreadyCompleteError(ReportedError, ValueError):
     """`resume=` names a checkpoint whose run already trained its whole schedule: nothing would be trained."""
 
 
@@ -288,7 +276,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     t0 = time.time()
     ckpt_path = find_resume_checkpoint(cfg.get("resume"), cfg.name)
     if ckpt_path:  # temp files of writes killed in that run: nothing else ever writes to its folder again
-        from scfs.training.checkpoint_io import remove_stale_temps
+        from scfs.models.checkpoint_io import remove_stale_temps
 
         for tmp in remove_stale_temps(Path(ckpt_path).parent):
             log.info("removed %s, left by a checkpoint write that was killed", tmp)
@@ -308,10 +296,10 @@ def _train(cfg: DictConfig, run_dir: Path, ckpt_path: str | None, resume_info: d
     import torch
     from lightning.pytorch.callbacks import ModelCheckpoint
 
+    from scfs.models.checkpoint_io import AtomicCheckpointIO
     from scfs.reliability import BatchTooLargeError, oom_message
     from scfs.reliability.resume import LastCheckpoint, ResumeState, make_train_loader_resumable
     from scfs.training.callbacks import KNNMonitor, WallClockBudget
-    from scfs.training.checkpoint_io import AtomicCheckpointIO
     from scfs.training.monitors import OnlineLinearMonitor
 
     L.seed_everything(cfg.seed, workers=True, verbose=False)
@@ -464,76 +452,6 @@ def summary_line(s: dict[str, Any], k: int) -> str:
     parts.append(f"checkpoint {s['checkpoint']}")
     parts.append(f"wandb {s['wandb_dir']}")
     return " | ".join(parts)
-
-
-def _config_errors() -> tuple[type[BaseException], ...]:
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from scfs.config import ConfigError
-
-    return ConfigError, HydraException, OmegaConfBaseException
-
-
-def _run_errors() -> tuple[type[BaseException], ...]:
-    """Failures whose message says everything (what happened, what is kept, what to do): no traceback needed."""
-    from scfs.data.datasets import ImageDecodeError, ImageFolderLayoutError
-    from scfs.eval.detection_data import AnnotationError
-    from scfs.models.checkpoint import CheckpointMismatchError, NotACheckpointError, UnsafeCheckpointError
-    from scfs.reliability import BatchTooLargeError, RunFolderBusyError
-    from scfs.training.checkpoint_io import DiskFullError
-
-    return (FloatingPointError, BatchTooLargeError, UnsafeCheckpointError, CheckpointMismatchError, ImageDecodeError,
-            FileNotFoundError, IsADirectoryError, NotADirectoryError, NotACheckpointError, AnnotationError,
-            ImageFolderLayoutError, RunAlreadyCompleteError, DiskFullError, RunFolderBusyError)
-
-
-def _fail(code: int, kind: str, err: BaseException, prog: str = "scfs.train") -> None:
-    if os.environ.get("SCFS_TRACEBACK"):
-        raise err
-    print(f"{prog}: {kind}: {one_line(err)}", file=sys.stderr, flush=True)
-    raise SystemExit(code)
-
-
-def run_reporting_errors(prog: str, fn: Any, *args: Any) -> Any:
-    """`fn(*args)` inside a Hydra job: a config error exits 2, a known run failure 1, each as one line (handled
-    here so Hydra does not print its report with the overrides and a traceback)."""
-    try:
-        return fn(*args)
-    except _config_errors() as err:
-        _fail(2, "config error", err, prog)
-    except _run_errors() as err:
-        _fail(1, "error", err, prog)
-    except RuntimeError as err:
-        if type(err).__name__ != "OutOfMemoryError":  # torch.cuda.OutOfMemoryError, without importing torch here
-            raise
-        _fail(1, "error", RuntimeError(_oom_outside_step(err, args[0] if args else None)), prog)
-
-
-def _oom_outside_step(err: BaseException, cfg: Any) -> str:
-    """CUDA out of memory where no training step is running (eval feature passes, the kNN monitor of scfs.train):
-    the batch size that ran out, and half of it to try."""
-    bs = cfg.get("batch_size") if isinstance(cfg, DictConfig) else None
-    first = str(err).strip().splitlines()[0] if str(err).strip() else "CUDA out of memory"
-    fix = (f"rerun with batch_size={max(int(bs) // 2, 1)} (it was {bs}; the results do not depend on it)"
-           if isinstance(bs, int) and bs > 1 else "use a smaller batch_size or a GPU with more free memory")
-    return f"CUDA out of memory outside a training step ({first}): {fix}; nothing was written that needs cleaning up"
-
-
-def cli_with_one_line_errors(prog: str, hydra_main: Any) -> None:
-    """Run a `hydra.main` app so that composition errors (unknown group option or key, bad override) are one
-    line too; `SCFS_TRACEBACK=1` or `HYDRA_FULL_ERROR=1` shows the full traceback instead. The eval CLIs use it."""
-    offline_by_default()
-    full = bool(os.environ.get("HYDRA_FULL_ERROR"))
-    if full:
-        os.environ["SCFS_TRACEBACK"] = "1"
-    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises composition errors instead of printing its report
-    try:
-        hydra_main()
-    except _config_errors() as err:
-        if full:
-            raise
-        _fail(2, "config error", err, prog)
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")

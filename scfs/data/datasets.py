@@ -24,13 +24,14 @@ from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes
 from torchvision.io import ImageReadMode, decode_image
 
 from scfs.data.shapes import ShapesSpec, ensure_shapes, load_shapes
+from scfs.errors import ReportedError
 
 Transform = Callable[[torch.Tensor], Any] | None
 DATASETS = ("shapes", "folder", "cifar10", "imagenet")
 SHARED_CIFAR = "../shared/data/cifar10-jpeg.tar.xz"
 
 
-class ImageDecodeError(OSError):
+class ImageDecodeError(ReportedError, OSError):
     """A file that neither torchvision nor PIL can decode."""
 
 
@@ -38,7 +39,7 @@ class NoReadableImageError(ImageDecodeError, RuntimeError):
     """Every file tried in a row is unreadable (a RuntimeError too, as before): the run stops with one line."""
 
 
-class ImageFolderLayoutError(ValueError):
+class ImageFolderLayoutError(ReportedError, ValueError):
     """The ImageFolder tree is not laid out as train/<class>/<image> (+ val/<class>/<image>); the message says how."""
 
 

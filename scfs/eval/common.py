@@ -229,7 +229,7 @@ def hydra_cli(config_name: str, run: Callable[[DictConfig, str], Any]) -> None:
     import hydra
     from hydra.core.hydra_config import HydraConfig
 
-    from scfs.train import cli_with_one_line_errors, run_reporting_errors
+    from scfs.cli import cli_with_one_line_errors, run_reporting_errors
 
     prog = f"scfs.eval.{config_name}"
 

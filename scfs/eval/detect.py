@@ -149,7 +149,7 @@ def _trainer(cfg: DictConfig, run_dir: Path, logger: Any, max_iters: int) -> L.T
     from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 
     from scfs.eval.common import to_plain
-    from scfs.training.checkpoint_io import AtomicCheckpointIO
+    from scfs.models.checkpoint_io import AtomicCheckpointIO
 
     s = cfg.schedule
     every = int(cfg.get("checkpoint_every_n_iters") or 0)
@@ -225,7 +225,7 @@ def run_detect(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, 
     from scfs.eval.common import load_eval_backbone, make_run_dir, to_plain
     from scfs.eval.detection_report import json_safe, plot_predictions, write_report
     from scfs.eval.report import EvalLogger
-    from scfs.train import scrub
+    from scfs.reliability import scrub
 
     t0 = time.time()
     if cfg.get("threads"):  # on a busy shared CPU, 1 intra-op thread beats threads waiting on each other

@@ -36,6 +36,7 @@ import torch
 from torch.utils.data import Dataset
 
 from scfs.config import ConfigError
+from scfs.errors import ReportedError
 
 log = logging.getLogger("scfs.eval.detect")
 
@@ -49,7 +50,7 @@ VOC_CLASSES = ("aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "
                "tvmonitor")
 
 
-class AnnotationError(ValueError):
+class AnnotationError(ReportedError, ValueError):
     """The annotation file is malformed (missing keys, unknown ids); the message names the offenders."""
 
 

@@ -233,7 +233,7 @@ def run_knn(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any
     )
     from scfs.eval.features import cached_features, dataset_key
     from scfs.eval.report import EvalLogger, EvalResult, confusion_matrix
-    from scfs.train import scrub
+    from scfs.reliability import scrub
 
     t0 = time.time()
     ks = parse_ks(cfg.ks)  # before any feature is computed

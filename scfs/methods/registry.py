@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 _METHODS: dict[str, type] = {}
@@ -26,10 +27,9 @@ def register(name: str) -> Callable[[type], type]:
 
 
 def _discover() -> None:
-    import scfs.methods as package
-
-    for mod in pkgutil.iter_modules(package.__path__):
-        importlib.import_module(f"{package.__name__}.{mod.name}")
+    """Import every module next to this one: their `@register` decorators fill the table."""
+    for mod in pkgutil.iter_modules([str(Path(__file__).parent)]):
+        importlib.import_module(f"{__package__}.{mod.name}")
 
 
 def methods() -> dict[str, type]:

@@ -28,6 +28,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from scfs.errors import ReportedError
+
 log = logging.getLogger("scfs.checkpoint")
 
 # Globals that are data, not code: constructing them only sets attributes. Nothing callable goes here.
@@ -43,15 +45,15 @@ HEAD_PATTERN = re.compile(r"^\w+_head$")
 SHOWN_KEYS = 8
 
 
-class UnsafeCheckpointError(RuntimeError):
+class UnsafeCheckpointError(ReportedError, RuntimeError):
     """The file holds pickled objects whose loading would run code; we refuse to load it."""
 
 
-class CheckpointMismatchError(RuntimeError):
+class CheckpointMismatchError(ReportedError, RuntimeError):
     """The checkpoint's weights do not fit the backbone (missing / unexpected / mis-shaped keys)."""
 
 
-class NotACheckpointError(ValueError):
+class NotACheckpointError(ReportedError, ValueError):
     """The file is no PyTorch checkpoint of weights (random bytes, a text file, a dict without tensors): the
     entry points report it in one line, as a user mistake, not as a crash."""
 

@@ -30,6 +30,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from scfs.errors import ReportedError
+
 log = logging.getLogger("scfs.reliability")
 
 # ---- nothing leaves the machine by default -----------------------------------------------------------------------
@@ -136,6 +138,16 @@ def is_secret_key(key: Any) -> bool:
     return bool(SECRET_KEY.search(str(key).lower()))
 
 
+def scrub(obj: Any) -> Any:
+    """A copy of a nested dict/list config with every secret-looking key's value masked as ``***``: what gets
+    logged anywhere (W&B, reports)."""
+    if isinstance(obj, Mapping):
+        return {k: ("***" if is_secret_key(k) else scrub(v)) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [scrub(v) for v in obj]
+    return obj
+
+
 def find_secrets(obj: Any, prefix: str = "") -> list[tuple[str, Any]]:
     """(dotted key, value) of every secret-looking key of a nested dict/list config."""
     found: list[tuple[str, Any]] = []
@@ -202,7 +214,7 @@ def check_finite(checkpoint: Any, limit: int = 8) -> list[str]:
     return bad
 
 
-class BatchTooLargeError(RuntimeError):
+class BatchTooLargeError(ReportedError, RuntimeError):
     """CUDA ran out of memory during training; the message says which batch size to try."""
 
 
@@ -238,7 +250,7 @@ def one_line(err: BaseException) -> str:
 
 
 # ---- one run per run folder ----------------------------------------------------------------------------------------
-class RunFolderBusyError(RuntimeError):
+class RunFolderBusyError(ReportedError, RuntimeError):
     """Another live process trains in this run folder; both would overwrite each other's checkpoints and logs."""
 
 

@@ -1,2 +1,2 @@
-"""What a training run needs around the method: callbacks (kNN monitor, wall-clock budget), the online linear
-monitor and the atomic checkpoint writer."""
+"""What a training run adds around the method: callbacks (kNN monitor, wall-clock budget) and the online linear
+monitor. The atomic checkpoint writer lives in `scfs.models.checkpoint_io` (evaluation writes with it too)."""

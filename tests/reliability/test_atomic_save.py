@@ -12,13 +12,13 @@ import pytest
 import torch
 from rel_helpers import PYTHON, subprocess_env
 
-from scfs.training.checkpoint_io import AtomicCheckpointIO, NonFiniteCheckpointError, atomic_torch_save
+from scfs.models.checkpoint_io import AtomicCheckpointIO, NonFiniteCheckpointError, atomic_torch_save
 
 MB = 300
 # Writes a ~300 MB checkpoint over `path` again and again until killed; `writer` is the save under test.
 WRITER = f"""
 import sys, torch
-from scfs.training.checkpoint_io import atomic_torch_save
+from scfs.models.checkpoint_io import atomic_torch_save
 path, writer = sys.argv[1], sys.argv[2]
 obj = {{"state_dict": {{f"w{{i}}": torch.full((({MB} << 20) // 4 // 10,), float(i)) for i in range(10)}}}}
 save = atomic_torch_save if writer == "atomic" else torch.save

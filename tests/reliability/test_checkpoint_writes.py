@@ -15,11 +15,12 @@ import pytest
 import torch
 from helpers import compose_cfg
 
-import scfs.training.checkpoint_io as cio
+import scfs.models.checkpoint_io as cio
+from scfs.cli import run_reporting_errors
 from scfs.models.checkpoint import safe_load
+from scfs.models.checkpoint_io import DiskFullError, atomic_torch_save, remove_stale_temps
 from scfs.reliability import one_line
-from scfs.train import RunAlreadyCompleteError, run, run_reporting_errors
-from scfs.training.checkpoint_io import DiskFullError, atomic_torch_save, remove_stale_temps
+from scfs.train import RunAlreadyCompleteError, run
 
 
 class _FullDisk(io.RawIOBase):

@@ -16,11 +16,12 @@ from PIL import Image
 from rel_helpers import PYTHON, subprocess_env
 
 import scfs.eval.features as features_mod
+from scfs.cli import run_reporting_errors
 from scfs.data.datasets import build_dataset
 from scfs.eval.features import cached_features
 from scfs.models import Backbone
 from scfs.reliability import RunFolderBusyError, RunFolderLock
-from scfs.train import run, run_reporting_errors
+from scfs.train import run
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
 

@@ -11,9 +11,9 @@ import scfs.methods.base as module_mod
 from scfs.methods.base import SelfDistillation
 from scfs.methods.scfs import SCFS
 from scfs.models.checkpoint import safe_load
+from scfs.models.checkpoint_io import NonFiniteCheckpointError
 from scfs.reliability import BatchTooLargeError, check_finite
 from scfs.train import run
-from scfs.training.checkpoint_io import NonFiniteCheckpointError
 
 EVERY_STEP = ["checkpoint.every_n_train_steps=1", "trainer.limit_train_batches=3", "eval.knn_at_start=false"]
 

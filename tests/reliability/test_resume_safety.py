@@ -10,8 +10,8 @@ import torch
 from helpers import compose_cfg
 
 from scfs.models.checkpoint import CheckpointMismatchError, UnsafeCheckpointError
+from scfs.models.checkpoint_io import AtomicCheckpointIO
 from scfs.train import run
-from scfs.training.checkpoint_io import AtomicCheckpointIO
 
 
 class _Payload:

@@ -27,6 +27,8 @@ from typing import Any
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from scfs.errors import ReportedError
+
 TMP_SUFFIX = ".tmp"
 
 
@@ -34,7 +36,7 @@ class NonFiniteCheckpointError(FloatingPointError):
     """The checkpoint to be written holds NaN/Inf weights or optimizer state; it is not written."""
 
 
-class DiskFullError(OSError):
+class DiskFullError(ReportedError, OSError):
     """The disk (or quota) filled up while a checkpoint was written; the previous file at that path is intact."""
 
 

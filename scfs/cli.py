@@ -1,0 +1,79 @@
+"""One line per user mistake at the command line: the error plumbing every CLI of the project shares.
+
+A config error exits 2, a known run failure (`scfs.errors.ReportedError`, a non-finite loss, a missing file, CUDA
+out of memory outside a step) exits 1, each printed as `<prog>: <kind>: <message>` on one line;
+`SCFS_TRACEBACK=1` (or `HYDRA_FULL_ERROR=1`) shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from omegaconf import DictConfig
+
+from scfs.errors import ReportedError
+from scfs.reliability import offline_by_default, one_line
+
+
+def _config_errors() -> tuple[type[BaseException], ...]:
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from scfs.config import ConfigError
+
+    return ConfigError, HydraException, OmegaConfBaseException
+
+
+def _run_errors() -> tuple[type[BaseException], ...]:
+    """Failures whose message says everything (what happened, what is kept, what to do): no traceback needed."""
+    return FloatingPointError, FileNotFoundError, IsADirectoryError, NotADirectoryError, ReportedError
+
+
+def _fail(code: int, kind: str, err: BaseException, prog: str = "scfs.train") -> None:
+    if os.environ.get("SCFS_TRACEBACK"):
+        raise err
+    print(f"{prog}: {kind}: {one_line(err)}", file=sys.stderr, flush=True)
+    raise SystemExit(code)
+
+
+def run_reporting_errors(prog: str, fn: Any, *args: Any) -> Any:
+    """`fn(*args)` inside a Hydra job: a config error exits 2, a known run failure 1, each as one line (handled
+    here so Hydra does not print its report with the overrides and a traceback)."""
+    try:
+        return fn(*args)
+    except _config_errors() as err:
+        _fail(2, "config error", err, prog)
+    except _run_errors() as err:
+        _fail(1, "error", err, prog)
+    except RuntimeError as err:
+        if type(err).__name__ != "OutOfMemoryError":  # torch.cuda.OutOfMemoryError, without importing torch here
+            raise
+        _fail(1, "error", RuntimeError(_oom_outside_step(err, args[0] if args else None)), prog)
+
+
+def _oom_outside_step(err: BaseException, cfg: Any) -> str:
+    """CUDA out of memory where no training step is running (eval feature passes, the kNN monitor of scfs.train):
+    the batch size that ran out, and half of it to try."""
+    bs = cfg.get("batch_size") if isinstance(cfg, DictConfig) else None
+    first = str(err).strip().splitlines()[0] if str(err).strip() else "CUDA out of memory"
+    fix = (f"rerun with batch_size={max(int(bs) // 2, 1)} (it was {bs}; the results do not depend on it)"
+           if isinstance(bs, int) and bs > 1 else "use a smaller batch_size or a GPU with more free memory")
+    return f"CUDA out of memory outside a training step ({first}): {fix}; nothing was written that needs cleaning up"
+
+
+def cli_with_one_line_errors(prog: str, hydra_main: Any) -> None:
+    """Run a `hydra.main` app so that composition errors (unknown group option or key, bad override) are one
+    line too; `SCFS_TRACEBACK=1` or `HYDRA_FULL_ERROR=1` shows the full traceback instead. The eval CLIs use it."""
+    offline_by_default()
+    full = bool(os.environ.get("HYDRA_FULL_ERROR"))
+    if full:
+        os.environ["SCFS_TRACEBACK"] = "1"
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises composition errors instead of printing its report
+    try:
+        hydra_main()
+    except _config_errors() as err:
+        if full:
+            raise
+        _fail(2, "config error", err, prog)

@@ -12,10 +12,11 @@ from typing import Any
 
 _EXPORTS = {
     "as_hwc_uint8": "draw", "colorize": "draw", "denormalize": "draw", "draw_boxes": "draw", "new_figure": "draw",
-    "overlay_map": "draw", "resize_map": "draw", "upscale": "draw",
+    "overlay_map": "draw", "resize_map": "draw", "upscale": "draw", "draw_outline": "draw",
     "SearchMaps": "regions", "compute_search_maps": "regions", "load_image_folder": "regions",
     "prepare_image": "regions", "sample_crop_boxes": "regions", "stage_maps": "regions",
     "caption": "figures", "default_selections": "figures", "explore": "figures", "search_modes_figure": "figures",
+    "row_range": "figures",
     "searched_regions_figure": "figures",
     "save_training_figure": "training",
     "load_bench_results": "bench", "bench_figure": "bench", "bench_table": "bench",

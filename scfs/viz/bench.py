@@ -17,19 +17,40 @@ import numpy as np
 
 log = logging.getLogger("scfs.viz.bench")
 IMPL_ORDER = ("published", "ref", "ref+conv", "compile", "triton", "cuda")
+# one fixed colour per backend in every figure (tab10), so a backend reads the same across records
+IMPL_COLOURS = {"published": "#7f7f7f", "ref": "#1f77b4", "ref+conv": "#17becf", "compile": "#ff7f0e",
+                "triton": "#2ca02c", "cuda": "#d62728"}
+_EXTRA_COLOURS = ("#9467bd", "#8c564b", "#e377c2", "#bcbd22")
+
+
+def impl_colour(impl: str) -> str:
+    """The backend's fixed colour (others: a stable pick by name)."""
+    if impl in IMPL_COLOURS:
+        return IMPL_COLOURS[impl]
+    return _EXTRA_COLOURS[sum(map(ord, impl)) % len(_EXTRA_COLOURS)]
+
+
+def is_search_record(doc: Any) -> bool:
+    """A `python -m scfs.bench.search` record: rows of cases with per-implementation results (`impls`). The step,
+    loader and training records in the same folder have rows of another shape and are not plotted here."""
+    rows = doc.get("rows") if isinstance(doc, dict) else None
+    return (isinstance(rows, list) and bool(rows)
+            and all(isinstance(r, dict) and isinstance(r.get("impls"), dict) and "stage" in r for r in rows))
 
 
 def load_bench_results(folder: str | Path, pattern: str = "*.json") -> list[dict[str, Any]]:
-    """Every benchmark record under `folder` (sorted by file name), each with its `path`; [] when there is none."""
+    """Every search-op benchmark record under `folder` (sorted by file name), each with its `path`; [] when there
+    is none. Other JSON files (step, loader, training records) are skipped quietly; unreadable ones with a warning."""
     folder = Path(folder)
     out = []
     for path in sorted(folder.glob(pattern)) if folder.is_dir() else []:
         try:
             doc = json.loads(path.read_text())
-            if not isinstance(doc, dict) or not isinstance(doc.get("rows"), list) or not doc["rows"]:
-                raise ValueError("no 'rows' list")
         except (OSError, ValueError) as err:
-            log.warning("skipping %s: not a search benchmark record (%s)", path, err)
+            log.warning("skipping %s: not readable JSON (%s)", path, err)
+            continue
+        if not is_search_record(doc):
+            log.debug("skipping %s: not a search-op record", path)
             continue
         doc["path"] = str(path)
         doc.setdefault("meta", {})
@@ -94,7 +115,7 @@ def bench_figure(doc: dict[str, Any], batch: int | None = None, proj: int = 0):
             off = x + (j - (len(impls) - 1) / 2) * width
             for row, metric in enumerate(("ms", "pct_copy")):
                 vals = [by[g][metric] if g in by else np.nan for g in groups]
-                axes[row, col].bar(off, vals, width, label=impl)
+                axes[row, col].bar(off, vals, width, label=impl, color=impl_colour(impl))
         for row, (metric, label) in enumerate((("ms", "median time (ms, log)"),
                                                 ("pct_copy", "% of copy bandwidth (floor bytes)"))):
             ax = axes[row, col]

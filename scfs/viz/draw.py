@@ -19,6 +19,7 @@ Color = tuple[int, int, int]
 YELLOW: Color = (255, 221, 0)
 WHITE: Color = (255, 255, 255)
 CYAN: Color = (0, 220, 255)
+MAGENTA: Color = (255, 0, 255)
 
 
 def as_hwc_uint8(image: np.ndarray | torch.Tensor) -> np.ndarray:
@@ -95,6 +96,21 @@ def draw_boxes(image: np.ndarray, boxes: np.ndarray | Sequence[Sequence[float]],
         out[y1 - t:y1, x0:x1] = c
         out[y0:y1, x0:x0 + t] = c
         out[y0:y1, x1 - t:x1] = c
+    return out
+
+
+def draw_outline(image: np.ndarray, mask: np.ndarray, color: Color = (255, 0, 255), width: int = 1) -> np.ndarray:
+    """The boundary of a (H,W) bool `mask` (its pixels with a neighbour outside it, `width` px thick) drawn on a
+    copy of `image` (H,W,3) uint8 of the same size."""
+    out = as_hwc_uint8(image).copy()
+    m = np.asarray(mask, dtype=bool)
+    if m.shape != out.shape[:2]:
+        raise ValueError(f"mask {m.shape} and image {out.shape[:2]} must have the same size")
+    inner = m.copy()
+    for _ in range(max(1, int(width))):  # erode by one pixel (4-neighbourhood) per step
+        pad = np.pad(inner, 1, constant_values=False)
+        inner = inner & pad[:-2, 1:-1] & pad[2:, 1:-1] & pad[1:-1, :-2] & pad[1:-1, 2:]
+    out[m & ~inner] = np.asarray(color, dtype=np.uint8)
     return out
 
 

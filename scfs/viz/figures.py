@@ -12,7 +12,18 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from scfs.viz.draw import CYAN, WHITE, YELLOW, display_factor, draw_boxes, new_figure, overlay_map, upscale
+from scfs.viz.draw import (
+    CYAN,
+    MAGENTA,
+    WHITE,
+    YELLOW,
+    display_factor,
+    draw_boxes,
+    draw_outline,
+    new_figure,
+    overlay_map,
+    upscale,
+)
 from scfs.viz.regions import MODES, STAGES, SearchMaps, compute_search_maps
 
 SIM_CMAP = "inferno"
@@ -28,25 +39,41 @@ def caption(maps: SearchMaps, modes: Sequence[str]) -> str:
     """The plain-language explanation printed under every searched-regions figure."""
     mode_lines = "; ".join(MODE_TEXT[m].format(topk=maps.topk, temperature=maps.temperature) for m in modes)
     return ("The local crop (yellow box) is the query: its pooled feature is compared with every position of the "
-            "teacher's feature map of the whole image (the global view). Heat = cosine similarity of each teacher "
-            "feature position to it; weights = what the search keeps for the crop's training target "
-            f"({mode_lines}). Colours are scaled per panel (range in the title); blocks are feature-map cells.")
+            "teacher's feature map of the whole image (the global view; the object the crop covers is outlined in "
+            "magenta). Heat = cosine similarity of each teacher feature position to it; weights = what the search "
+            f"keeps for the crop's training target ({mode_lines}). One colour scale per row (colour bar on the "
+            "right), shared by every model compared on that image; blocks are feature-map cells. 'x % on the "
+            "crop's object' = share of the positive weight mass inside the outline; chance = what uniform weights "
+            "would score (the object's share of the image).")
 
 
 def _target(maps: SearchMaps) -> int:
     return max(maps.images.shape[1], maps.images.shape[2])
 
 
-def global_panel(maps: SearchMaps, i: int, crop: int, all_boxes: bool = True) -> np.ndarray:
-    """The global view (upscaled) with every crop's box (white) and the query crop's box (yellow)."""
+def global_panel(maps: SearchMaps, i: int, crop: int, all_boxes: bool = True,
+                 masks: np.ndarray | None = None) -> np.ndarray:
+    """The global view (upscaled) with every crop's box (white), the query crop's box (yellow) and, with `masks`,
+    the outline of the object the query crop covers (magenta)."""
     f = display_factor(_target(maps))
     img = upscale(maps.images[i], f)
     t = max(1, f // 2)
+    if masks is not None:
+        k = _covered(masks, maps, i, crop)
+        if k:
+            img = draw_outline(img, upscale((np.asarray(masks[i]) == k).astype(np.uint8), f).astype(bool), MAGENTA,
+                               width=max(1, t // 2))
     if all_boxes:
         others = [b for n, b in enumerate(maps.boxes[i]) if n != crop]
         if others:
             img = draw_boxes(img, np.asarray(others) * f, WHITE, width=max(2, t // 2))
     return draw_boxes(img, maps.boxes[i][crop][None] * f, YELLOW, width=t + 1)  # drawn last: on top
+
+
+def _covered(masks: np.ndarray, maps: SearchMaps, i: int, crop: int) -> int:
+    from scfs.eval.precision import covered_object
+
+    return covered_object(masks[i], maps.boxes[i][crop])
 
 
 def crop_panel(maps: SearchMaps, i: int, crop: int) -> np.ndarray:
@@ -62,12 +89,42 @@ def grey(image: np.ndarray) -> np.ndarray:
 
 
 def map_panel(maps: SearchMaps, i: int, crop: int, heat: np.ndarray, cmap: str, vmin: float | None = None,
-              alpha: float = 0.65) -> np.ndarray:
-    """`heat` over the greyed global view, with the query crop's box for orientation."""
+              alpha: float = 0.65, vmax: float | None = None) -> np.ndarray:
+    """`heat` over the greyed global view, with the query crop's box for orientation; colours span [vmin, vmax]
+    (the map's own range where not given)."""
     f = display_factor(_target(maps))
-    img = overlay_map(grey(upscale(maps.images[i], f)), heat, alpha=alpha, cmap=cmap, vmin=vmin)
+    img = overlay_map(grey(upscale(maps.images[i], f)), heat, alpha=alpha, cmap=cmap, vmin=vmin, vmax=vmax)
     return draw_boxes(img, maps.boxes[i][crop][None] * f, CYAN if cmap == WEIGHT_CMAP else YELLOW,
                       width=max(2, f // 2))
+
+
+def row_range(maps_list: Sequence[SearchMaps], i: int, crop: int, stages: Sequence[str],
+              mode: str | None = None) -> tuple[float, float]:
+    """(low, high) of one figure row: the similarity maps (or, with `mode`, that mode's positive weights) of image
+    `i`, crop `crop`, over `stages` and over every model in `maps_list`, so their panels share one colour scale.
+    Hard weights are similarities on the kept positions: their scale is the similarity's."""
+    vals = []
+    for m in maps_list:
+        for s in stages:
+            if s not in m.stages:
+                continue
+            if mode is None or mode in ("soft", "hard"):
+                vals.append(np.asarray(m.similarity[s][i, crop]).ravel())
+            else:
+                vals.append(np.clip(np.asarray(m.weights[mode][s][i, crop]), 0, None).ravel())
+    v = np.concatenate(vals) if vals else np.zeros(1)
+    lo, hi = float(np.nanmin(v)), float(np.nanmax(v))
+    return (lo, hi) if hi > lo else (lo, lo + 1e-6)
+
+
+def _colorbar(fig: Any, ax: Any, cmap: str, lo: float, hi: float, label: str) -> None:
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import Normalize
+
+    cax = ax.inset_axes([1.06, 0.0, 0.08, 1.0])
+    cb = fig.colorbar(ScalarMappable(Normalize(lo, hi), cmap), cax=cax)
+    cb.ax.tick_params(labelsize=6)
+    cb.set_label(label, fontsize=6)
 
 
 def _show(ax: Any, raster: np.ndarray, title: str) -> None:
@@ -77,21 +134,22 @@ def _show(ax: Any, raster: np.ndarray, title: str) -> None:
     ax.set_yticks([])
 
 
-def _grid(n_rows: int, n_cols: int, text: str, title: str, panel: float = 1.55) -> tuple[Any, Any]:
+def _grid(n_rows: int, n_cols: int, text: str, title: str, panel: float = 1.55,
+          right: float = 0.0) -> tuple[Any, Any]:
     """Figure and axes for a panel grid with room for two-line panel titles, a suptitle and the wrapped caption.
 
     Laid out by hand (no tight_layout, which measures every text and costs seconds on big grids).
     """
     import textwrap
 
-    title_h, top_h, gap = 0.42, 0.45, 0.08
-    width = panel * n_cols + gap * (n_cols + 1)
+    title_h, top_h, gap = 0.62, 0.45, 0.08  # up to four title lines per panel
+    width = panel * n_cols + gap * (n_cols + 1) + right
     lines = textwrap.wrap(text, width=max(60, int(width * 15)))
     cap_h = 0.14 * len(lines) + 0.2
     height = top_h + n_rows * (panel + title_h) + cap_h
     fig = new_figure(width, height)
     axes = fig.subplots(n_rows, n_cols, squeeze=False, gridspec_kw={
-        "left": gap / width, "right": 1 - gap / width, "top": 1 - (top_h + title_h) / height,
+        "left": gap / width, "right": 1 - (gap + right) / width, "top": 1 - (top_h + title_h) / height,
         "bottom": cap_h / height, "wspace": gap / panel, "hspace": title_h / panel})
     fig.suptitle(title, fontsize=10, y=1 - 0.12 / height, va="top")
     fig.text(0.01, 0.02 / height * 5, "\n".join(lines), fontsize=7.5, ha="left", va="bottom", color="#333333")
@@ -101,23 +159,27 @@ def _grid(n_rows: int, n_cols: int, text: str, title: str, panel: float = 1.55) 
 def _in_object(masks: np.ndarray | None, maps: SearchMaps, i: int, crop: int, weights: np.ndarray) -> str:
     if masks is None:
         return ""
-    from scfs.eval.precision import covered_object, mass_inside
+    from scfs.eval.precision import mass_inside
 
-    k = covered_object(masks[i], maps.boxes[i][crop])
+    k = _covered(masks, maps, i, crop)
     if k == 0:
         return "\n(crop on background)"
-    return f"\n{100 * mass_inside(weights, masks[i] == k):.0f}% on the crop's object"
+    obj = np.asarray(masks[i]) == k
+    return f"\n{100 * mass_inside(weights, obj):.0f}% on the crop's object\n(chance {100 * obj.mean():.0f}%)"
 
 
 def searched_regions_figure(model_or_maps: nn.Module | SearchMaps, images: np.ndarray | None = None,
                             boxes: np.ndarray | None = None, *, crop: int = 0, mode: str = "soft",
                             stages: Sequence[str] = STAGES, masks: np.ndarray | None = None,
                             title: str | None = None, row_labels: Sequence[str] | None = None,
-                            **search_kwargs: Any):
-    """Rows = images; columns = global view with the crops' boxes, the query crop, then per stage the similarity
-    map and the searched weights of `mode`. Takes an SCFSModule / Backbone with `images` (B,H,W,3) uint8 (the
-    search is run, see `compute_search_maps` for keywords) or precomputed `SearchMaps`. With `masks` (shapes) each
-    weights panel also says how much of its mass lies on the crop's object."""
+                            shared_with: Sequence[SearchMaps] = (), **search_kwargs: Any):
+    """Rows = images; columns = global view with the crops' boxes (and the crop's object outlined, with `masks`),
+    the query crop, then per stage the similarity map and the searched weights of `mode` (soft weights *are* the
+    similarity: one panel per stage). Takes an SCFSModule / Backbone with `images` (B,H,W,3) uint8 (the search is
+    run, see `compute_search_maps` for keywords) or precomputed `SearchMaps`.
+
+    Each row has one colour scale (colour bar on the right) for all its panels; `shared_with` = the maps of other
+    models on the same images and crops, so the scale is also the same across the models' figures."""
     if isinstance(model_or_maps, SearchMaps):
         maps = model_or_maps
     else:
@@ -128,20 +190,35 @@ def searched_regions_figure(model_or_maps: nn.Module | SearchMaps, images: np.nd
     stages = [s for s in stages if s in maps.stages]
     if mode not in maps.modes:
         raise ValueError(f"mode {mode!r} was not computed; the maps have {maps.modes}")
-    n_rows, n_cols = len(maps), 2 + 2 * len(stages)
+    for other in shared_with:
+        if other.images.shape != maps.images.shape or not np.array_equal(other.boxes, maps.boxes):
+            raise ValueError("shared_with maps must be of the same images and crop boxes")
+    soft = mode == "soft"
+    per_stage = 1 if soft else 2
+    n_rows, n_cols = len(maps), 2 + per_stage * len(stages)
     fig, axes = _grid(n_rows, n_cols, caption(maps, (mode,)), title or f"What the search picks: local crop -> "
-                      f"teacher feature map, per stage ({mode} search)")
+                      f"teacher feature map, per stage ({mode} search)", right=0.75)
+    everyone = [maps, *shared_with]
     for i in range(n_rows):
         name = (row_labels[i] if row_labels else (maps.names[i] if maps.names else f"image {i}"))
-        _show(axes[i, 0], global_panel(maps, i, crop), f"{name}\nglobal view + crops")
+        _show(axes[i, 0], global_panel(maps, i, crop, masks=masks), f"{name}\nglobal view + crops")
         _show(axes[i, 1], crop_panel(maps, i, crop), f"local crop {crop}\n(the query)")
+        lo, hi = row_range(everyone, i, crop, stages)
+        wlo, whi = (lo, hi) if mode in ("soft", "hard") else row_range(everyone, i, crop, stages, mode)
         for j, s in enumerate(stages):
             sim = maps.similarity[s][i, crop]
             w = maps.weights[mode][s][i, crop]
-            _show(axes[i, 2 + 2 * j], map_panel(maps, i, crop, sim, SIM_CMAP),
-                  f"{s} similarity\n[{sim.min():.2f}, {sim.max():.2f}]")
-            _show(axes[i, 3 + 2 * j], map_panel(maps, i, crop, np.clip(w, 0, None), WEIGHT_CMAP, vmin=0.0),
-                  f"{s} {mode} weights" + _in_object(masks, maps, i, crop, w))
+            if soft:
+                _show(axes[i, 2 + j], map_panel(maps, i, crop, sim, SIM_CMAP, vmin=lo, vmax=hi),
+                      f"{s} similarity\n= soft weight" + _in_object(masks, maps, i, crop, w))
+                continue
+            _show(axes[i, 2 + 2 * j], map_panel(maps, i, crop, sim, SIM_CMAP, vmin=lo, vmax=hi), f"{s} similarity")
+            _show(axes[i, 3 + 2 * j], map_panel(maps, i, crop, np.clip(w, 0, None), WEIGHT_CMAP, vmin=wlo, vmax=whi),
+                  f"{s} {mode} weights" + (f" [{wlo:.2g}, {whi:.2g}]" if mode == "softmax" else "")
+                  + _in_object(masks, maps, i, crop, w))
+        _colorbar(fig, axes[i, -1], SIM_CMAP if soft or mode == "hard" else WEIGHT_CMAP,
+                  *((lo, hi) if soft or mode == "hard" else (wlo, whi)),
+                  "similarity" if soft or mode == "hard" else f"{mode} weight")
     return fig
 
 
@@ -150,21 +227,24 @@ def search_modes_figure(maps: SearchMaps, selections: Sequence[tuple[int, int, s
                         title: str | None = None):
     """One row per (image, crop, stage) selection: global view + crops, the query crop, the similarity map and
     the weights of every mode side by side: how soft / hard / softmax search differ on the same query."""
-    modes = [m for m in (modes or maps.modes) if m in maps.modes]
+    # soft weights are the similarity panel itself: not repeated
+    modes = [m for m in (modes or maps.modes) if m in maps.modes and m != "soft"]
     n_rows, n_cols = len(selections), 3 + len(modes)
     fig, axes = _grid(n_rows, n_cols, caption(maps, modes),
                       title or "Search modes on the same query: similarity, then what each mode keeps")
     for r, (i, crop, s) in enumerate(selections):
         name = maps.names[i] if maps.names else f"image {i}"
         sim = maps.similarity[s][i, crop]
-        _show(axes[r, 0], global_panel(maps, i, crop), f"{name}\nglobal view + crops")
+        lo, hi = row_range([maps], i, crop, [s])
+        _show(axes[r, 0], global_panel(maps, i, crop, masks=masks), f"{name}\nglobal view + crops")
         _show(axes[r, 1], crop_panel(maps, i, crop), f"local crop {crop}\n(the query)")
-        _show(axes[r, 2], map_panel(maps, i, crop, sim, SIM_CMAP),
-              f"{s} similarity\n[{sim.min():.2f}, {sim.max():.2f}]")
+        _show(axes[r, 2], map_panel(maps, i, crop, sim, SIM_CMAP, vmin=lo, vmax=hi),
+              f"{s} similarity (= soft weights)\n[{sim.min():.2f}, {sim.max():.2f}]")
         for j, m in enumerate(modes):
             w = maps.weights[m][s][i, crop]
-            _show(axes[r, 3 + j], map_panel(maps, i, crop, np.clip(w, 0, None), WEIGHT_CMAP, vmin=0.0),
-                  f"{s} {m} weights" + _in_object(masks, maps, i, crop, w))
+            wlo, whi = row_range([maps], i, crop, [s], m)
+            _show(axes[r, 3 + j], map_panel(maps, i, crop, np.clip(w, 0, None), WEIGHT_CMAP, vmin=wlo, vmax=whi),
+                  f"{s} {m} weights [{wlo:.2g}, {whi:.2g}]" + _in_object(masks, maps, i, crop, w))
     return fig
 
 
@@ -183,13 +263,23 @@ def _kernel() -> Any:
 
 
 def explore(maps: SearchMaps, masks: np.ndarray | None = None, static: bool | None = None,
-            static_images: int = 2) -> Any:
+            static_images: int = 2, save: Any = None) -> Any:
     """Choose image, crop and stage interactively (ipywidgets `interact`) in a live kernel; otherwise (no widgets,
     no IPython kernel, or `static=True` / env SCFS_NB_STATIC=1) render a fixed grid of the same panels.
 
-    In a kernel the result is displayed here; returns the widget, or the static Figure.
+    With `save` (a path) the static grid is also written there in every case, so a headless run (nbclient,
+    papermill) leaves a picture even where the widget shows nothing. In a kernel the result is displayed here;
+    returns the widget, or the static Figure.
     """
     import os
+
+    if save is not None:
+        from pathlib import Path
+
+        grid = search_modes_figure(maps, default_selections(maps, static_images), masks=masks,
+                                   title="Search modes (static grid: first images, crop 0, every stage)")
+        Path(save).parent.mkdir(parents=True, exist_ok=True)
+        grid.savefig(save, dpi=90)
 
     if static is None:
         static = os.environ.get("SCFS_NB_STATIC", "0").lower() in ("1", "true", "yes")
@@ -220,4 +310,5 @@ def explore(maps: SearchMaps, masks: np.ndarray | None = None, static: bool | No
     return ui
 
 
-__all__ = ["MODES", "caption", "default_selections", "explore", "search_modes_figure", "searched_regions_figure"]
+__all__ = ["MODES", "caption", "default_selections", "explore", "row_range", "search_modes_figure",
+           "searched_regions_figure"]

@@ -183,15 +183,38 @@ def summaries_figure(summaries: Mapping[str, Mapping[str, Any]], k: int = 20):
     return fig
 
 
+def latest_checkpoint(name: str, runs_root: str | Path | None = None) -> str | None:
+    """`runs/<name>/<time>/checkpoints/last.ckpt` of the newest finished run of that name (a `summary.json` beside
+    it), e.g. `latest_checkpoint("scfs-shapes")` after `python -m scfs.train`; None when there is none."""
+    root = Path(runs_root) if runs_root is not None else REPO / "runs"
+    found = [p for p in (root / name).glob("*/checkpoints/last.ckpt") if (p.parent.parent / "summary.json").is_file()]
+    return str(max(found, key=lambda p: p.stat().st_mtime)) if found else None
+
+
+def checkpoint_cfg(ckpt: str | Path, key: str) -> Any:
+    """The `key` section (e.g. `data`, `crops`) of the Hydra config saved beside a training run's checkpoint
+    (`<run>/.hydra/config.yaml`, for `<run>/checkpoints/last.ckpt`), or None when the run has none."""
+    from omegaconf import OmegaConf
+
+    path = Path(ckpt).resolve().parent.parent / ".hydra" / "config.yaml"
+    if not path.is_file():
+        return None
+    cfg = OmegaConf.load(path)
+    return cfg.get(key)
+
+
 def shapes_split(cfg: Any, split: str = "val"):
-    """The shapes split of a training config (generated on first use)."""
+    """The shapes split of a training config or of its `data` section (generated on first use)."""
     from scfs.data.shapes import ShapesSpec, ensure_shapes, load_shapes
 
-    d = cfg.data
+    d = cfg.data if "data" in cfg else cfg
     defaults = ShapesSpec()
-    spec = ShapesSpec(**{f: int(d.get(f, getattr(defaults, f))) for f in
-                         ("image_size", "n_train", "n_val", "num_classes", "max_objects", "seed")})
-    return load_shapes(ensure_shapes(d.root, spec, verbose=False), split)
+    fields = {f: int(d.get(f, getattr(defaults, f))) for f in
+              ("image_size", "n_train", "n_val", "num_classes", "max_objects", "seed")}
+    # every spec field, as scfs.data.datasets reads them: the split is the one the run trained on
+    fields["clutter"] = float(d.get("clutter", defaults.clutter))
+    fields["object_scale"] = tuple(float(v) for v in d.get("object_scale", defaults.object_scale))
+    return load_shapes(ensure_shapes(d.root, ShapesSpec(**fields), verbose=False), split)
 
 
 def backbone_cfg(cfg: Any) -> dict[str, Any]:

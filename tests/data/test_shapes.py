@@ -13,7 +13,7 @@ import pytest
 from scfs.data import shapes as shapes_mod
 from scfs.data.shapes import CLASS_NAMES, ShapesSpec, ensure_shapes, export_coco, load_shapes
 
-SMALL = ShapesSpec(n_train=64, n_val=32)
+SMALL = ShapesSpec(n_train=64, n_val=32, max_objects=3)  # with distractors
 
 
 @pytest.fixture(scope="module")
@@ -35,9 +35,10 @@ def test_layout_dtypes_and_cache_name(small: Path) -> None:
     assert small.name == SMALL.digest() and len(small.name) == 12
     for split, n in (("train", SMALL.n_train), ("val", SMALL.n_val)):
         d = load_shapes(small, split)
-        assert d.images.shape == (n, 64, 64, 3) and d.images.dtype == np.uint8
+        px = SMALL.image_size
+        assert d.images.shape == (n, px, px, 3) and d.images.dtype == np.uint8
         assert d.labels.shape == (n,) and d.labels.dtype == np.int64
-        assert d.masks.shape == (n, 64, 64) and d.masks.dtype == np.uint8
+        assert d.masks.shape == (n, px, px) and d.masks.dtype == np.uint8
         assert len(d.objects) == n and d.classes == CLASS_NAMES
         assert all(1 <= len(o) <= SMALL.max_objects for o in d.objects)
         assert set(d.labels.tolist()) == set(range(10))  # balanced labels cover every class
@@ -50,7 +51,7 @@ def test_layout_dtypes_and_cache_name(small: Path) -> None:
 def test_deterministic_and_seed_dependent(small: Path, tmp_path: Path) -> None:
     again = ensure_shapes(tmp_path / "a", SMALL, verbose=False)
     assert _file_bytes(again) == _file_bytes(small)
-    other = ensure_shapes(tmp_path / "b", ShapesSpec(n_train=64, n_val=32, seed=1), verbose=False)
+    other = ensure_shapes(tmp_path / "b", ShapesSpec(n_train=64, n_val=32, max_objects=3, seed=1), verbose=False)
     assert other.name != small.name
     assert not np.array_equal(load_shapes(other, "train").images, load_shapes(small, "train").images)
 
@@ -159,18 +160,18 @@ def test_default_spec_generation_time(tmp_path: Path) -> None:
     t0 = time.perf_counter()
     ensure_shapes(tmp_path, ShapesSpec())
     dt = time.perf_counter() - t0
-    print(f"\ndefault shapes spec (3000+1000 at 64px): {dt:.1f}s")
+    print(f"\ndefault shapes spec (3000+1000 at 32px): {dt:.1f}s")
     assert dt < 30
 
 
 def test_clutter_and_object_scale_knobs():
-    """clutter=0 leaves a smooth background; object_scale sets the main object's size; defaults keep digests."""
-    import numpy as np
-
+    """clutter=0 leaves a flat background; object_scale sets the main object's size; the digest covers the spec
+    and the generator version."""
     from scfs.data.shapes import ShapesSpec, generate_split
 
-    assert ShapesSpec().digest() == ShapesSpec(clutter=1.0, object_scale=(0.22, 0.42)).digest()
+    assert ShapesSpec().digest() == ShapesSpec(clutter=0.0, object_scale=(0.36, 0.42)).digest()
     assert ShapesSpec(clutter=0.5).digest() != ShapesSpec().digest()
+    assert ShapesSpec(object_scale=(0.3, 0.42)).digest() != ShapesSpec().digest()
     flat = generate_split(ShapesSpec(image_size=32, n_train=16, n_val=0, clutter=0.0, max_objects=1), "train")
     busy = generate_split(ShapesSpec(image_size=32, n_train=16, n_val=0, clutter=1.0, max_objects=1), "train")
     bg_std = [im[m == 0].std(0).mean() for im, m in zip(flat.images, flat.masks)]
@@ -181,3 +182,32 @@ def test_clutter_and_object_scale_knobs():
     small = generate_split(ShapesSpec(image_size=32, n_train=16, n_val=0, object_scale=(0.15, 0.2), max_objects=1),
                            "train")
     assert (big.masks > 0).mean() > 2 * (small.masks > 0).mean()
+
+
+def test_version_changes_the_digest(monkeypatch):
+    before = ShapesSpec().digest()
+    monkeypatch.setattr(shapes_mod, "GENERATOR_VERSION", shapes_mod.GENERATOR_VERSION + 1)
+    assert ShapesSpec().digest() != before
+
+
+def test_main_object_is_whole_centred_and_untouched(small: Path) -> None:
+    """The label's object is never occluded nor cut by the border (crops that keep it see the whole class), lies
+    near the centre, differs in luminance from the background, and distractors keep a gap around it."""
+    d = load_shapes(small, "train")
+    size = SMALL.image_size
+    luma = np.array([0.299, 0.587, 0.114])
+    for img, mask, objs, label in zip(d.images, d.masks, d.objects, d.labels):
+        assert objs[0]["label"] == label
+        main = mask == 1
+        ys, xs = np.nonzero(main)
+        assert xs.min() > 0 and ys.min() > 0 and xs.max() < size - 1 and ys.max() < size - 1
+        assert xs.min() < size / 2 < xs.max() and ys.min() < size / 2 < ys.max()  # around the centre
+        grown = np.zeros_like(main)
+        grown[:-1] |= main[1:]
+        grown[1:] |= main[:-1]
+        grown[:, :-1] |= main[:, 1:]
+        grown[:, 1:] |= main[:, :-1]
+        assert not (grown & (mask > 1)).any()  # no distractor pixel next to the main object
+        obj_l = (img[main].astype(float) @ luma).mean()
+        bg_l = (img[mask == 0].astype(float) @ luma).mean()
+        assert obj_l - bg_l > 40

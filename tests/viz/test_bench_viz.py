@@ -36,3 +36,20 @@ def test_records_to_table_and_figure(tmp_path):
     fig = bench_figure(results[0])
     assert len(fig.axes) == 4  # (time, % copy) x (fwd, fwd+bwd)
     fig.savefig(tmp_path / "b.png")
+
+
+def test_only_search_records_are_plotted_with_one_colour_per_backend(tmp_path):
+    from matplotlib.colors import to_hex
+
+    from scfs.viz.bench import IMPL_COLOURS
+
+    _record(tmp_path / "search-a.json")
+    # a training-step record and a loader record: rows without per-implementation results
+    (tmp_path / "step-a.json").write_text(json.dumps({"rows": [{"method": "scfs", "B": 32, "ms": 90.0}]}))
+    (tmp_path / "loader-a.json").write_text(json.dumps({"rows": [{"workers": 4, "img_s": 900.0}]}))
+    results = load_bench_results(tmp_path)
+    assert [r["path"].rsplit("/", 1)[-1] for r in results] == ["search-a.json"]
+    fig = bench_figure(results[0])
+    for ax in fig.axes:
+        for bars, label in zip(ax.containers, [t.get_text() for t in fig.axes[0].get_legend().get_texts()]):
+            assert to_hex(bars.patches[0].get_facecolor()) == IMPL_COLOURS[label]

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from scfs.search import feature_search, kernel_fn
+from scfs.search import buffers, feature_search
 from scfs.search.api import kernel_unavailable_reason
 
 TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 3e-3}
@@ -117,12 +117,12 @@ def check_case(backend: str, case: Case, device: torch.device, gen: torch.Genera
     grads = [torch.randn(t.shape, generator=gen, device=device, dtype=torch.float64) for t in probe]
     grads[0] = grads[0].to(case.dtype).double()
     ref, ref_g = _run("reference", *ref_in, case.mode, grads)
-    kernel_fn.POISON = True
+    buffers.POISON = True
     try:
         out, out_g = _run(backend, feats, queries, weight, case.mode, grads)
         out2, out2_g = _run(backend, feats, queries, weight, case.mode, grads)
     finally:
-        kernel_fn.POISON = False
+        buffers.POISON = False
     names = ("features", "similarity", "weights")
     for name, got, want in zip(names, out, ref):
         err = _relerr(got, want)
@@ -233,7 +233,7 @@ def check_weighting_orders(case: Case, device: torch.device, gen: torch.Generato
                 feats, queries, mode=case.mode, weight=weight, topk=0.3, temperature=0.5, backend="cuda"
             )
 
-    kernel_fn.POISON = True
+    buffers.POISON = True
     try:
         with weighting("tiled"):
             want = fwd()
@@ -245,7 +245,7 @@ def check_weighting_orders(case: Case, device: torch.device, gen: torch.Generato
                 if why:
                     fails.append(f"chunk {chunk_kib} KiB block {block_kib} KiB: {name} {why} (vs tiled)")
     finally:
-        kernel_fn.POISON = False
+        buffers.POISON = False
     return fails
 
 

@@ -21,8 +21,8 @@ from types import ModuleType
 
 import torch
 
-from scfs.search import kernel_fn
-from scfs.search.kernel_fn import alloc
+from scfs.search import buffers
+from scfs.search.buffers import alloc
 
 log = logging.getLogger("scfs.search")
 CSRC = Path(__file__).resolve().parents[2] / "csrc"
@@ -201,7 +201,7 @@ class _CudaOps:
 
     def fwd_soft(self, f3, q, g3, h, w, channels_last, eps):
         """Soft mode in one binding call: (out (N*B, CG, H, W), sim, a, fnorm, qnorm), allocated in C++."""
-        return self._fwd_soft(f3, q, g3, h, w, channels_last, kernel_fn.POISON, eps)
+        return self._fwd_soft(f3, q, g3, h, w, channels_last, buffers.POISON, eps)
 
     def fwd(self, f3, q, g3, out3, sim, a_out, fnorm, qnorm, a_in, eps):
         if q.dtype != f3.dtype:

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import torch
 
+from scfs.search.buffers import alloc
 from scfs.search.reference import hard_mask
 
 
@@ -75,19 +76,6 @@ def memory_format(x: torch.Tensor) -> torch.memory_format:
     if not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last):
         return torch.channels_last
     return torch.contiguous_format
-
-
-POISON = False  # check harness: fill kernel outputs with NaN before the launch, to prove every element is written
-
-
-def alloc(
-    shape: tuple[int, ...],
-    dtype: torch.dtype,
-    device: torch.device,
-    fmt: torch.memory_format = torch.contiguous_format,
-) -> torch.Tensor:
-    out = torch.empty(shape, dtype=dtype, device=device, memory_format=fmt)
-    return out.fill_(float("nan")) if POISON else out
 
 
 def fwd_soft_generic(ops: KernelOps, f3, queries, g3, h: int, w: int, channels_last: bool, eps: float):

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from scfs.search.kernel_fn import alloc
+from scfs.search.buffers import alloc
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 

@@ -7,6 +7,7 @@ loss against its uniform level, the checkpoint and the W&B run folder.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -271,7 +272,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     validate_config(cfg)
     refuse_secrets(cfg)
     check_accelerator(cfg.trainer)
-    from scfs.reliability import RunFolderLock
+    from scfs.reliability import RunFolderLock, launch_rank
 
     t0 = time.time()
     ckpt_path = find_resume_checkpoint(cfg.get("resume"), cfg.name)
@@ -285,7 +286,9 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
         check_not_complete(resume_info, cfg.trainer)
     run_dir = Path(run_dir or cfg.get("run_dir") or Path("runs") / cfg.name / time.strftime("%Y-%m-%d_%H-%M-%S"))
     run_dir.mkdir(parents=True, exist_ok=True)
-    with RunFolderLock(run_dir):  # a second run in this folder would overwrite last.ckpt and the logs
+    # a second run in this folder would overwrite last.ckpt and the logs; under DDP every process of the run gets
+    # here, and the rank-0 process holds the folder for all of them
+    with RunFolderLock(run_dir) if launch_rank() == 0 else contextlib.nullcontext():
         return _train(cfg, run_dir, ckpt_path, resume_info, t0)
 
 

@@ -254,6 +254,15 @@ class RunFolderBusyError(ReportedError, RuntimeError):
     """Another live process trains in this run folder; both would overwrite each other's checkpoints and logs."""
 
 
+def launch_rank() -> int:
+    """This process's global rank as its launcher set it (torchrun: RANK; Lightning's DDP children: LOCAL_RANK;
+    srun: SLURM_PROCID), 0 for a single process: known before Lightning sets up the process group."""
+    for var in ("RANK", "LOCAL_RANK", "SLURM_PROCID"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 0
+
+
 class RunFolderLock:
     """An exclusive `flock` on `<run_dir>/.scfs.lock` for the duration of a training run.
 

@@ -38,8 +38,9 @@ def one_run(method: str, seed: int, extra: list[str], runs_root: Path) -> dict[s
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}")
     s = json.loads((run_dir / "summary.json").read_text())
     k = "top1_k20"
-    row = {"method": method, "seed": seed, "command": "python -m scfs.train" + (" method=dino" if method == "dino"
-                                                                                  else "") + f" seed={seed}",
+    env = "".join(f"{k}={os.environ[k]} " for k in ("SCFS_THREADS",) if k in os.environ)
+    row = {"method": method, "seed": seed, "command": env + "python -m scfs.train"
+           + (" method=dino" if method == "dino" else "") + f" seed={seed}",
            "wall_s": round(wall, 1), "train_s": s.get("seconds"), "load_before": round(load0, 2),
            "load_after": round(_load(), 2), "steps": s["steps"], "knn_top1": s["knn"][k],
            "knn_init_top1": s["knn_init"][k], "gain": round(s["knn"][k] - s["knn_init"][k], 2),
@@ -52,7 +53,8 @@ def one_run(method: str, seed: int, extra: list[str], runs_root: Path) -> dict[s
 
 
 def markdown(rec: dict[str, Any]) -> str:
-    lines = [f"# CPU default, per seed\n\n`{rec['command']}` ({rec['machine']})\n",
+    env = " ".join(f"{k}={v}" for k, v in rec.get("env", {}).items())
+    lines = [f"# CPU default, per seed\n\n`{(env + ' ') if env else ''}{rec['command']}` ({rec['machine']})\n",
              "| run | seed | wall clock (load before/after) | steps | kNN top-1 trained | random init | gain | "
              "final loss (uniform) | DINO term (log out_dim) |",
              "|---|---:|---|---:|---:|---:|---:|---|---|"]
@@ -81,7 +83,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rec: dict[str, Any] = {
         "command": "python -m scfs.bench.cpu_default " + " ".join(sys.argv[1:] if argv is None else argv)
                    + (" -- " + " ".join(extra) if extra else ""),
-        "machine": f"{os.cpu_count()} CPU cores", "targets": TARGETS, "runs": []}
+        "machine": f"{os.cpu_count()} CPU cores", "targets": TARGETS, "runs": [],
+        "env": {k: os.environ[k] for k in ("SCFS_THREADS", "OMP_NUM_THREADS") if k in os.environ}}
     for seed in a.seeds:  # seed-major: each method's seeds spread over the session's load
         for method in a.methods:
             rec["runs"].append(one_run(method, seed, extra, a.runs_root))

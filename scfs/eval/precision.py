@@ -398,6 +398,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--temperature", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0, help="crop sampling and random init")
     p.add_argument("--out", type=Path, help="run folder (default runs/eval/precision-<time>)")
+    p.add_argument("--figure", type=Path, help="also save the plot here (e.g. docs/precision_default.png)")
     return p
 
 
@@ -417,9 +418,21 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                               modes=args.modes, n_crops=args.n_crops, local_size=args.local_size,
                               scale=args.local_scale, seed=args.seed, topk=args.topk, temperature=args.temperature,
                               checkpoints=paths)
+    report.settings["command"] = "python -m scfs.eval.precision " + " ".join(
+        sys.argv[1:] if argv is None else argv)
     out = args.out or Path("runs") / "eval" / f"precision-{time.strftime('%Y-%m-%d_%H-%M-%S')}"
     files = report.save(out)
+    if args.figure:
+        args.figure.parent.mkdir(parents=True, exist_ok=True)
+        report.figure().savefig(args.figure, dpi=80)
+        files["docs_figure"] = str(args.figure)
     print(report.markdown())
+    for mdl in report.values:
+        for m in report.modes:
+            b = report.best_stage(mdl, m)
+            lo, hi = report.ci[mdl][m][b]
+            print(f"{mdl} {m}: best stage {b} {100 * report.values[mdl][m][b]:.1f} % "
+                  f"[{100 * lo:.1f}, {100 * hi:.1f}] (chance {100 * report.chance:.1f} %)")
     print(f"search precision of {len(backbones)} backbone(s) on {n} shapes val images in {time.time() - t0:.1f}s | "
           f"report {files['markdown']}", flush=True)
     return {**report.document(), "files": files}

@@ -1,0 +1,122 @@
+"""The small PNGs under docs/, one command each.
+
+    python -m scfs.viz.docs_figures regions SCFS=<ckpt> DINO=<ckpt> [--out docs/searched_regions_default.png]
+    python -m scfs.viz.docs_figures knn benchmarks/results/shapes-cpu-default-2026-12-01.json  # docs/knn_default.png
+
+`regions`: the searched-regions figure of each checkpoint's teacher and of the same network at random init, on the
+same shapes validation images and crops, one colour scale per image row shared by the three (soft search: the
+weights are the similarity). `knn`: kNN top-1 of the trained teachers against random init per method, each seed a
+dot, mean with its range, one shared y axis, chance (1 / classes) dashed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def regions(ckpts: Sequence[str], out: Path, n_images: int = 2, n_crops: int = 4, mode: str = "soft") -> Path:
+    from omegaconf import OmegaConf
+
+    from scfs.eval.precision import load_backbones
+    from scfs.viz import compute_search_maps, searched_regions_figure
+    from scfs.viz import workbench as wb
+
+    backbones, _ = load_backbones([*ckpts, "random"])
+    first = next(c.split("=", 1)[-1] for c in ckpts)
+    data = wb.checkpoint_cfg(first, "data") or wb.compose_train_cfg([]).data
+    crops = wb.checkpoint_cfg(first, "crops") or wb.compose_train_cfg([]).crops
+    crops = OmegaConf.to_container(crops, resolve=True) if not isinstance(crops, dict) else crops
+    val = wb.shapes_split(data, "val")
+    images, masks = val.images[:n_images], val.masks[:n_images]
+    names = [val.classes[y] for y in val.labels[:n_images]]
+    maps: dict[str, Any] = {}
+    for name, bb in backbones.items():
+        maps[name] = compute_search_maps(bb, images, n_crops=n_crops, masks=masks, local_size=int(crops["local_size"]),
+                                         scale=tuple(crops["local_scale"]), names=names, modes=(mode,),
+                                         boxes=next(iter(maps.values())).boxes if maps else None)
+    from matplotlib.image import imread
+
+    from scfs.viz.draw import new_figure
+
+    parts = []
+    for name, m in maps.items():
+        fig = searched_regions_figure(m, mode=mode, masks=masks, shared_with=[v for k, v in maps.items() if k != name],
+                                      title=f"{name} teacher: what the {mode} search picks")
+        tmp = out.with_name(f".{out.stem}-{len(parts)}.png")
+        fig.savefig(tmp, dpi=70)
+        parts.append(imread(tmp))
+        tmp.unlink()
+    width = max(p.shape[1] for p in parts)
+    stacked = np.concatenate([np.pad(p, ((0, 0), (0, width - p.shape[1]), (0, 0)), constant_values=1.0)
+                              for p in parts])
+    fig = new_figure(stacked.shape[1] / 70, stacked.shape[0] / 70, dpi=70)
+    ax = fig.add_axes((0, 0, 1, 1))
+    ax.imshow(stacked)
+    ax.axis("off")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=70)
+    return out
+
+
+def knn(record: Path, out: Path) -> Path:
+    from scfs.viz.draw import new_figure
+
+    rec = json.loads(Path(record).read_text())
+    runs = rec["runs"]
+    methods = list(dict.fromkeys(r["method"] for r in runs))
+    groups = [(m.upper() + " trained", [r["knn_top1"] for r in runs if r["method"] == m]) for m in methods]
+    groups.append(("random init", [r["knn_init_top1"] for r in runs if r["method"] == methods[0]]))
+    fig = new_figure(4.6, 3.2)
+    ax = fig.add_subplot(1, 1, 1)
+    colours = ["tab:blue", "tab:orange", "tab:gray"]
+    for x, ((label, vals), col) in enumerate(zip(groups, colours)):
+        v = np.asarray(vals, dtype=float)
+        ax.errorbar([x], [v.mean()], yerr=[[v.mean() - v.min()], [v.max() - v.mean()]], fmt="o", color=col,
+                    capsize=6, ms=8, label=f"{label}: {v.mean():.1f} (seeds {', '.join(f'{a:.1f}' for a in v)})")
+        ax.scatter(np.full(len(v), x) + np.linspace(-0.12, 0.12, len(v)), v, s=14, color=col, alpha=0.6)
+    ax.axhline(100 / 10, color="grey", ls="--", lw=1, label="chance (10 classes)")
+    ax.set_xticks(range(len(groups)), labels=[g[0] for g in groups], fontsize=8)
+    ax.set_ylim(0, 100)
+    ax.set_ylabel("kNN top-1 (k=20, val) %", fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=6, loc="lower right")
+    ax.set_title(f"CPU default, {len(groups[0][1])} seeds (bars: min-max)", fontsize=9)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=90)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> Path:
+    p = argparse.ArgumentParser(prog="python -m scfs.viz.docs_figures", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="what", required=True)
+    r = sub.add_parser("regions", help="searched regions: the checkpoints' teachers and random init")
+    r.add_argument("ckpts", nargs="+", help="LABEL=checkpoint (e.g. SCFS=runs/.../last.ckpt)")
+    r.add_argument("--out", type=Path, default=Path("docs/searched_regions_default.png"))
+    r.add_argument("--n-images", type=int, default=2)
+    k = sub.add_parser("knn", help="kNN per seed from a scfs.bench.cpu_default record")
+    k.add_argument("record", type=Path)
+    k.add_argument("--out", type=Path, default=Path("docs/knn_default.png"))
+    a = p.parse_args(argv)
+    if a.what == "regions":
+        missing = [c for c in a.ckpts if not Path(c.split("=", 1)[-1]).is_file()]
+        if missing:
+            p.error(f"checkpoint file not found: {', '.join(missing)}")
+        path = regions(a.ckpts, a.out, a.n_images)
+    else:
+        if not a.record.is_file():
+            p.error(f"record not found: {a.record}")
+        path = knn(a.record, a.out)
+    print(path)
+    return path
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,7 +1,7 @@
 """The small PNGs under docs/, one command each.
 
     python -m scfs.viz.docs_figures regions SCFS=<ckpt> DINO=<ckpt> [--out docs/searched_regions_default.png]
-    python -m scfs.viz.docs_figures knn benchmarks/results/shapes-cpu-default-2026-12-01.json  # docs/knn_default.png
+    python -m scfs.viz.docs_figures knn benchmarks/results/shapes-cpu-default-{scfs,dino}-2026-12-01.json
 
 `regions`: the searched-regions figure of each checkpoint's teacher and of the same network at random init, on the
 same shapes validation images and crops, one colour scale per image row shared by the three (soft search: the
@@ -65,11 +65,10 @@ def regions(ckpts: Sequence[str], out: Path, n_images: int = 2, n_crops: int = 4
     return out
 
 
-def knn(record: Path, out: Path) -> Path:
+def knn(records: Sequence[Path], out: Path) -> Path:
     from scfs.viz.draw import new_figure
 
-    rec = json.loads(Path(record).read_text())
-    runs = rec["runs"]
+    runs = [r for rec in records for r in json.loads(Path(rec).read_text())["runs"]]
     methods = list(dict.fromkeys(r["method"] for r in runs))
     groups = [(m.upper() + " trained", [r["knn_top1"] for r in runs if r["method"] == m]) for m in methods]
     groups.append(("random init", [r["knn_init_top1"] for r in runs if r["method"] == methods[0]]))
@@ -102,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> Path:
     r.add_argument("--out", type=Path, default=Path("docs/searched_regions_default.png"))
     r.add_argument("--n-images", type=int, default=2)
     k = sub.add_parser("knn", help="kNN per seed from a scfs.bench.cpu_default record")
-    k.add_argument("record", type=Path)
+    k.add_argument("records", type=Path, nargs="+", help="records whose runs are pooled (e.g. one per method)")
     k.add_argument("--out", type=Path, default=Path("docs/knn_default.png"))
     a = p.parse_args(argv)
     if a.what == "regions":
@@ -111,9 +110,10 @@ def main(argv: Sequence[str] | None = None) -> Path:
             p.error(f"checkpoint file not found: {', '.join(missing)}")
         path = regions(a.ckpts, a.out, a.n_images)
     else:
-        if not a.record.is_file():
-            p.error(f"record not found: {a.record}")
-        path = knn(a.record, a.out)
+        missing = [str(r) for r in a.records if not r.is_file()]
+        if missing:
+            p.error(f"record not found: {', '.join(missing)}")
+        path = knn(a.records, a.out)
     print(path)
     return path
 

@@ -62,7 +62,15 @@ def regions(ckpts: Sequence[str], out: Path, n_images: int = 2, n_crops: int = 4
     ax.axis("off")
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=70)
+    _shrink(out)
     return out
+
+
+def _shrink(path: Path) -> None:
+    """Re-save as a 128-colour palette PNG: the figures are flat colour fields, and docs/ PNGs stay small."""
+    from PIL import Image
+
+    Image.open(path).convert("RGB").quantize(128).save(path, optimize=True)
 
 
 def knn(records: Sequence[Path], out: Path) -> Path:
@@ -90,6 +98,7 @@ def knn(records: Sequence[Path], out: Path) -> Path:
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=90)
+    _shrink(out)
     return out
 
 

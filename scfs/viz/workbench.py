@@ -214,7 +214,10 @@ def shapes_split(cfg: Any, split: str = "val"):
     # every spec field, as scfs.data.datasets reads them: the split is the one the run trained on
     fields["clutter"] = float(d.get("clutter", defaults.clutter))
     fields["object_scale"] = tuple(float(v) for v in d.get("object_scale", defaults.object_scale))
-    return load_shapes(ensure_shapes(d.root, ShapesSpec(**fields), verbose=False), split)
+    root = Path(str(d.root)).expanduser()
+    if not root.is_absolute():  # a run's saved config says data/shapes: the repository's, whatever the cwd
+        root = REPO / root
+    return load_shapes(ensure_shapes(root, ShapesSpec(**fields), verbose=False), split)
 
 
 def backbone_cfg(cfg: Any) -> dict[str, Any]:

@@ -38,3 +38,18 @@ def test_notebook_dir_and_summaries(monkeypatch, tmp_path):
     assert len(wb.summaries_figure({"SCFS": s}).axes) == 2
     monkeypatch.setenv("SCFS_NB_SMALL", "yes")
     assert wb.small_mode()
+
+
+def test_shapes_split_reads_a_relative_root_from_the_repository(tmp_path, monkeypatch):
+    """A run's saved config holds `data.root: data/shapes`; a notebook's cwd is notebooks/: the split must come
+    from the repository's data folder, not a new copy under the cwd."""
+    from omegaconf import OmegaConf
+
+    from scfs.viz import workbench as wb
+
+    monkeypatch.setattr(wb, "REPO", tmp_path / "repo")
+    monkeypatch.chdir(tmp_path)
+    data = OmegaConf.create({"root": "data/shapes", "image_size": 16, "n_train": 4, "n_val": 2})
+    val = wb.shapes_split(data, "val")
+    assert len(val) == 2 and (tmp_path / "repo" / "data" / "shapes").is_dir()
+    assert not (tmp_path / "data").exists()

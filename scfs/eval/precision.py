@@ -439,4 +439,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    from scfs.cli import run_reporting_errors
+
+    run_reporting_errors("scfs.eval.precision", main, sys.argv[1:])

@@ -121,3 +121,18 @@ def test_resuming_a_finished_run_says_so_and_how_to_continue(finished, shapes_ro
     s = run(compose_cfg([*NO_KNN, f"resume={finished}", "trainer.max_epochs=2"], data_root=shapes_root),
             tmp_path / "run")  # the advice works: one more epoch is trained
     assert s["steps"] == 4 and s["loss"] == s["loss"] and (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_precision_cli_says_an_empty_checkpoint_in_one_line(tmp_path):
+    """`python -m scfs.eval.precision` goes through the same one-line error plumbing as the other CLIs."""
+    import subprocess
+    import sys
+
+    empty = tmp_path / "empty.ckpt"
+    empty.write_bytes(b"")
+    res = subprocess.run([sys.executable, "-m", "scfs.eval.precision", str(empty), "--limit", "4",
+                          "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 1
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert lines[-1].startswith("scfs.eval.precision: error: checkpoint") and "empty" in lines[-1]
+    assert "Traceback" not in res.stderr

@@ -45,19 +45,14 @@ def build_network(
     name = bcfg.pop("name")
     bcfg.pop("channels_last", None)
     backbone = Backbone(name, stages=stages or ("layer4",), **bcfg)
+    mlp = {"nlayers": method_cfg.get("head_layers", 3), "use_bn": method_cfg.get("head_bn", False),
+           "norm_last_layer": method_cfg.get("norm_last_layer", True),
+           "bottleneck_bn": method_cfg.get("bottleneck_bn", False)}  # the projection MLP settings both heads share
     net = nn.ModuleDict(
         {
             "backbone": backbone,
-            "head": DINOHead(
-                backbone.embed_dim,
-                out_dim=method_cfg["out_dim"],
-                hidden_dim=method_cfg["hidden_dim"],
-                bottleneck_dim=method_cfg["bottleneck_dim"],
-                nlayers=method_cfg.get("head_layers", 3),
-                use_bn=method_cfg.get("head_bn", False),
-                norm_last_layer=method_cfg.get("norm_last_layer", True),
-                bottleneck_bn=method_cfg.get("bottleneck_bn", False),
-            ),
+            "head": DINOHead(backbone.embed_dim, out_dim=method_cfg["out_dim"], hidden_dim=method_cfg["hidden_dim"],
+                             bottleneck_dim=method_cfg["bottleneck_dim"], **mlp),
         }
     )
     net["stage_heads"] = nn.ModuleDict(
@@ -67,13 +62,10 @@ def build_network(
                 out_dim=method_cfg["stage_out_dim"],
                 hidden_dim=method_cfg["stage_hidden_dim"],
                 bottleneck_dim=method_cfg["stage_bottleneck_dim"],
-                nlayers=method_cfg.get("head_layers", 3),
                 final_relu=method_cfg.get("stage_final_relu", False),
-                use_bn=method_cfg.get("head_bn", False),
-                bottleneck_bn=method_cfg.get("bottleneck_bn", False),
-                norm_last_layer=method_cfg.get("norm_last_layer", True),
                 norm=method_cfg.get("stage_norm", "batchnorm"),
                 pooled_bn=method_cfg.get("stage_pooled_bn", True),
+                **mlp,
             )
             for s in stages
         }

@@ -175,7 +175,7 @@ def searched_regions_figure(model_or_maps: nn.Module | SearchMaps, images: np.nd
                             shared_with: Sequence[SearchMaps] = (), **search_kwargs: Any):
     """Rows = images; columns = global view with the crops' boxes (and the crop's object outlined, with `masks`),
     the query crop, then per stage the similarity map and the searched weights of `mode` (soft weights *are* the
-    similarity: one panel per stage). Takes an SCFSModule / Backbone with `images` (B,H,W,3) uint8 (the search is
+    similarity: one panel per stage). Takes a method module / Backbone with `images` (B,H,W,3) uint8 (the search is
     run, see `compute_search_maps` for keywords) or precomputed `SearchMaps`.
 
     Each row has one colour scale (colour bar on the right) for all its panels; `shared_with` = the maps of other

@@ -34,14 +34,14 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
 
 # ---- backbones ------------------------------------------------------------------------------------------------
 def resolve_backbones(model: nn.Module, query: str = "same") -> tuple[nn.Module, nn.Module]:
-    """(map backbone, query backbone) from an `SCFSModule` (teacher maps; queries from the teacher, or the student
+    """(map backbone, query backbone) from a method module (`scfs.methods`) (teacher maps; queries from the teacher, or the student
     with `query="student"` as in training) or from a `Backbone` / bare timm features model (used for both)."""
     teacher = getattr(model, "teacher", None)
     if isinstance(teacher, nn.ModuleDict) and "backbone" in teacher:
         maps = teacher["backbone"]
         return maps, (model.student["backbone"] if query == "student" else maps)
     if not hasattr(model, "body") and not hasattr(model, "items"):
-        raise TypeError(f"expected an SCFSModule or a scfs Backbone, got {type(model).__name__}")
+        raise TypeError(f"expected a method module (scfs.methods) or a scfs Backbone, got {type(model).__name__}")
     return model, model
 
 
@@ -248,7 +248,7 @@ def compute_search_maps(model: nn.Module, images: np.ndarray | Sequence[Any], bo
                         masks: np.ndarray | None = None, query: str = "same", topk: float = 0.25,
                         temperature: float = 0.1, names: Sequence[str] | None = None,
                         batch_size: int = 64) -> SearchMaps:
-    """Run the search of `model` (SCFSModule or Backbone) on `images` (uint8 (B,H,W,3), all one size; use
+    """Run the search of `model` (a method module or a Backbone) on `images` (uint8 (B,H,W,3), all one size; use
     `prepare_image` for photos) with crop `boxes` (B,N,4), or `n_crops` sampled ones (object-covering crops first
     when `masks` are given)."""
     from scfs.viz.draw import denormalize
@@ -286,13 +286,13 @@ def compute_search_maps(model: nn.Module, images: np.ndarray | Sequence[Any], bo
 
 
 def stages_of(model: nn.Module, default: Sequence[str] = STAGES) -> tuple[str, ...]:
-    """The searched stages of an SCFSModule (its config), else `default`."""
+    """The searched stages of a method module (its config), else `default`."""
     stages = tuple(getattr(model, "stages", ()) or ())
     return stages or tuple(default)
 
 
 def mode_of(model: nn.Module | Mapping[str, Any] | None, default: str = "soft") -> str:
-    """The search mode an SCFSModule trains with, when it is one the figure can show (roi/none -> `default`)."""
+    """The search mode a method module trains with, when it is one the figure can show (roi/none -> `default`)."""
     cfg = getattr(model, "search_cfg", None) if not isinstance(model, Mapping) else model
     mode = (cfg or {}).get("mode", default)
     return mode if mode in MODES else default

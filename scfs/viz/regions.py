@@ -34,8 +34,9 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
 
 # ---- backbones ------------------------------------------------------------------------------------------------
 def resolve_backbones(model: nn.Module, query: str = "same") -> tuple[nn.Module, nn.Module]:
-    """(map backbone, query backbone) from a method module (`scfs.methods`) (teacher maps; queries from the teacher, or the student
-    with `query="student"` as in training) or from a `Backbone` / bare timm features model (used for both)."""
+    """(map backbone, query backbone) from a method module of `scfs.methods` (teacher maps; queries from the teacher,
+    or the student with `query="student"` as in training) or from a `Backbone` / bare timm features model (used for
+    both)."""
     teacher = getattr(model, "teacher", None)
     if isinstance(teacher, nn.ModuleDict) and "backbone" in teacher:
         maps = teacher["backbone"]

@@ -246,7 +246,7 @@ class SelfDistillation(L.LightningModule):
         The EMA is done here rather than in `on_train_batch_end` because Lightning calls the callbacks'
         `on_train_batch_end` (where step checkpoints are written) *before* the module's: a mid-epoch checkpoint
         would hold the teacher without this step's update and a resumed run would drift from an uninterrupted
-        one. `global_step` is incremented after this hook, hence `+ 1` (same momentum as before)."""
+        one. `global_step` is incremented after this hook, hence `+ 1`: the momentum of the step just taken."""
         super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)  # runs the closure: step + backward
         with record_function("scfs/ema"):
             ema_update(self.teacher, self.student, self.teacher_momentum(self.global_step + 1))

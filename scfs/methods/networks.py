@@ -26,10 +26,9 @@ def raise_recompile_limit(n_stages: int) -> int:
     """Raise dynamo's per-code-object graph limit to what a compiled SCFS step needs, and return it.
 
     All instances of one module class share one `forward` code object, and dynamo keeps at most
-    `recompile_limit` graphs for it (8 by default). Three stages need 9 graphs of `StageHead.forward`, so the 9th
-    call ran eager, silently (H200 log, 2026-11-30: 'hit config.recompile_limit (8)', function forward in
-    heads.py; under CUDA graphs that stage's head was then launch-bound). The limit is global dynamo config, so it
-    is only ever raised, never lowered."""
+    `recompile_limit` graphs for it (8 by default). Three stages need 9 graphs of `StageHead.forward`; past the
+    limit dynamo runs the call eager without an error, and under CUDA graphs that stage's head is then
+    launch-bound. The limit is global dynamo config, so it is only ever raised, never lowered."""
     import torch._dynamo.config as dynamo_config
 
     need = GRAPHS_PER_STAGE * n_stages + RECOMPILE_SLACK

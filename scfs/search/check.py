@@ -22,8 +22,13 @@ import torch
 
 from scfs.search import buffers, feature_search
 from scfs.search.api import kernel_unavailable_reason
+from scfs.search.reference import reference_search, topk_count
 
 TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 3e-3}
+TOPK, TEMPERATURE, EPS = 0.3, 0.5, 1e-6  # EPS: feature_search's default
+# hard mode: similarities this close to the k-th largest (float64) may rank either way in a kernel's float32
+# arithmetic; a selection is wrong only when it keeps a position clearly below, or drops one clearly above
+TIE_BAND = 1e-4
 
 
 @dataclass(frozen=True)
@@ -97,12 +102,34 @@ def _relerr(got: torch.Tensor, ref: torch.Tensor) -> float:
     return ((got.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
-def _run(backend, feats, queries, weight, mode, grads):
+def _run(backend, feats, queries, weight, mode, grads, mask=None):
+    """Outputs and input gradients of one call; backend "reference" (float64 inputs) may take a hard `mask`."""
     ins = [t.detach().requires_grad_(True) if t is not None else None for t in (feats, queries, weight)]
-    out = feature_search(ins[0], ins[1], mode=mode, weight=ins[2], topk=0.3, temperature=0.5, backend=backend)
+    if backend == "reference":
+        out = reference_search(ins[0], ins[1], mode, ins[2], TOPK, TEMPERATURE, EPS, mask)
+    else:
+        out = feature_search(ins[0], ins[1], mode=mode, weight=ins[2], topk=TOPK, temperature=TEMPERATURE,
+                             backend=backend)
     live = [t for t in ins if t is not None]
     loss = sum((o.double() * g).sum() for o, g in zip(out, grads))
     return out, torch.autograd.grad(loss, live)
+
+
+def hard_selection_problems(sim: torch.Tensor, kept: torch.Tensor, topk: float, band: float = TIE_BAND) -> list[str]:
+    """What is wrong with a kernel's hard-mode selection `kept` (N,B,H,W bool) against the float64 similarity:
+    a count other than ceil(topk*H*W) per map, or a position outside the tie band on the wrong side of the k-th
+    largest value."""
+    n, b, h, w = sim.shape
+    k = topk_count(topk, h * w)
+    flat, keep = sim.reshape(n * b, h * w), kept.reshape(n * b, h * w)
+    fails = []
+    counts = keep.sum(-1)
+    if not bool((counts == k).all()):
+        fails.append(f"hard mode kept {sorted(set(counts.tolist()))} positions per map, not {k}")
+    kth = flat.topk(k, dim=-1).values[:, -1:]
+    if bool((keep & (flat < kth - band)).any()) or bool((~keep & (flat > kth + band)).any()):
+        fails.append("hard mode kept a position clearly outside the top-k")
+    return fails
 
 
 def check_case(backend: str, case: Case, device: torch.device, gen: torch.Generator) -> list[str]:
@@ -113,16 +140,20 @@ def check_case(backend: str, case: Case, device: torch.device, gen: torch.Genera
     ref_in = [t.double() if t is not None else None for t in (feats, queries, weight)]
     if case.channels_last:
         ref_in[0] = ref_in[0].contiguous(memory_format=torch.channels_last)
-    probe = feature_search(ref_in[0], ref_in[1], mode=case.mode, weight=ref_in[2], backend="reference")
+    probe = reference_search(ref_in[0], ref_in[1], case.mode, ref_in[2], TOPK, TEMPERATURE, EPS)
     grads = [torch.randn(t.shape, generator=gen, device=device, dtype=torch.float64) for t in probe]
     grads[0] = grads[0].to(case.dtype).double()
-    ref, ref_g = _run("reference", *ref_in, case.mode, grads)
     buffers.POISON = True
     try:
         out, out_g = _run(backend, feats, queries, weight, case.mode, grads)
         out2, out2_g = _run(backend, feats, queries, weight, case.mode, grads)
     finally:
         buffers.POISON = False
+    mask = None
+    if case.mode == "hard":  # scored on the positions the kernel kept, once that choice is checked
+        mask = out.weights.detach() != 0
+        fails += hard_selection_problems(probe[1], mask, TOPK)
+    ref, ref_g = _run("reference", *ref_in, case.mode, grads, mask)
     names = ("features", "similarity", "weights")
     for name, got, want in zip(names, out, ref):
         err = _relerr(got, want)
@@ -230,7 +261,7 @@ def check_weighting_orders(case: Case, device: torch.device, gen: torch.Generato
     def fwd():
         with torch.no_grad():
             return feature_search(
-                feats, queries, mode=case.mode, weight=weight, topk=0.3, temperature=0.5, backend="cuda"
+                feats, queries, mode=case.mode, weight=weight, topk=TOPK, temperature=TEMPERATURE, backend="cuda"
             )
 
     buffers.POISON = True

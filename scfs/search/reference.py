@@ -38,12 +38,16 @@ def hard_mask(sim: torch.Tensor, topk: float) -> torch.Tensor:
     return mask.view(n, b, h, w)
 
 
-def apply_mode(sim: torch.Tensor, mode: str, topk: float, temperature: float) -> torch.Tensor:
-    """Weights a from the similarity map (N,B,H,W): soft, hard (top-k masked) or H*W-scaled softmax."""
+def apply_mode(sim: torch.Tensor, mode: str, topk: float, temperature: float,
+               mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Weights a from the similarity map (N,B,H,W): soft, hard (top-k masked) or H*W-scaled softmax.
+
+    `mask` (hard mode) replaces the top-k selection: the harness scores a kernel's values and gradients given the
+    positions it kept, since near-tied similarities may rank differently in float32 than in float64."""
     if mode == "soft":
         return sim
     if mode == "hard":
-        return sim * hard_mask(sim, topk)
+        return sim * (hard_mask(sim, topk) if mask is None else mask)
     n, b, h, w = sim.shape
     return (h * w) * torch.softmax(sim.reshape(n, b, h * w) / temperature, dim=-1).view_as(sim)
 
@@ -56,8 +60,9 @@ def reference_search(
     topk: float,
     temperature: float,
     eps: float,
+    mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Vectorised search, no loop over crops. Returns (features, similarity, weights)."""
+    """Vectorised search, no loop over crops. Returns (features, similarity, weights); `mask`: see `apply_mode`."""
     n, b = queries.shape[:2]
     _, c, h, w = feats.shape
     cd = compute_dtype(feats.dtype)
@@ -65,7 +70,7 @@ def reference_search(
     fn = safe_normalize(f, 1, eps)
     qn = safe_normalize(queries.to(cd), -1, eps)
     sim = torch.einsum("nbc,bchw->nbhw", qn, fn)
-    a = apply_mode(sim, mode, topk, temperature)
+    a = apply_mode(sim, mode, topk, temperature, mask)
     g = f if weight is None else torch.einsum("oc,bchw->bohw", weight.to(cd), f)
     out = (a.unsqueeze(2) * g.unsqueeze(0)).reshape(n * b, g.shape[1], h, w).to(feats.dtype)
     if feats.dim() == 4 and _is_channels_last(feats):

@@ -34,8 +34,16 @@ def _run_errors() -> tuple[type[BaseException], ...]:
 def _fail(code: int, kind: str, err: BaseException, prog: str = "scfs.train") -> None:
     if os.environ.get("SCFS_TRACEBACK"):
         raise err
-    print(f"{prog}: {kind}: {one_line(err)}", file=sys.stderr, flush=True)
+    print(f"{prog}: {kind}: {_retired_key(err) or one_line(err)}", file=sys.stderr, flush=True)
     raise SystemExit(code)
+
+
+def _retired_key(err: BaseException) -> str | None:
+    """Hydra refuses an override of a key the config no longer has; say what replaced it instead."""
+    from scfs.names import RETIRED_KEYS
+
+    text = str(err)
+    return next((why for key, why in RETIRED_KEYS.items() if f"'{key}'" in text or f"{key}=" in text), None)
 
 
 def run_reporting_errors(prog: str, fn: Any, *args: Any) -> Any:

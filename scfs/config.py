@@ -9,11 +9,9 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from scfs.names import LOCAL_TARGETS, RETIRED_KEYS, SEARCH_BACKENDS, STAGES, WEIGHTINGS
 from scfs.optim import FP16_SCALED, OPTIMIZERS, FusedOptimizerError, use_fused_optimizer
 
-STAGES = ("layer1", "layer2", "layer3", "layer4")
-SEARCH_MODES = ("soft", "hard", "softmax", "roi", "none")
-BACKENDS = ("auto", "reference", "triton", "cuda")
 DATASETS = ("shapes", "folder", "cifar10", "imagenet")
 
 
@@ -57,7 +55,7 @@ def _scale(v: Any) -> bool:
     return 0 < lo <= hi <= 1
 
 
-def _devices(cfg: DictConfig) -> int:
+def devices(cfg: DictConfig) -> int:
     d = _get(cfg, "trainer.devices", 1)
     if isinstance(d, int):
         return max(d, 1)
@@ -73,8 +71,13 @@ def validate_config(cfg: DictConfig) -> None:
     """Raise `ConfigError` on the first invalid value."""
     _check(cfg, "method.name", lambda v: isinstance(v, str) and v != "", "a method name (the registered ones: "
            "scfs.methods.methods())")  # the name itself is checked against the registry in scfs.train.build
-    _check(cfg, "search.mode", lambda v: v in SEARCH_MODES, f"one of {', '.join(SEARCH_MODES)}")
-    _check(cfg, "search.backend", lambda v: v in BACKENDS, f"one of {', '.join(BACKENDS)}", required=False)
+    for key, why in RETIRED_KEYS.items():
+        if _get(cfg, key, default=...) is not ...:
+            raise ConfigError(why)
+    _check(cfg, "search.weighting", lambda v: v in WEIGHTINGS, f"one of {', '.join(WEIGHTINGS)}")
+    _check(cfg, "search.local_target", lambda v: v in LOCAL_TARGETS, f"one of {', '.join(LOCAL_TARGETS)}")
+    _check(cfg, "search.backend", lambda v: v in SEARCH_BACKENDS, f"one of {', '.join(SEARCH_BACKENDS)}",
+           required=False)
     _check(cfg, "search.stages", lambda v: len(v) > 0 and all(s in STAGES for s in v),
            f"a non-empty list of stage names from {', '.join(STAGES)}")
     _check(cfg, "search.topk", lambda v: 0 < v <= 1, "a fraction in (0, 1]", required=False)
@@ -85,9 +88,9 @@ def validate_config(cfg: DictConfig) -> None:
     _check(cfg, "crops.n_local", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0")
     _check(cfg, "crops.global_scale", _scale, "[lo, hi] with 0 < lo <= hi <= 1")
     _check(cfg, "crops.local_scale", _scale, "[lo, hi] with 0 < lo <= hi <= 1")
-    if cfg.method.name == "scfs" and cfg.search.mode != "none" and cfg.crops.n_local < 1:
-        raise ConfigError(f"config key crops.n_local={cfg.crops.n_local} is invalid: search.mode={cfg.search.mode} "
-                          "needs at least 1 local crop (or use search=none / method=dino)")
+    if cfg.method.name == "scfs" and cfg.search.local_target != "none" and cfg.crops.n_local < 1:
+        raise ConfigError(f"config key crops.n_local={cfg.crops.n_local} is invalid: search.local_target="
+                          f"{cfg.search.local_target} needs at least 1 local crop (or use search=none / method=dino)")
     for key in ("method.out_dim", "method.hidden_dim", "method.bottleneck_dim", "method.stage_out_dim",
                 "method.stage_hidden_dim", "method.stage_bottleneck_dim"):  # stage keys: methods with stage heads
         _check(cfg, key, _pos_int, "an integer > 0", required=not key.startswith("method.stage_"))
@@ -123,9 +126,9 @@ def validate_config(cfg: DictConfig) -> None:
     _check(cfg, "trainer.accumulate_grad_batches", lambda v: isinstance(v, int) and v >= 1, "an integer >= 1",
            required=False)
     global_batch = _get(cfg, "global_batch_size")
-    if global_batch is not None and global_batch % _devices(cfg):
+    if global_batch is not None and global_batch % devices(cfg):
         raise ConfigError(f"config key global_batch_size={global_batch} is invalid: it is not divisible across "
-                          f"{_devices(cfg)} devices; pick a multiple of the device count")
+                          f"{devices(cfg)} devices; pick a multiple of the device count")
     _check(cfg, "data.name", lambda v: v in DATASETS, f"one of {', '.join(DATASETS)}")
     if cfg.data.name != "shapes":
         root = _get(cfg, "data.root")

@@ -41,7 +41,9 @@ def test_default_config_is_valid():
 BAD = [
     ("search.stages=[layer5]", "search.stages"),
     ("search.stages=[]", "search.stages"),
-    ("search.mode=magic", "search.mode"),
+    ("search.weighting=magic", "search.weighting"),
+    ("search.local_target=roi_align", "search.local_target"),
+    ("search.weighting=roi", "search.weighting"),
     ("search.backend=opencl", "search.backend"),
     ("search.topk=1.5", "search.topk"),
     ("search.temperature=0", "search.temperature"),
@@ -82,6 +84,44 @@ def test_invalid_values_name_key_value_and_allowed(override, key):
     msg = str(err.value)
     assert key in msg and ("expected" in msg or "invalid" in msg)
     assert "\n" not in msg
+
+
+def test_presets_set_weighting_and_local_target():
+    want = {"soft": ("soft", "search"), "hard": ("hard", "search"), "softmax": ("softmax", "search"),
+            "roi": ("soft", "roi"), "none": ("soft", "none")}
+    for preset, (weighting, target) in want.items():
+        cfg = compose_cfg([f"search={preset}"])
+        validate_config(cfg)
+        assert (cfg.search.weighting, cfg.search.local_target) == (weighting, target)
+        assert "mode" not in cfg.search
+
+
+def test_retired_search_mode_is_refused_naming_the_new_keys():
+    cfg = compose_cfg(["+search.mode=hard"])
+    with pytest.raises(ConfigError, match="search.weighting .* search.local_target") as err:
+        validate_config(cfg)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("override", ["search.mode=hard", "+search.mode=roi"])
+def test_retired_search_mode_on_the_command_line_is_one_line(override):
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "scfs.train", override], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "search.mode no longer exists" in lines[0] and "search.weighting" in lines[0]
+
+
+def test_old_checkpoints_single_mode_key_still_reads():
+    from scfs.names import search_label, search_settings
+
+    assert search_settings({"mode": "hard"}) == ("hard", "search")
+    assert search_settings({"mode": "roi"}) == ("soft", "roi")
+    assert search_settings({"weighting": "softmax", "local_target": "none"}) == ("softmax", "none")
+    assert search_label({"weighting": "softmax", "local_target": "search"}) == "softmax"
+    assert search_label({"weighting": "soft", "local_target": "roi"}) == "roi"
 
 
 def test_missing_cifar_root_names_the_prepare_command():

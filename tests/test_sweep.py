@@ -26,7 +26,7 @@ def test_sweep_records_every_run_even_failed_ones(tmp_path):
     from scfs.sweep import main
 
     out = tmp_path / "rec.json"
-    rc = main(["bad1:method=byol", "bad2:search.mode=magic", "--parallel", "2", "--out", str(out),
+    rc = main(["bad1:method=byol", "bad2:search.weighting=magic", "--parallel", "2", "--out", str(out),
                "--root", str(tmp_path / "runs"), "--k", "20,200"])
     assert rc == 1
     rec = json.loads(out.read_text())
@@ -34,7 +34,7 @@ def test_sweep_records_every_run_even_failed_ones(tmp_path):
     assert all(r["rc"] == 2 and r["summary"] is None for r in rec["runs"])
     # why each failed is in the record (and was printed), not only in its stdout.log
     assert "Could not find 'method/byol'" in rec["runs"][0]["error"]
-    assert "search.mode='magic' is invalid" in rec["runs"][1]["error"]
+    assert "search.weighting='magic' is invalid" in rec["runs"][1]["error"]
     md = out.with_suffix(".md").read_text()
     assert md.count("failed (rc 2)") == 2 and "kNN200 final" in md
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 from helpers import compose_cfg
 
-from scfs.train import find_resume_checkpoint, run, summary_line
+from scfs.train import run, summary_line
+from scfs.training.checkpointing import find_resume_checkpoint
 
 
 @pytest.mark.parametrize(
@@ -103,15 +104,15 @@ def test_knn_runs_on_the_runs_gpu_not_on_the_cpu(monkeypatch):
     import torch
     from omegaconf import OmegaConf
 
-    from scfs.train import _eval_device
+    from scfs.training.setup import eval_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setenv("LOCAL_RANK", "1")
-    assert _eval_device(OmegaConf.create({"trainer": {"accelerator": "gpu"}})) == torch.device("cuda", 1)
-    assert _eval_device(OmegaConf.create({"trainer": {"accelerator": "cpu"}})) == torch.device("cpu")
+    assert eval_device(OmegaConf.create({"trainer": {"accelerator": "gpu"}})) == torch.device("cuda", 1)
+    assert eval_device(OmegaConf.create({"trainer": {"accelerator": "cpu"}})) == torch.device("cpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert _eval_device(OmegaConf.create({"trainer": {"accelerator": "auto"}})) == torch.device("cpu")
+    assert eval_device(OmegaConf.create({"trainer": {"accelerator": "auto"}})) == torch.device("cpu")
 
 
 def test_compile_mode_reaches_every_compiled_module(monkeypatch):

@@ -39,8 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from scfs.bench.records import save_record
-
-CONF = str(Path(__file__).resolve().parent.parent.parent / "conf")
+from scfs.names import CONF_DIR
 
 # ../shared/MEASUREMENTS.md: published SCFS implementation, one H200, synthetic input (measured separately).
 PUBLISHED = {
@@ -122,7 +121,7 @@ def compose(suite: str, method: str, batch: int, setting: str, args: argparse.Na
     if args.data == "real":
         ov += [f"data.root={args.data_root}"]
     ov += list(args.override or []) + ([variant] if variant else [])
-    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return hcompose(config_name="config", overrides=ov)
 
 

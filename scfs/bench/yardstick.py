@@ -58,7 +58,7 @@ def run(overrides: list[str], steps: int | None = None, lr: float = 0.1, eval_ev
     from scfs.data.datamodule import SSLDataModule
     from scfs.eval.knn import evaluate_backbone_knn
     from scfs.models import Backbone
-    from scfs.viz.workbench import compose_train_cfg
+    from scfs.workbench import compose_train_cfg
 
     if threads:
         torch.set_num_threads(threads)
@@ -96,7 +96,7 @@ def run(overrides: list[str], steps: int | None = None, lr: float = 0.1, eval_ev
                "linear_top1": round(_linear_top1(backbone, head, query), 2), "seconds": round(time.time() - t0, 1)}
         if loss is not None:
             row["train_loss"] = round(loss, 4)
-        backbone.train()
+        backbone.train()  # scored with BatchNorm's running statistics; training goes on with batch statistics
         print(json.dumps(row), flush=True)
         return row
 

@@ -195,7 +195,7 @@ class DeviceBatchLoader:
     no worker, no pinning and no host-to-device copy, and never syncs the host.
 
     Same order as the DataLoader path for the same sampler. Carries `sampler` (Lightning calls its
-    `set_epoch`) and the mid-epoch resume protocol of `scfs.reliability.resume.ResumableDataLoader`
+    `set_epoch`) and the mid-epoch resume protocol of `scfs.training.checkpointing.ResumableDataLoader`
     (`batches_done`, `state_dict`, `load_state_dict`)."""
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, sampler: Any, batch_size: int,

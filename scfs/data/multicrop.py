@@ -21,7 +21,7 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
-def _as_uint8_chw(img: torch.Tensor | Image.Image) -> torch.Tensor:
+def as_uint8_chw(img: torch.Tensor | Image.Image) -> torch.Tensor:
     if isinstance(img, Image.Image):
         img = F.pil_to_tensor(img.convert("RGB"))
     if not isinstance(img, torch.Tensor) or img.ndim != 3 or img.shape[0] not in (1, 3):
@@ -123,7 +123,7 @@ class MultiCrop:
         return out, [float(left), float(top), float(left + w), float(top + h)], flip
 
     def __call__(self, img: torch.Tensor | Image.Image) -> dict[str, Any]:
-        img = _as_uint8_chw(img)
+        img = as_uint8_chw(img)
         specs = [
             (self.global_size, self.global_scale, self._blur_global, self.blur_p[0], 0.0),
             (self.global_size, self.global_scale, self._blur_global, self.blur_p[1], self.solarize_p),
@@ -152,7 +152,7 @@ class MultiCropGeometry(MultiCrop):
     Returns ``dict(views=[uint8 (3,s,s)], boxes=(V,4) float32 (x0,y0,x1,y1) original pixels)``."""
 
     def __call__(self, img: torch.Tensor | Image.Image) -> dict[str, Any]:
-        img = _as_uint8_chw(img)
+        img = as_uint8_chw(img)
         specs = [(self.global_size, self.global_scale)] * 2 + [(self.local_size, self.local_scale)] * self.n_local
         views, boxes = [], []
         for size, scale in specs:
@@ -180,7 +180,7 @@ class EvalTransform:
         self.mean, self.std = [float(m) for m in mean], [float(s) for s in std]
 
     def __call__(self, img: torch.Tensor | Image.Image) -> torch.Tensor:
-        img = _as_uint8_chw(img)
+        img = as_uint8_chw(img)
         img = F.resize(img, [self.resize], antialias=True)
         img = F.center_crop(img, [self.size, self.size])
         return F.normalize(F.to_dtype(img, torch.float32, scale=True), self.mean, self.std)

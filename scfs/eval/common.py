@@ -22,14 +22,13 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from torchvision.transforms import InterpolationMode, v2
 
-from scfs.data.multicrop import IMAGENET_MEAN, IMAGENET_STD, EvalTransform, _as_uint8_chw
+from scfs.data.multicrop import IMAGENET_MEAN, IMAGENET_STD, EvalTransform, as_uint8_chw
+from scfs.names import CONF_DIR
 
 log = logging.getLogger("scfs.eval")
-REPO = Path(__file__).resolve().parent.parent.parent
-CONF_DIR = str(REPO / "conf")
-EVAL_CONF_DIR = str(REPO / "conf" / "eval")
+EVAL_CONF_DIR = str(CONF_DIR / "eval")
 
-OmegaConf.register_new_resolver("scfs_conf_dir", lambda: CONF_DIR, replace=True)
+OmegaConf.register_new_resolver("scfs_conf_dir", lambda: str(CONF_DIR), replace=True)
 
 
 def compose_eval_cfg(kind: str, overrides: Sequence[str] = ()) -> DictConfig:
@@ -80,7 +79,7 @@ class ResizeCenterCrop(EvalTransform):
     def __call__(self, img: torch.Tensor) -> torch.Tensor:
         if self.interpolation == InterpolationMode.BILINEAR:
             return super().__call__(img)
-        img = _as_uint8_chw(img)
+        img = as_uint8_chw(img)
         img = F.resize(img, [self.resize], interpolation=self.interpolation, antialias=True)
         img = F.center_crop(img, [self.size, self.size])
         return F.normalize(F.to_dtype(img, torch.float32, scale=True), self.mean, self.std)
@@ -99,7 +98,7 @@ class RandomResizedCropFlip:
                                           antialias=True)
 
     def __call__(self, img: torch.Tensor) -> torch.Tensor:
-        img = self._crop(_as_uint8_chw(img))
+        img = self._crop(as_uint8_chw(img))
         if torch.rand(()) < 0.5:
             img = F.horizontal_flip(img)
         return F.normalize(F.to_dtype(img, torch.float32, scale=True), list(IMAGENET_MEAN), list(IMAGENET_STD))
@@ -158,10 +157,10 @@ def _label_for(path: Path, method: str | None) -> str:
 def load_eval_backbone(cfg: DictConfig) -> tuple[nn.Module, CheckpointInfo]:
     """The backbone named by `cfg.ckpt` (a file, or `random` for the random init of `cfg.backbone` at `cfg.seed`)
     and its description."""
+    from scfs.models.backbone import build_backbone
     from scfs.models.checkpoint import (
         CheckpointMismatchError,
         backbone_config_from,
-        build_backbone,
         file_digest,
         is_lightning_checkpoint,
         load_into,

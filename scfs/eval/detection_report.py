@@ -14,6 +14,7 @@ import torch
 
 from scfs.eval.detection_metrics import STAT_NAMES
 from scfs.eval.report import run_facts
+from scfs.plotting import new_figure
 
 
 def _fmt(v: Any) -> str:
@@ -65,15 +66,12 @@ def plot_predictions(images: Sequence[torch.Tensor], gts: Sequence[Mapping[str, 
     """A grid of val images with ground-truth boxes (dashed) and, per image, as many top-scoring detections as it
     has objects (solid, labelled with class and score): a weak detector's guesses stay visible, not thresholded
     away."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
     from matplotlib.patches import Rectangle
 
     n = len(images)
     cols = min(4, n)
     rows = (n + cols - 1) // cols
-    fig = Figure(figsize=(2.6 * cols, 2.6 * rows + 0.3), dpi=100)
-    FigureCanvasAgg(fig)
+    fig = new_figure(2.6 * cols, 2.6 * rows + 0.3)
     for i, (img, gt, pr) in enumerate(zip(images, gts, preds, strict=True)):
         ax = fig.add_subplot(rows, cols, i + 1)
         ax.imshow(img.permute(1, 2, 0).numpy())
@@ -112,11 +110,11 @@ def log_wandb(run: Any, doc: Mapping[str, Any], run_dir: Path) -> None:
 
 def write_report(doc: dict[str, Any], run_dir: Path, wandb_run: Any = None) -> dict[str, Any]:
     """metrics.json + report.md (+ W&B when a run is given); returns `doc`."""
-    from scfs.eval.report import _json_default
+    from scfs.eval.report import json_default
 
     if wandb_run is not None:
         log_wandb(wandb_run, doc, run_dir)
-    (run_dir / "metrics.json").write_text(json.dumps(doc, indent=2, default=_json_default))
+    (run_dir / "metrics.json").write_text(json.dumps(doc, indent=2, default=json_default))
     (run_dir / "report.md").write_text(markdown_report(doc))
     return doc
 

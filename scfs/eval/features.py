@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
@@ -36,8 +37,10 @@ class FeatureSet:
 
 @torch.no_grad()
 def extract_pooled(backbone: nn.Module, loader: DataLoader, device: torch.device | str = "cpu",
-                   progress: bool = False, desc: str = "features") -> tuple[torch.Tensor, torch.Tensor]:
-    """`backbone.pooled` over `loader` in eval mode: raw float32 features and labels, on the CPU."""
+                   progress: bool = False, desc: str = "features",
+                   l2: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """`backbone.pooled` over `loader` in eval mode: raw float32 features and labels, on the CPU. `l2`:
+    L2-normalised on `device` first, as kNN compares them (cosine similarity)."""
     was_training = backbone.training
     backbone.eval()
     feats, labels = [], []
@@ -48,8 +51,8 @@ def extract_pooled(backbone: nn.Module, loader: DataLoader, device: torch.device
         it = tqdm(loader, desc=desc, leave=False, dynamic_ncols=True)
     try:
         for x, y in it:
-            f = backbone.pooled(x.to(device, non_blocking=True))
-            feats.append(f.float().cpu())
+            f = backbone.pooled(x.to(device, non_blocking=True)).float()
+            feats.append((F.normalize(f, dim=1) if l2 else f).cpu())
             labels.append(torch.as_tensor(y).cpu())
     finally:
         backbone.train(was_training)

@@ -11,7 +11,7 @@ top-1/top-5 for every k in `ks` are reported in `runs/eval/knn-<time>/` (report.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,25 +24,7 @@ from omegaconf import DictConfig
 from torch import nn
 from torch.utils.data import DataLoader
 
-
-@torch.no_grad()
-def extract_features(model: nn.Module, loader: DataLoader | Iterable, device: torch.device | str = "cpu",
-                     progress: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run `model` (image -> (B, D) feature) over `loader`; returns L2-normalised float32 features and labels."""
-    was_training = model.training
-    model.eval()
-    feats, labels = [], []
-    it = loader
-    if progress:
-        from tqdm.auto import tqdm
-
-        it = tqdm(loader, desc="features", leave=False)
-    for x, y in it:
-        f = model(x.to(device, non_blocking=True))
-        feats.append(F.normalize(f.float(), dim=1).cpu())
-        labels.append(torch.as_tensor(y).cpu())
-    model.train(was_training)
-    return torch.cat(feats), torch.cat(labels).long()
+from scfs.eval.features import extract_pooled
 
 
 def _gpu_faiss() -> bool:
@@ -197,25 +179,15 @@ def evaluate_backbone_knn(backbone: nn.Module, bank_loader: DataLoader, query_lo
                           ) -> dict[str, float]:
     """kNN accuracy of a backbone's pooled feature (`backbone.pooled`) from two loaders. `timings`, when given,
     receives the seconds of each part (bank and query features, search and votes): where a slow pass goes."""
-    model = _Pooled(backbone)
     t0 = time.perf_counter()
-    tr_f, tr_y = extract_features(model, bank_loader, device)
+    tr_f, tr_y = extract_pooled(backbone, bank_loader, device, l2=True)
     t1 = time.perf_counter()
-    te_f, te_y = extract_features(model, query_loader, device)
+    te_f, te_y = extract_pooled(backbone, query_loader, device, l2=True)
     t2 = time.perf_counter()
     acc = knn_accuracy(tr_f, tr_y, te_f, te_y, ks, temperature)
     if timings is not None:
         timings.update(bank_s=t1 - t0, query_s=t2 - t1, search_s=time.perf_counter() - t2)
     return acc
-
-
-class _Pooled(nn.Module):
-    def __init__(self, backbone: nn.Module) -> None:
-        super().__init__()
-        self.backbone = backbone
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.backbone.pooled(x)
 
 
 # ---- CLI: python -m scfs.eval.knn ckpt=... --------------------------------------------------------------------

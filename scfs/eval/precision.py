@@ -34,10 +34,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from scfs.eval.search_maps import eval_mode, resolve_backbones, sample_crop_boxes, search_batch
+from scfs.names import CONF_DIR, SEARCH_STAGES, WEIGHTINGS
+from scfs.plotting import new_figure
+
 log = logging.getLogger("scfs.eval.precision")
-REPO = Path(__file__).resolve().parent.parent.parent
-STAGES = ("layer2", "layer3", "layer4")
-MODES = ("soft", "hard", "softmax")
 
 
 # ---- the metric on one map ----------------------------------------------------------------------------------
@@ -125,13 +126,11 @@ def mean_ci(values: np.ndarray, z: float = 1.96) -> tuple[float, float, float]:
 
 def precision_scores(backbone: nn.Module, images: np.ndarray, masks: np.ndarray,
                      objects: Sequence[Sequence[Mapping[str, Any]]] | None = None, crops: np.ndarray | None = None, *,
-                     stages: Sequence[str] = STAGES, modes: Sequence[str] = MODES, n_crops: int = 4,
+                     stages: Sequence[str] = SEARCH_STAGES, modes: Sequence[str] = WEIGHTINGS, n_crops: int = 4,
                      local_size: int = 16, scale: Sequence[float] = (0.1, 0.35), seed: int = 0, topk: float = 0.25,
                      temperature: float = 0.1, batch_size: int = 128,
                      query_backbone: nn.Module | None = None) -> PrecisionScores:
     """Search precision of every (image, crop) pair, for several modes from one pass of the backbone."""
-    from scfs.viz.regions import eval_mode, resolve_backbones, sample_crop_boxes, search_batch
-
     images, masks = np.asarray(images), np.asarray(masks)
     if images.ndim != 4 or masks.shape != images.shape[:3]:
         raise ValueError(f"images (N,H,W,3) and masks (N,H,W) must match, got {images.shape} and {masks.shape}")
@@ -168,7 +167,7 @@ def precision_scores(backbone: nn.Module, images: np.ndarray, masks: np.ndarray,
 
 def search_precision(backbone: nn.Module, images: np.ndarray, masks: np.ndarray,
                      objects: Sequence[Sequence[Mapping[str, Any]]] | None = None, crops: np.ndarray | None = None, *,
-                     stages: Sequence[str] = STAGES, mode: str = "soft", **kwargs: Any) -> dict[str, float]:
+                     stages: Sequence[str] = SEARCH_STAGES, mode: str = "soft", **kwargs: Any) -> dict[str, float]:
     """Mean search precision per stage, `{stage: value in [0, 1]}`, over the (image, crop) pairs whose crop covers
     an object. `crops` (N_images, N_crops, 4) or sampled like training local crops (`n_crops`, `scale`, `seed`);
     other keywords as in `precision_scores`."""
@@ -237,8 +236,6 @@ class PrecisionReport:
     def figure(self, title: str | None = None):
         """One panel per mode on one shared y axis: precision (%) per stage, a line with 95 % error bars per
         backbone (offset sideways so overlapping lines stay visible), chance dashed with its interval shaded."""
-        from scfs.viz.draw import new_figure
-
         fig = new_figure(3.4 * len(self.modes) + 0.6, 3.4)
         axes = fig.subplots(1, len(self.modes), squeeze=False, sharey=True)[0]
         x = np.arange(len(self.stages), dtype=float)
@@ -286,13 +283,11 @@ class PrecisionReport:
 
 def precision_report(backbones: Mapping[str, nn.Module], images: np.ndarray, masks: np.ndarray,
                      objects: Sequence[Sequence[Mapping[str, Any]]] | None = None, crops: np.ndarray | None = None, *,
-                     stages: Sequence[str] = STAGES, modes: Sequence[str] = MODES, n_crops: int = 4,
+                     stages: Sequence[str] = SEARCH_STAGES, modes: Sequence[str] = WEIGHTINGS, n_crops: int = 4,
                      local_size: int = 16, scale: Sequence[float] = (0.1, 0.35), seed: int = 0, topk: float = 0.25,
                      temperature: float = 0.1, batch_size: int = 128,
                      checkpoints: Mapping[str, str] | None = None) -> PrecisionReport:
     """`search_precision` of several backbones on the same crops, every mode, as one report."""
-    from scfs.viz.regions import sample_crop_boxes
-
     images = np.asarray(images)
     if crops is None:
         crops = sample_crop_boxes(len(images), n_crops, images.shape[1], images.shape[2], scale, seed=seed)
@@ -347,12 +342,13 @@ def load_backbones(specs: Sequence[str], which: str = "teacher", backbone: str =
                    seed: int = 0) -> tuple[dict[str, nn.Module], dict[str, str]]:
     """Backbones named on the command line: `PATH`, `LABEL=PATH`, or `random` (the random init, at `seed`, of the
     first scfs checkpoint's backbone config, else of conf/backbone/<backbone>.yaml)."""
-    from scfs.models.checkpoint import backbone_config_from, is_lightning_checkpoint, load_backbone, safe_load
+    from scfs.models.backbone import load_backbone
+    from scfs.models.checkpoint import backbone_config_from, is_lightning_checkpoint, safe_load
 
     parsed = [(s.split("=", 1) if "=" in s and not Path(s).exists() else (None, s)) for s in specs]
     raws = {p: safe_load(p) for _, p in parsed if p != "random"}
     bcfg = next((backbone_config_from(r) for r in raws.values() if is_lightning_checkpoint(r)), None)
-    bcfg = bcfg or _yaml(REPO / "conf" / "backbone" / f"{backbone}.yaml")
+    bcfg = bcfg or _yaml(CONF_DIR / "backbone" / f"{backbone}.yaml")
     used: set[str] = set()
     out: dict[str, nn.Module] = {}
     paths: dict[str, str] = {}
@@ -368,15 +364,15 @@ def load_backbones(specs: Sequence[str], which: str = "teacher", backbone: str =
 
 
 def _parser() -> argparse.ArgumentParser:
-    data = _yaml(REPO / "conf" / "data" / "shapes.yaml")
-    crops = _yaml(REPO / "conf" / "crops" / "shapes.yaml")
+    data = _yaml(CONF_DIR / "data" / "shapes.yaml")
+    crops = _yaml(CONF_DIR / "crops" / "shapes.yaml")
     doc = __doc__ or ""
     p = argparse.ArgumentParser(prog="python -m scfs.eval.precision", description=doc.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=doc.split("\n\n", 1)[-1])
     p.add_argument("ckpts", nargs="+", metavar="CKPT", help="checkpoint file, LABEL=file, or 'random'")
     p.add_argument("--which", default="teacher", choices=("teacher", "student"))
-    p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
-    p.add_argument("--stages", nargs="+", default=list(STAGES))
+    p.add_argument("--modes", nargs="+", default=list(WEIGHTINGS), choices=WEIGHTINGS)
+    p.add_argument("--stages", nargs="+", default=list(SEARCH_STAGES))
     p.add_argument("--backbone", default="tiny", help="conf/backbone/<name>.yaml for 'random' without a scfs ckpt")
     g = p.add_argument_group("shapes data (defaults: conf/data/shapes.yaml)")
     g.add_argument("--data-root", default=str(data["root"]))

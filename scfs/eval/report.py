@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from scfs.plotting import new_figure
+
 log = logging.getLogger("scfs.eval.report")
 _ENV_SET: dict[str, str] = {}  # W&B folders this process pointed at a run dir (so the next run may move them)
 
@@ -73,18 +75,9 @@ class EvalResult:
 
 
 # ---- figures (matplotlib's Agg canvas directly: no pyplot, no global backend switch in notebooks) -------------
-def _figure(w: float, h: float):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(w, h), dpi=100)
-    FigureCanvasAgg(fig)
-    return fig
-
-
 def plot_confusion(confusion: np.ndarray, names: Sequence[str], path: Path, title: str) -> Path:
     n = len(names)
-    fig = _figure(max(4.0, 0.45 * n + 2), max(3.5, 0.45 * n + 1.5))
+    fig = new_figure(max(4.0, 0.45 * n + 2), max(3.5, 0.45 * n + 1.5))
     ax = fig.add_subplot()
     rows = confusion / np.maximum(confusion.sum(1, keepdims=True), 1)
     im = ax.imshow(rows, cmap="Blues", vmin=0, vmax=1)
@@ -106,7 +99,7 @@ def plot_confusion(confusion: np.ndarray, names: Sequence[str], path: Path, titl
 
 
 def plot_per_class(per_class: list[dict[str, Any]], path: Path, title: str) -> Path:
-    fig = _figure(max(4.0, 0.3 * len(per_class) + 1.5), 3.2)
+    fig = new_figure(max(4.0, 0.3 * len(per_class) + 1.5), 3.2)
     ax = fig.add_subplot()
     ax.bar(range(len(per_class)), [r["accuracy"] for r in per_class], color="tab:blue")
     if len(per_class) <= 40:
@@ -120,7 +113,7 @@ def plot_per_class(per_class: list[dict[str, Any]], path: Path, title: str) -> P
 
 
 def plot_knn_curve(curve: list[dict[str, float]], path: Path, title: str) -> Path:
-    fig = _figure(4.5, 3.2)
+    fig = new_figure(4.5, 3.2)
     ax = fig.add_subplot()
     ks = [r["k"] for r in curve]
     for key in ("top1", "top5"):
@@ -195,7 +188,7 @@ class EvalLogger:
         if self.run is not None:
             self._log_wandb(result, figs)
         doc = metrics_document(result, figs, self.wandb_dir)
-        (self.run_dir / "metrics.json").write_text(json.dumps(doc, indent=2, default=_json_default))
+        (self.run_dir / "metrics.json").write_text(json.dumps(doc, indent=2, default=json_default))
         (self.run_dir / "report.md").write_text(markdown_report(doc))
         return doc
 
@@ -245,7 +238,7 @@ class EvalLogger:
         self.finish()
 
 
-def _json_default(o: Any) -> Any:
+def json_default(o: Any) -> Any:
     if isinstance(o, np.ndarray):
         return o.tolist()
     if isinstance(o, (np.integer, np.floating)):

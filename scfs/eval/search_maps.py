@@ -11,11 +11,9 @@ teacher), `query_backbone` gives the training-time pairing.
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,13 +21,8 @@ import torch
 from torch import nn
 from torchvision.ops import roi_align
 
-from scfs.viz.draw import as_hwc_uint8, normalize_images
-
-log = logging.getLogger("scfs.viz")
-
-STAGES = ("layer2", "layer3", "layer4")
-MODES = ("soft", "hard", "softmax")
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
+from scfs.data.images import as_hwc_uint8, denormalize, normalize_images
+from scfs.names import SEARCH_STAGES, WEIGHTINGS, search_settings
 
 
 # ---- backbones ------------------------------------------------------------------------------------------------
@@ -90,49 +83,7 @@ def module_device(module: nn.Module) -> torch.device:
     return p.device if p is not None else torch.device("cpu")
 
 
-# ---- images and crops -----------------------------------------------------------------------------------------
-def prepare_image(image: Any, size: int) -> np.ndarray:
-    """Any image (path, PIL, uint8 HWC/CHW array or tensor) -> (size, size, 3) uint8: shorter side resized to
-    `size`, then centre-cropped, as the global view of a photo."""
-    import torchvision.transforms.v2.functional as TF
-
-    if isinstance(image, (str, Path)):
-        from scfs.data.datasets import decode_rgb
-
-        t = decode_rgb(image)
-    elif hasattr(image, "convert"):  # PIL
-        t = TF.pil_to_tensor(image.convert("RGB"))
-    else:
-        t = torch.from_numpy(as_hwc_uint8(image)).permute(2, 0, 1)
-    if t.shape[-2:] != (size, size):
-        t = TF.center_crop(TF.resize(t, [size], antialias=True), [size, size])
-    return t.permute(1, 2, 0).contiguous().numpy()
-
-
-def list_images(folder: str | Path, limit: int | None = None) -> list[Path]:
-    """Image files under `folder` (recursive, sorted): the 'any folder of photos' input of the notebooks."""
-    files = sorted(p for p in Path(folder).rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
-    return files[:limit] if limit else files
-
-
-def load_image_folder(folder: str | Path, size: int, limit: int | None = None) -> tuple[np.ndarray, list[str]]:
-    """(N, size, size, 3) uint8 global views of the photos in `folder` and their file stems; unreadable files are
-    skipped with a warning."""
-    images, names = [], []
-    for p in list_images(folder):
-        try:
-            images.append(prepare_image(p, size))
-        except Exception as err:  # a bad photo must not stop the figure
-            log.warning("skipping %s: %s", p, err)
-            continue
-        names.append(p.stem)
-        if limit and len(images) >= limit:
-            break
-    if not images:
-        raise FileNotFoundError(f"no readable images under {folder}")
-    return np.stack(images), names
-
-
+# ---- crops ----------------------------------------------------------------------------------------------------
 def sample_crop_boxes(n_images: int, n_crops: int, height: int, width: int,
                       scale: Sequence[float] = (0.1, 0.35), ratio: Sequence[float] = (3 / 4, 4 / 3),
                       seed: int = 0) -> np.ndarray:
@@ -211,7 +162,7 @@ class SearchMaps:
 
 @torch.no_grad()
 def search_batch(maps_backbone: nn.Module, images: np.ndarray | torch.Tensor, boxes: np.ndarray | torch.Tensor,
-                 stages: Sequence[str] = STAGES, modes: Sequence[str] = MODES, local_size: int = 16,
+                 stages: Sequence[str] = SEARCH_STAGES, modes: Sequence[str] = WEIGHTINGS, local_size: int = 16,
                  query_backbone: nn.Module | None = None, topk: float = 0.25, temperature: float = 0.1,
                  ) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]], torch.Tensor]:
     """The search for one batch: similarity {stage: (B,N,h,w)}, weights {mode: {stage: (B,N,h,w)}} (CPU float32)
@@ -244,16 +195,14 @@ def search_batch(maps_backbone: nn.Module, images: np.ndarray | torch.Tensor, bo
 
 
 def compute_search_maps(model: nn.Module, images: np.ndarray | Sequence[Any], boxes: np.ndarray | None = None, *,
-                        stages: Sequence[str] = STAGES, modes: Sequence[str] = MODES, local_size: int = 16,
+                        stages: Sequence[str] = SEARCH_STAGES, modes: Sequence[str] = WEIGHTINGS, local_size: int = 16,
                         n_crops: int = 4, scale: Sequence[float] = (0.1, 0.35), seed: int = 0,
                         masks: np.ndarray | None = None, query: str = "same", topk: float = 0.25,
                         temperature: float = 0.1, names: Sequence[str] | None = None,
                         batch_size: int = 64) -> SearchMaps:
     """Run the search of `model` (a method module or a Backbone) on `images` (uint8 (B,H,W,3), all one size; use
-    `prepare_image` for photos) with crop `boxes` (B,N,4), or `n_crops` sampled ones (object-covering crops first
-    when `masks` are given)."""
-    from scfs.viz.draw import denormalize
-
+    `scfs.data.images.prepare_image` for photos) with crop `boxes` (B,N,4), or `n_crops` sampled ones
+    (object-covering crops first when `masks` are given)."""
     imgs = np.stack([as_hwc_uint8(im) for im in images]) if not isinstance(images, np.ndarray) else images
     if imgs.ndim != 4 or imgs.shape[-1] != 3:
         raise ValueError(f"images must be (B,H,W,3) uint8, got {imgs.shape}")
@@ -286,14 +235,17 @@ def compute_search_maps(model: nn.Module, images: np.ndarray | Sequence[Any], bo
                       tuple(stages), tuple(modes), topk, temperature, list(names or []))
 
 
-def stages_of(model: nn.Module, default: Sequence[str] = STAGES) -> tuple[str, ...]:
+def stages_of(model: nn.Module, default: Sequence[str] = SEARCH_STAGES) -> tuple[str, ...]:
     """The searched stages of a method module (its config), else `default`."""
     stages = tuple(getattr(model, "stages", ()) or ())
     return stages or tuple(default)
 
 
 def mode_of(model: nn.Module | Mapping[str, Any] | None, default: str = "soft") -> str:
-    """The search mode a method module trains with, when it is one the figure can show (roi/none -> `default`)."""
+    """The search weighting a method module trains with (`search.weighting`; checkpoints of the single `mode` key
+    read too), `default` when it has no search config."""
     cfg = getattr(model, "search_cfg", None) if not isinstance(model, Mapping) else model
-    mode = (cfg or {}).get("mode", default)
-    return mode if mode in MODES else default
+    if not cfg:
+        return default
+    weighting = search_settings(cfg)[0]
+    return weighting if weighting in WEIGHTINGS else default

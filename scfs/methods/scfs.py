@@ -13,8 +13,7 @@ from torch.profiler import record_function
 from scfs.methods.dino import DINO
 from scfs.methods.losses import DINOLoss, sharpened_cross_entropy
 from scfs.methods.registry import register
-
-SEARCH_MODES = ("soft", "hard", "softmax", "roi", "none")
+from scfs.names import LOCAL_TARGETS, WEIGHTINGS, search_settings
 
 
 @register("scfs")
@@ -23,24 +22,35 @@ class SCFS(DINO):
     * L_global_s: per-stage heads matched across the two global views (centred teacher);
     * L_local_s: the student's per-stage head on local view n of image b is matched with the teacher's
       per-stage head on the teacher's global-view-1 map *searched* with the student's pooled local feature
-      (teacher sharpened, not centred). `search.mode=roi` replaces the search by random RoI crops of that map
-      (the naive feature-level augmentation), `none` drops the local term.
+      (teacher sharpened, not centred). `search.weighting` is how the similarity map weights the teacher map;
+      `search.local_target=roi` replaces the search by random RoI crops of that map (the naive feature-level
+      augmentation), `none` drops the local term.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        mode = self.search_cfg.get("mode", "soft")
-        if mode != "none" and self.n_local < 1:
-            raise ValueError(f"data.n_local={self.n_local}: search.mode={mode} needs at least one local crop (>= 1)")
+        if self.local_target != "none" and self.n_local < 1:
+            raise ValueError(f"data.n_local={self.n_local}: search.local_target={self.local_target} needs at least "
+                             "one local crop (>= 1)")
+
+    @property
+    def weighting(self) -> str:
+        return search_settings(self.search_cfg)[0]
+
+    @property
+    def local_target(self) -> str:
+        return search_settings(self.search_cfg)[1]
 
     def stage_names(self) -> tuple[str, ...]:
-        mode = self.search_cfg.get("mode", "soft")
-        if mode not in SEARCH_MODES:
-            raise ValueError(f"search.mode={mode!r} is not known: allowed are {', '.join(SEARCH_MODES)}")
+        if self.weighting not in WEIGHTINGS:
+            raise ValueError(f"search.weighting={self.weighting!r} is not known: allowed are {', '.join(WEIGHTINGS)}")
+        if self.local_target not in LOCAL_TARGETS:
+            raise ValueError(f"search.local_target={self.local_target!r} is not known: allowed are "
+                             f"{', '.join(LOCAL_TARGETS)}")
         return tuple(self.search_cfg.get("stages", ()))
 
     def uses_local_heads(self) -> bool:
-        return self.search_cfg.get("mode", "soft") != "none"
+        return self.local_target != "none"
 
     def build_losses(self) -> None:
         super().build_losses()
@@ -68,12 +78,11 @@ class SCFS(DINO):
                     t_global1: torch.Tensor, b: int, n_local: int, temp: float, logs: dict) -> torch.Tensor | None:
         """The stage's local term: the student's stage head logits on its local maps (`sl_out`) matched with the
         teacher's stage head on its global-view-1 map searched by the student's pooled local features."""
-        mode = self.search_cfg.get("mode", "soft")
-        if mode == "none" or sl_out is None or queries is None:
+        if self.local_target == "none" or sl_out is None or queries is None:
             return None
         head = self.teacher["stage_heads"][stage]
         with torch.no_grad():
-            if mode == "roi":
+            if self.local_target == "roi":
                 from scfs.search import random_feature_crops
 
                 size = max(local_size, 1)
@@ -82,7 +91,7 @@ class SCFS(DINO):
                 tl_out = head(crops)
             else:
                 tl_out, found = head.forward_searched(
-                    t_global1, queries.view(n_local, b, -1).to(t_global1.dtype), mode=mode,
+                    t_global1, queries.view(n_local, b, -1).to(t_global1.dtype), mode=self.weighting,
                     topk=self.search_cfg.get("topk", 0.25),
                     temperature=self.search_cfg.get("temperature", 0.1),
                     backend=self.search_cfg.get("backend", "auto"),
@@ -100,7 +109,7 @@ class SCFS(DINO):
     def uniform_loss(self) -> float:
         u = super().uniform_loss()
         if self.stages:
-            n_terms = 1 + (self.search_cfg.get("mode", "soft") != "none")
+            n_terms = 1 + (self.local_target != "none")
             u += self.method_cfg.get("stage_weight", 0.5) * n_terms * len(self.stages) * math.log(
                 self.method_cfg["stage_out_dim"])
         return u

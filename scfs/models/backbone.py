@@ -1,13 +1,26 @@
-"""timm CNN backbone exposing named stage maps, so the search can pick which stages it works on."""
+"""timm CNN backbone exposing named stage maps, so the search can pick which stages it works on; and the
+Backbone built from a config or loaded from a checkpoint file (the file formats are `scfs.models.checkpoint`'s)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import timm
 import torch
 from torch import nn
 
+from scfs.models.checkpoint import (
+    backbone_config_from,
+    is_lightning_checkpoint,
+    load_into,
+    safe_load,
+    select_state_dict,
+)
+
+log = logging.getLogger("scfs.checkpoint")  # the loader's messages, under one name wherever they come from
 STAGE_NAMES = ("layer1", "layer2", "layer3", "layer4")
 
 
@@ -63,8 +76,6 @@ class Backbone(nn.Module):
         self.channels = dict(zip(self.stage_names, self.body.feature_info.channels()))
         self.embed_dim = self.channels["layer4"]
         if pretrained_path:
-            from scfs.models.checkpoint import load_state_dict_file
-
             load_state_dict_file(self, pretrained_path)
 
     def _make_cifar_stem(self, stride: int = 1) -> None:
@@ -85,3 +96,46 @@ class Backbone(nn.Module):
 
     def pooled(self, x: torch.Tensor) -> torch.Tensor:
         return self.pool(self(x))
+
+
+def load_state_dict_file(module: nn.Module, path: str | os.PathLike, which: str = "teacher") -> None:
+    """Load the weights in `path` (any supported format) into `module` (a `Backbone`, or a bare timm ResNet)."""
+    state = select_state_dict(safe_load(path), which)
+    body = module.body if isinstance(module, Backbone) else module
+    load_into(body, state, source=f"checkpoint {path} ({which})")
+    log.info("loaded %s weights from %s", which, path)
+
+
+def build_backbone(backbone_cfg: Mapping[str, Any]) -> Backbone:
+    """A `Backbone` from a config dict (as in conf/backbone/*.yaml); only the last stage is needed for eval."""
+    cfg = {k: (tuple(v) if isinstance(v, list) else v) for k, v in dict(backbone_cfg).items()}
+    cfg.pop("channels_last", None)
+    cfg.pop("stages", None)
+    cfg.pop("pretrained_path", None)  # the init of the run: its weights are replaced by the checkpoint's anyway
+    name = cfg.pop("name", "resnet50")
+    return Backbone(name, stages=("layer4",), **cfg)
+
+
+def load_backbone(path: str | os.PathLike, which: str = "teacher",
+                  backbone_cfg: Mapping[str, Any] | None = None) -> Backbone:
+    """A `Backbone` with the weights of `path` loaded, in eval mode.
+
+    Ours rebuild the network from the checkpoint's own config (`backbone_cfg` overrides it). Published and
+    plain state dicts need `backbone_cfg`; without one they are taken as ResNet-50 (the published models).
+    `path="random"` gives the randomly initialised network of `backbone_cfg` (seed it before calling).
+    """
+    if str(path) == "random":
+        if backbone_cfg is None:
+            raise ValueError("ckpt=random needs a backbone config (backbone_cfg)")
+        return build_backbone(backbone_cfg).eval()
+    ckpt = safe_load(path)
+    if backbone_cfg is None:
+        if is_lightning_checkpoint(ckpt):
+            backbone_cfg = backbone_config_from(ckpt)
+        else:
+            log.info("%s is not an scfs Lightning checkpoint and no backbone config was given: assuming resnet50",
+                     path)
+            backbone_cfg = {"name": "resnet50"}
+    backbone = build_backbone(backbone_cfg)
+    load_into(backbone.body, select_state_dict(ckpt, which), source=f"checkpoint {path} ({which})")
+    return backbone.eval()

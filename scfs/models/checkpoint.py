@@ -1,4 +1,5 @@
-"""Load backbone weights from the checkpoint formats we meet, without ever executing pickled code.
+"""Read backbone weights from the checkpoint formats we meet, without ever executing pickled code
+(`scfs.models.backbone.load_backbone` builds the network around them).
 
 Formats (detected from the keys, not the file name):
 * ours: a Lightning checkpoint, ``state_dict`` with ``teacher.backbone.body.*`` / ``student.backbone.body.*`` and
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import logging
 import os
 import re
 from collections.abc import Mapping
@@ -29,8 +29,6 @@ import torch
 from torch import nn
 
 from scfs.errors import ReportedError
-
-log = logging.getLogger("scfs.checkpoint")
 
 # Globals that are data, not code: constructing them only sets attributes. Nothing callable goes here.
 SAFE_GLOBALS: tuple[type, ...] = (argparse.Namespace,)
@@ -231,56 +229,6 @@ def load_into(module: nn.Module, state: Mapping[str, torch.Tensor], source: str 
     module.load_state_dict(merged, strict=True)
 
 
-def _body(module: nn.Module) -> nn.Module:
-    from scfs.models.backbone import Backbone
-
-    return module.body if isinstance(module, Backbone) else module
-
-
-def load_state_dict_file(module: nn.Module, path: str | os.PathLike, which: str = "teacher") -> None:
-    """Load the weights in `path` (any supported format) into `module` (a `Backbone`, or a bare timm ResNet)."""
-    state = select_state_dict(safe_load(path), which)
-    load_into(_body(module), state, source=f"checkpoint {path} ({which})")
-    log.info("loaded %s weights from %s", which, path)
-
-
 def backbone_config_from(ckpt: Mapping[str, Any]) -> dict[str, Any]:
     """The Backbone config stored in our Lightning checkpoint's hyper_parameters."""
     return dict(ckpt["hyper_parameters"]["backbone"])
-
-
-def build_backbone(backbone_cfg: Mapping[str, Any]) -> nn.Module:
-    """A `Backbone` from a config dict (as in conf/backbone/*.yaml); only the last stage is needed for eval."""
-    from scfs.models.backbone import Backbone
-
-    cfg = {k: (tuple(v) if isinstance(v, list) else v) for k, v in dict(backbone_cfg).items()}
-    cfg.pop("channels_last", None)
-    cfg.pop("stages", None)
-    cfg.pop("pretrained_path", None)  # the init of the run: its weights are replaced by the checkpoint's anyway
-    name = cfg.pop("name", "resnet50")
-    return Backbone(name, stages=("layer4",), **cfg)
-
-
-def load_backbone(path: str | os.PathLike, which: str = "teacher",
-                  backbone_cfg: Mapping[str, Any] | None = None) -> nn.Module:
-    """A `Backbone` with the weights of `path` loaded, in eval mode.
-
-    Ours rebuild the network from the checkpoint's own config (`backbone_cfg` overrides it). Published and
-    plain state dicts need `backbone_cfg`; without one they are taken as ResNet-50 (the published models).
-    `path="random"` gives the randomly initialised network of `backbone_cfg` (seed it before calling).
-    """
-    if str(path) == "random":
-        if backbone_cfg is None:
-            raise ValueError("ckpt=random needs a backbone config (backbone_cfg)")
-        return build_backbone(backbone_cfg).eval()
-    ckpt = safe_load(path)
-    if backbone_cfg is None:
-        if is_lightning_checkpoint(ckpt):
-            backbone_cfg = backbone_config_from(ckpt)
-        else:
-            log.info("%s is not an scfs Lightning checkpoint and no backbone config was given: assuming resnet50",
-                     path)
-            backbone_cfg = {"name": "resnet50"}
-    backbone = build_backbone(backbone_cfg)
-    load_into(backbone.body, select_state_dict(ckpt, which), source=f"checkpoint {path} ({which})")
-    return backbone.eval()

@@ -1,17 +1,12 @@
 """What keeps a run from losing work or leaking data when something goes wrong.
 
 This package module stays import-light (no torch / Lightning at import: `scfs.train` imports it, and a config
-error must fail in a second); the Lightning pieces are in `scfs.reliability.resume`.
+error must fail in a second). The Lightning pieces of a run that survives crashes are `scfs.models.checkpoint_io`
+(atomic checkpoint writes) and `scfs.training.checkpointing` (`last.ckpt`, exact mid-epoch resume).
 
-* `ResumableDataLoader` + `ResumeState`: exact mid-epoch resume. Lightning restores the loops' progress from a
-  checkpoint, but a plain DataLoader restarts its epoch from the first batch; this loader is stateful (Lightning
-  saves and restores `state_dict()` of stateful train loaders) and skips, at the index level (nothing is decoded),
-  the batches the resumed epoch had already trained on. `ResumeState` also carries the global RNG states, which
-  the per-sample augmentation draws from.
-* `LastCheckpoint`: `last.ckpt` every k optimizer steps, at every epoch end and when training ends (Lightning's
-  `ModelCheckpoint(save_last=True)` only refreshes it when a numbered checkpoint is written).
 * `check_finite`: the names of non-finite tensors of a checkpoint (a checkpoint with NaN weights is never written).
-* `find_secrets` / `scrub_files`: secret-looking config keys are refused and never left in run folders.
+* `find_secrets` / `refuse_secrets` / `scrub_files`: secret-looking config keys are refused and never left in run
+  folders.
 * `NetworkGuard` / `offline_by_default`: nothing leaves the machine by default, and tests can prove it.
 * `RunFolderLock`: one training run per run folder at a time.
 """
@@ -162,6 +157,23 @@ def find_secrets(obj: Any, prefix: str = "") -> list[tuple[str, Any]]:
         for i, v in enumerate(obj):
             found.extend(find_secrets(v, f"{prefix}{i}."))
     return found
+
+
+def refuse_secrets(cfg: Any) -> None:
+    """Secrets never belong in a config: Hydra saves it to `.hydra/`, the logger stores it, runs get shared.
+
+    Raises `ConfigError` naming the key (not the value) and saying where the secret should live instead.
+    """
+    from omegaconf import OmegaConf
+
+    from scfs.config import ConfigError
+
+    found = find_secrets(OmegaConf.to_container(cfg, resolve=False))
+    if found:
+        keys = ", ".join(k for k, _ in found)
+        raise ConfigError(f"config key(s) {keys} look like secrets (value not shown): secrets must not be put in "
+                          "configs or overrides, which are saved in the run folder and logged; set them in the "
+                          "environment instead (W&B reads WANDB_API_KEY, Hugging Face HF_TOKEN)")
 
 
 def scrub_files(folder: str | os.PathLike, values: list[Any], min_len: int = 4) -> list[Path]:

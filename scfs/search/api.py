@@ -7,13 +7,12 @@ from typing import NamedTuple
 
 import torch
 
+from scfs.names import SEARCH_BACKENDS, WEIGHTINGS
 from scfs.search.kernel_fn import kernel_search
 from scfs.search.reference import reference_search
 
 log = logging.getLogger("scfs.search")
 
-MODES = ("soft", "hard", "softmax")
-BACKENDS = ("auto", "reference", "triton", "cuda")
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 REFERENCE_DTYPES = (*KERNEL_DTYPES, torch.float64)
 MAX_QUERIES = 32
@@ -60,10 +59,10 @@ def _check(
         raise ValueError(f"queries must be floating point, got dtype {queries.dtype}")
     if queries.device != feats.device:
         raise ValueError(f"queries on {queries.device} but feats on {feats.device}: put both on one device")
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if mode not in WEIGHTINGS:
+        raise ValueError(f"mode must be one of {WEIGHTINGS}, got {mode!r}")
+    if backend not in SEARCH_BACKENDS:
+        raise ValueError(f"backend must be one of {SEARCH_BACKENDS}, got {backend!r}")
     if weight is not None:
         if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.shape[1] != c or weight.shape[0] < 1:
             shape = tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__

@@ -1,4 +1,6 @@
-"""Searched-region figures, search precision plots and notebook helpers (used by notebooks/ and by train).
+"""Figures: searched regions (drawn from `scfs.eval.search_maps`), the training-end figure, benchmark plots and
+the evaluation report's plots. viz only draws: the numbers come from eval (and bench records); running training
+or evaluations for the notebooks is `scfs.workbench`.
 
 Names resolve lazily (PEP 562): `from scfs.viz import save_training_figure` at the end of a run does not import
 ipywidgets or Hydra, and nothing here imports pyplot (figures are Agg-canvas `Figure`s; notebooks keep their
@@ -11,10 +13,8 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "as_hwc_uint8": "draw", "colorize": "draw", "denormalize": "draw", "draw_boxes": "draw", "new_figure": "draw",
-    "overlay_map": "draw", "resize_map": "draw", "upscale": "draw", "draw_outline": "draw",
-    "SearchMaps": "regions", "compute_search_maps": "regions", "load_image_folder": "regions",
-    "prepare_image": "regions", "sample_crop_boxes": "regions", "stage_maps": "regions",
+    "colorize": "draw", "draw_boxes": "draw", "overlay_map": "draw", "resize_map": "draw", "upscale": "draw",
+    "draw_outline": "draw",
     "caption": "figures", "default_selections": "figures", "explore": "figures", "search_modes_figure": "figures",
     "row_range": "figures",
     "searched_regions_figure": "figures",

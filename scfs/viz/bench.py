@@ -95,7 +95,7 @@ def markdown_table(rows: Sequence[dict[str, Any]], impls: Sequence[str] | None =
 def bench_figure(doc: dict[str, Any], batch: int | None = None, proj: int = 0):
     """Time (ms, log scale) and % of copy bandwidth per stage x dtype, bars per implementation, for forward and
     forward+backward: one record, one batch size (the smallest unless given), projection `proj`."""
-    from scfs.viz.draw import new_figure
+    from scfs.plotting import new_figure
 
     rows = [r for r in bench_table([doc]) if r["proj"] == proj]
     if batch is None and rows:

@@ -2,7 +2,7 @@
 
 Figures are composed as rasters (upscale -> overlay heat -> draw boxes) rather than with matplotlib patches, so the
 very same picture can go to a PNG, a W&B image or a test's pixel check, and tiny 32-px images stay crisp.
-No pyplot here: only `matplotlib.figure.Figure` on an Agg canvas, which never touches a notebook's backend.
+Conversions between model input and pictures live in `scfs.data.images`, the figure canvas in `scfs.plotting`.
 """
 
 from __future__ import annotations
@@ -13,49 +13,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from scfs.data.multicrop import IMAGENET_MEAN, IMAGENET_STD
+from scfs.data.images import as_hwc_uint8
 
 Color = tuple[int, int, int]
 YELLOW: Color = (255, 221, 0)
 WHITE: Color = (255, 255, 255)
 CYAN: Color = (0, 220, 255)
 MAGENTA: Color = (255, 0, 255)
-
-
-def as_hwc_uint8(image: np.ndarray | torch.Tensor) -> np.ndarray:
-    """A (H,W,3) uint8 numpy image from a uint8 image: torch tensors are CHW (the datasets' layout), numpy arrays
-    HWC (the shapes arrays', PIL's) unless only the CHW reading fits."""
-    is_torch = isinstance(image, torch.Tensor)
-    arr = image.detach().cpu().numpy() if is_torch else np.asarray(image)
-    if arr.ndim == 2:
-        arr = np.repeat(arr[..., None], 3, axis=2)
-    if arr.ndim != 3:
-        raise ValueError(f"expected an (H,W,3) or (3,H,W) image, got shape {arr.shape}")
-    if arr.shape[0] in (1, 3) and (is_torch or arr.shape[2] not in (1, 3)):
-        arr = arr.transpose(1, 2, 0)
-    if arr.shape[2] == 1:
-        arr = np.repeat(arr, 3, axis=2)
-    if arr.dtype != np.uint8:
-        raise ValueError(f"expected a uint8 image, got {arr.dtype}")
-    return np.ascontiguousarray(arr)
-
-
-def denormalize(view: torch.Tensor, mean: Sequence[float] = IMAGENET_MEAN,
-                std: Sequence[float] = IMAGENET_STD) -> np.ndarray:
-    """A normalised float (3,H,W) view (as the model sees it) back to a displayable (H,W,3) uint8 image."""
-    m = torch.tensor(mean, dtype=view.dtype, device=view.device)[:, None, None]
-    s = torch.tensor(std, dtype=view.dtype, device=view.device)[:, None, None]
-    img = ((view * s + m).clamp(0, 1) * 255).round().to(torch.uint8)
-    return img.permute(1, 2, 0).cpu().numpy()
-
-
-def normalize_images(images: np.ndarray | torch.Tensor) -> torch.Tensor:
-    """(B,H,W,3) uint8 -> (B,3,H,W) float32 normalised with the ImageNet statistics (the training transform's)."""
-    # np.array copies: memory-mapped arrays are read-only and torch warns about them
-    x = torch.from_numpy(np.array(images, dtype=np.uint8)).permute(0, 3, 1, 2).float().div(255)
-    m = torch.tensor(IMAGENET_MEAN)[:, None, None]
-    s = torch.tensor(IMAGENET_STD)[:, None, None]
-    return (x - m) / s
 
 
 def upscale(image: np.ndarray, factor: int) -> np.ndarray:
@@ -145,14 +109,3 @@ def overlay_map(image: np.ndarray, heat: np.ndarray | torch.Tensor, alpha: float
     big = resize_map(heat, img.shape[:2], mode)
     col = colorize(big, cmap, vmin, vmax).astype(np.float32)
     return ((1.0 - alpha) * img.astype(np.float32) + alpha * col).round().clip(0, 255).astype(np.uint8)
-
-
-def new_figure(width: float, height: float, dpi: int = 100):
-    """A matplotlib Figure on its own Agg canvas: savefig works, and no global backend is touched (notebooks keep
-    their inline backend; IPython displays the returned Figure)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height), dpi=dpi)
-    FigureCanvasAgg(fig)
-    return fig

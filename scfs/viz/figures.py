@@ -12,6 +12,9 @@ from typing import Any
 import numpy as np
 from torch import nn
 
+from scfs.eval.search_maps import SearchMaps, compute_search_maps
+from scfs.names import SEARCH_STAGES
+from scfs.plotting import new_figure
 from scfs.viz.draw import (
     CYAN,
     MAGENTA,
@@ -20,11 +23,9 @@ from scfs.viz.draw import (
     display_factor,
     draw_boxes,
     draw_outline,
-    new_figure,
     overlay_map,
     upscale,
 )
-from scfs.viz.regions import MODES, STAGES, SearchMaps, compute_search_maps
 
 SIM_CMAP = "inferno"
 WEIGHT_CMAP = "viridis"
@@ -170,7 +171,7 @@ def _in_object(masks: np.ndarray | None, maps: SearchMaps, i: int, crop: int, we
 
 def searched_regions_figure(model_or_maps: nn.Module | SearchMaps, images: np.ndarray | None = None,
                             boxes: np.ndarray | None = None, *, crop: int = 0, mode: str = "soft",
-                            stages: Sequence[str] = STAGES, masks: np.ndarray | None = None,
+                            stages: Sequence[str] = SEARCH_STAGES, masks: np.ndarray | None = None,
                             title: str | None = None, row_labels: Sequence[str] | None = None,
                             shared_with: Sequence[SearchMaps] = (), **search_kwargs: Any):
     """Rows = images; columns = global view with the crops' boxes (and the crop's object outlined, with `masks`),
@@ -310,5 +311,5 @@ def explore(maps: SearchMaps, masks: np.ndarray | None = None, static: bool | No
     return ui
 
 
-__all__ = ["MODES", "caption", "default_selections", "explore", "row_range", "search_modes_figure",
+__all__ = ["caption", "default_selections", "explore", "row_range", "search_modes_figure",
            "searched_regions_figure"]

@@ -23,7 +23,7 @@ def _raw_images(dm: Any, n: int, size: int) -> tuple[np.ndarray, np.ndarray | No
     Shapes: the validation split (with masks). Other data: the training set the data module already built
     (building a validation file list of ImageNet would cost more than the figure), read without its transform.
     """
-    from scfs.viz.regions import prepare_image
+    from scfs.data.images import prepare_image
 
     data_cfg = dict(getattr(dm, "data_cfg", {}) or {})
     ds = getattr(dm, "train_set", None)
@@ -59,8 +59,8 @@ def save_training_figure(model: Any, dm: Any, run_dir: str | Path, logger: Any =
     """
     t0 = time.time()
     try:
+        from scfs.eval.search_maps import compute_search_maps, mode_of, stages_of
         from scfs.viz.figures import searched_regions_figure
-        from scfs.viz.regions import compute_search_maps, mode_of, stages_of
 
         crops = dict(getattr(dm, "crops_cfg", {}) or {})
         size = int(crops.get("global_size", 224))

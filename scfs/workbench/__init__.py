@@ -4,6 +4,9 @@ Notebooks stay thin by calling these. Outputs go under one root (`runs/notebooks
 `<root>/<notebook>/` for each notebook's figures and reports, `<root>/pretrain/<name>-<key>/` for training runs,
 keyed by a hash of the resolved config, so notebook 2 and 3 reuse the runs notebook 1 trained with the same
 settings instead of training again. Data stays in the repository's git-ignored `data/`.
+
+The layer above train, eval and viz: it runs them, none of them imports it. `scfs.workbench.reports` runs
+notebook 3's evaluations; `python -m scfs.workbench.docs_figures` makes the docs' PNGs.
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent.parent
-CONF_DIR = REPO / "conf"
+from scfs.names import CONF_DIR, REPO_DIR, search_label
+
+REPO = REPO_DIR  # module attributes: notebooks read them, tests point them elsewhere
 DATA_ROOT = REPO / "data" / "shapes"
 
 # CI / smoke-test settings (env SCFS_NB_SMALL=1): the same code path in seconds. Mirrors tests/helpers.py TINY.
@@ -105,7 +109,7 @@ def run_key(cfg: Any) -> str:
 
 def pretrain_dir(cfg: Any) -> Path:
     """`<runs root>/pretrain/<name>-<search mode>-<key>/` (the key changes with any training setting)."""
-    mode = cfg.search.mode if cfg.method.name == "scfs" else "none"
+    mode = search_label(cfg.search) if cfg.method.name == "scfs" else "none"
     return runs_root() / "pretrain" / f"{cfg.name}-{mode}-{run_key(cfg)}"
 
 
@@ -157,7 +161,7 @@ def summaries_figure(summaries: Mapping[str, Mapping[str, Any]], k: int = 20):
     """Bars: kNN top-1 (k) of each run's trained teacher next to its random init; loss as a share of uniform."""
     import numpy as np
 
-    from scfs.viz.draw import new_figure
+    from scfs.plotting import new_figure
 
     key = f"top1_k{k}"
     labels = list(summaries)

@@ -1,12 +1,14 @@
 """The small PNGs under docs/, one command each.
 
-    python -m scfs.viz.docs_figures regions SCFS=<ckpt> DINO=<ckpt> [--out docs/searched_regions_default.png]
-    python -m scfs.viz.docs_figures knn benchmarks/results/shapes-cpu-default-{scfs,dino}-2026-12-01.json
+    python -m scfs.workbench.docs_figures regions SCFS=<ckpt> DINO=<ckpt> [--out docs/searched_regions_default.png]
+    python -m scfs.workbench.docs_figures photos SCFS=<ckpt> DINO=<ckpt> --folder data/imagenet-samples --size 64
+    python -m scfs.workbench.docs_figures knn benchmarks/results/shapes-cpu-default-{scfs,dino}-2026-12-01.json
 
 `regions`: the searched-regions figure of each checkpoint's teacher and of the same network at random init, on the
 same shapes validation images and crops, one colour scale per image row shared by the three (soft search: the
-weights are the similarity). `knn`: kNN top-1 of the trained teachers against random init per method, each seed a
-dot, mean with its range, one shared y axis, chance (1 / classes) dashed.
+weights are the similarity). `photos`: the same on a folder of real photos. `knn`: kNN top-1 of the trained
+teachers against random init per method, each seed a dot, mean with its range, one shared y axis, chance
+(1 / classes) dashed.
 """
 
 from __future__ import annotations
@@ -20,13 +22,16 @@ from typing import Any
 
 import numpy as np
 
+from scfs.plotting import new_figure
+
 
 def regions(ckpts: Sequence[str], out: Path, n_images: int = 2, n_crops: int = 4, mode: str = "soft") -> Path:
+    """The checkpoints' teachers and random init on the first shapes validation images (their crop's object
+    outlined, its share of the weight next to its chance level)."""
     from omegaconf import OmegaConf
 
+    from scfs import workbench as wb
     from scfs.eval.precision import load_backbones
-    from scfs.viz import compute_search_maps, searched_regions_figure
-    from scfs.viz import workbench as wb
 
     backbones, _ = load_backbones([*ckpts, "random"])
     first = next(c.split("=", 1)[-1] for c in ckpts)
@@ -34,17 +39,43 @@ def regions(ckpts: Sequence[str], out: Path, n_images: int = 2, n_crops: int = 4
     crops = wb.checkpoint_cfg(first, "crops") or wb.compose_train_cfg([]).crops
     crops = OmegaConf.to_container(crops, resolve=True) if not isinstance(crops, dict) else crops
     val = wb.shapes_split(data, "val")
-    images, masks = val.images[:n_images], val.masks[:n_images]
     names = [val.classes[y] for y in val.labels[:n_images]]
-    maps: dict[str, Any] = {}
-    for name, bb in backbones.items():
-        maps[name] = compute_search_maps(bb, images, n_crops=n_crops, masks=masks, local_size=int(crops["local_size"]),
-                                         scale=tuple(crops["local_scale"]), names=names, modes=(mode,),
-                                         boxes=next(iter(maps.values())).boxes if maps else None)
+    return _side_by_side(backbones, val.images[:n_images], names, out, masks=val.masks[:n_images], n_crops=n_crops,
+                         local_size=int(crops["local_size"]), scale=tuple(crops["local_scale"]), mode=mode)
+
+
+def photos(ckpts: Sequence[str], folder: Path, out: Path, n_images: int = 3, size: int = 64, n_crops: int = 4,
+           scale: tuple[float, float] = (0.1, 0.3), mode: str = "soft") -> Path:
+    """The same figure on real photos (any folder, resized to `size`): no object masks, so no precision; the
+    crops are the same for every model, each row one colour scale shared by all of them."""
+    from scfs.data.images import load_image_folder
+    from scfs.eval.precision import load_backbones
+    from scfs.eval.search_maps import sample_crop_boxes
+
+    backbones, _ = load_backbones([*ckpts, "random"])
+    images, names = load_image_folder(folder, size, limit=n_images)
+    boxes = sample_crop_boxes(len(images), n_crops, size, size, scale)
+    side = round(size * (scale[1] ** 0.5))  # crop 0, the one each row shows: centred, where a photo's subject is
+    lo = (size - side) // 2
+    boxes[:, 0] = (lo, lo, lo + side, lo + side)
+    return _side_by_side(backbones, images, names, out, masks=None, n_crops=n_crops, local_size=max(size // 2, 8),
+                         scale=scale, mode=mode, boxes=boxes)
+
+
+def _side_by_side(backbones: dict[str, Any], images: np.ndarray, names: Sequence[str], out: Path, *,
+                  masks: np.ndarray | None, n_crops: int, local_size: int, scale: tuple[float, ...],
+                  mode: str, boxes: np.ndarray | None = None) -> Path:
+    """One searched-regions figure per model on the same images and crops, stacked into one small PNG."""
     from matplotlib.image import imread
 
-    from scfs.viz.draw import new_figure
+    from scfs.eval.search_maps import compute_search_maps
+    from scfs.viz.figures import searched_regions_figure
 
+    maps: dict[str, Any] = {}
+    for name, bb in backbones.items():
+        maps[name] = compute_search_maps(bb, images, n_crops=n_crops, masks=masks, local_size=local_size,
+                                         scale=scale, names=list(names), modes=(mode,),
+                                         boxes=next(iter(maps.values())).boxes if maps else boxes)
     parts = []
     for name, m in maps.items():
         fig = searched_regions_figure(m, mode=mode, masks=masks, shared_with=[v for k, v in maps.items() if k != name],
@@ -74,8 +105,6 @@ def _shrink(path: Path) -> None:
 
 
 def knn(records: Sequence[Path], out: Path) -> Path:
-    from scfs.viz.draw import new_figure
-
     runs = [r for rec in records for r in json.loads(Path(rec).read_text())["runs"]]
     methods = list(dict.fromkeys(r["method"] for r in runs))
     groups = [(m.upper() + " trained", [r["knn_top1"] for r in runs if r["method"] == m]) for m in methods]
@@ -103,21 +132,30 @@ def knn(records: Sequence[Path], out: Path) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> Path:
-    p = argparse.ArgumentParser(prog="python -m scfs.viz.docs_figures", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m scfs.workbench.docs_figures", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="what", required=True)
     r = sub.add_parser("regions", help="searched regions: the checkpoints' teachers and random init")
     r.add_argument("ckpts", nargs="+", help="LABEL=checkpoint (e.g. SCFS=runs/.../last.ckpt)")
     r.add_argument("--out", type=Path, default=Path("docs/searched_regions_default.png"))
     r.add_argument("--n-images", type=int, default=2)
+    ph = sub.add_parser("photos", help="searched regions on real photos: the checkpoints' teachers and random init")
+    ph.add_argument("ckpts", nargs="+", help="LABEL=checkpoint (e.g. SCFS=runs/.../last.ckpt)")
+    ph.add_argument("--folder", type=Path, default=Path("data/imagenet-samples"), help="a folder of photos")
+    ph.add_argument("--size", type=int, default=64, help="photos resized to this (pixels)")
+    ph.add_argument("--n-images", type=int, default=3)
+    ph.add_argument("--out", type=Path, default=Path("docs/searched_regions_photos.png"))
     k = sub.add_parser("knn", help="kNN per seed from a scfs.bench.cpu_default record")
     k.add_argument("records", type=Path, nargs="+", help="records whose runs are pooled (e.g. one per method)")
     k.add_argument("--out", type=Path, default=Path("docs/knn_default.png"))
     a = p.parse_args(argv)
-    if a.what == "regions":
+    if a.what in ("regions", "photos"):
         missing = [c for c in a.ckpts if not Path(c.split("=", 1)[-1]).is_file()]
         if missing:
             p.error(f"checkpoint file not found: {', '.join(missing)}")
-        path = regions(a.ckpts, a.out, a.n_images)
+        if a.what == "photos" and not a.folder.is_dir():
+            p.error(f"photo folder not found: {a.folder} (python -m scfs.data.prepare imagenet-samples makes one)")
+        path = (regions(a.ckpts, a.out, a.n_images) if a.what == "regions"
+                else photos(a.ckpts, a.folder, a.out, a.n_images, a.size))
     else:
         missing = [str(r) for r in a.records if not r.is_file()]
         if missing:

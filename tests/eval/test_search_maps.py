@@ -4,17 +4,15 @@ import numpy as np
 import pytest
 import torch
 
-from scfs.models import Backbone
-from scfs.viz.regions import (
+from scfs.eval.search_maps import (
     compute_search_maps,
     crop_views,
     eval_mode,
     foreground_first,
-    load_image_folder,
-    prepare_image,
     sample_crop_boxes,
     stage_maps,
 )
+from scfs.models import Backbone
 
 TINY = {"cifar_stem": True, "layers": (1, 1, 1, 1), "channels": (8, 8, 16, 16)}
 
@@ -90,20 +88,6 @@ def test_query_from_the_crop_itself_is_most_similar_where_the_crop_is():
     maps = compute_search_maps(bb, img, boxes=np.array([[[18, 18, 30, 30]]]), stages=("layer2",), local_size=16)
     sim = maps.similarity["layer2"][0, 0]  # 16 x 16 map: the square is the bottom-right 8 x 8 cells
     assert sim[10:14, 10:14].mean() > sim[:6, :6].mean()
-
-
-def test_photos_are_centre_cropped(tmp_path):
-    from PIL import Image
-
-    Image.new("RGB", (60, 30), (10, 200, 30)).save(tmp_path / "a.jpg")
-    Image.new("RGB", (20, 50), (200, 10, 30)).save(tmp_path / "b.png")
-    (tmp_path / "notes.txt").write_text("not an image")
-    (tmp_path / "bad.jpg").write_bytes(b"not a jpeg")
-    images, names = load_image_folder(tmp_path, 24)
-    assert images.shape == (2, 24, 24, 3) and names == ["a", "b"]
-    assert prepare_image(np.zeros((40, 30, 3), np.uint8), 16).shape == (16, 16, 3)
-    with pytest.raises(FileNotFoundError):
-        load_image_folder(tmp_path / "missing", 24)
 
 
 def test_eval_mode_restores_flags_after_errors(backbone):

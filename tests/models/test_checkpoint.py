@@ -10,12 +10,11 @@ import torch
 import torchvision
 
 from scfs.models import Backbone
+from scfs.models.backbone import load_backbone, load_state_dict_file
 from scfs.models.checkpoint import (
     CheckpointMismatchError,
     NotACheckpointError,
     UnsafeCheckpointError,
-    load_backbone,
-    load_state_dict_file,
     normalize_keys,
     safe_load,
 )
@@ -151,7 +150,7 @@ def test_non_checkpoint_file_is_not_called_unsafe(tmp_path):
 def test_eval_rebuild_ignores_the_runs_pretrained_init(tmp_path):
     """A run started from `backbone.pretrained_path` stores that path in its config; evaluating its checkpoint
     elsewhere (file gone) must not try to read the init, whose weights the checkpoint replaces anyway."""
-    from scfs.models.checkpoint import build_backbone
+    from scfs.models.backbone import build_backbone
 
     b = build_backbone({"name": "resnet18", "layers": [1, 1, 1, 1], "channels": [8, 16, 16, 32],
                         "pretrained_path": str(tmp_path / "gone.pth")})

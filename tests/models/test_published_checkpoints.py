@@ -22,7 +22,8 @@ import torch
 import torchvision
 
 from scfs.models import Backbone
-from scfs.models.checkpoint import load_backbone, load_into, normalize_keys, select_state_dict
+from scfs.models.backbone import load_backbone
+from scfs.models.checkpoint import load_into, normalize_keys, select_state_dict
 
 OUT_DIM = 512  # the DINO head's output (65536 in the papers; the size is irrelevant to the key layout)
 

@@ -12,8 +12,10 @@ from helpers import compose_cfg
 from rel_helpers import PYTHON, subprocess_env
 
 from scfs.eval.common import compose_eval_cfg, load_eval_backbone
-from scfs.models.checkpoint import NonFiniteWeightsError, NotACheckpointError, load_backbone, safe_load
-from scfs.train import RunAlreadyCompleteError, run
+from scfs.models.backbone import load_backbone
+from scfs.models.checkpoint import NonFiniteWeightsError, NotACheckpointError, safe_load
+from scfs.train import run
+from scfs.training.checkpointing import RunAlreadyCompleteError
 
 NO_KNN = ["eval.knn_at_start=false"]
 

@@ -20,7 +20,8 @@ from scfs.cli import run_reporting_errors
 from scfs.models.checkpoint import safe_load
 from scfs.models.checkpoint_io import DiskFullError, atomic_torch_save, remove_stale_temps
 from scfs.reliability import one_line
-from scfs.train import RunAlreadyCompleteError, run
+from scfs.train import run
+from scfs.training.checkpointing import RunAlreadyCompleteError
 
 
 class _FullDisk(io.RawIOBase):

@@ -19,8 +19,8 @@ from scfs.data.datasets import build_dataset
 from scfs.data.samplers import EpochSeededRandomSampler
 from scfs.methods.base import SelfDistillation
 from scfs.models.checkpoint import safe_load
-from scfs.reliability.resume import ResumableDataLoader
 from scfs.train import run
+from scfs.training.checkpointing import ResumableDataLoader
 
 # 2 epochs x 3 batches = 6 steps, last.ckpt after every optimizer step
 COMMON = ["trainer.max_epochs=2", "checkpoint.every_n_train_steps=1", "trainer.deterministic=true",

@@ -81,7 +81,7 @@ def test_oom_in_the_knn_pass_of_training_is_one_line(tmp_path, shapes_root, monk
     """The kNN of the network at init runs before trainer.fit, outside the training step's OOM handling."""
     import scfs.train as train_mod
 
-    monkeypatch.setattr(train_mod, "_teacher_knn", _oom)
+    monkeypatch.setattr(train_mod, "teacher_knn", _oom)
     with pytest.raises(SystemExit) as code:
         run_reporting_errors("scfs.train", run, compose_cfg(["eval.knn_at_start=true"], data_root=shapes_root),
                              tmp_path)

@@ -10,8 +10,8 @@ from helpers import compose_cfg
 from rel_helpers import PYTHON, subprocess_env
 
 from scfs.config import ConfigError
-from scfs.reliability import find_secrets, is_secret_key
-from scfs.train import run, scrub
+from scfs.reliability import find_secrets, is_secret_key, scrub
+from scfs.train import run
 
 SECRET = "SECRET123"
 FAKE_KEY = "fedcba9876543210fedcba9876543210fedcba98"

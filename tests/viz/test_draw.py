@@ -2,14 +2,10 @@
 
 import numpy as np
 import pytest
-import torch
 
 from scfs.viz.draw import (
-    as_hwc_uint8,
     colorize,
-    denormalize,
     draw_boxes,
-    normalize_images,
     overlay_map,
     resize_map,
     upscale,
@@ -50,16 +46,10 @@ def test_overlay_shapes_and_blend_extremes():
         overlay_map(img, heat[None])
 
 
-def test_resize_colorize_upscale_and_conversions():
+def test_resize_colorize_upscale():
     assert resize_map(np.ones((2, 2)), (8, 6)).shape == (8, 6)
     assert resize_map(np.ones((2, 2)), (8, 6), mode="bilinear").shape == (8, 6)
     assert (colorize(np.full((3, 3), 5.0)) == colorize(np.zeros((3, 3)))).all()  # constant map: no division by 0
     img = np.arange(2 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3)
     up = upscale(img, 4)
     assert up.shape == (8, 12, 3) and (up[:4, :4] == img[0, 0]).all()
-    chw = torch.from_numpy(img).permute(2, 0, 1)
-    np.testing.assert_array_equal(as_hwc_uint8(chw), img)
-    batch = np.random.default_rng(1).integers(0, 255, (2, 5, 5, 3)).astype(np.uint8)
-    x = normalize_images(batch)
-    assert x.shape == (2, 3, 5, 5)
-    np.testing.assert_allclose(denormalize(x[1]).astype(int), batch[1].astype(int), atol=1)

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import torch
 
+from scfs.eval.search_maps import compute_search_maps
 from scfs.models import Backbone
 from scfs.viz import explore, search_modes_figure, searched_regions_figure
 from scfs.viz.figures import default_selections
-from scfs.viz.regions import compute_search_maps
 
 
 @pytest.fixture(scope="module")

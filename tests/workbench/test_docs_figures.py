@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from scfs.viz.docs_figures import main
+from scfs.workbench.docs_figures import main
 
 
 def _record(path, method, values):
@@ -26,3 +26,34 @@ def test_missing_inputs_are_reported(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["regions", f"SCFS={tmp_path / 'x.ckpt'}"])
     assert "checkpoint file not found" in capsys.readouterr().err
+
+
+def test_photos_figure_from_any_checkpoint_and_folder(tmp_path):
+    """Real photos: the trained teacher and random init side by side on the same crops, crop 0 centred."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from scfs.models.backbone import build_backbone
+
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(3):
+        Image.fromarray(rng.integers(0, 255, (48 + 8 * i, 40, 3), dtype=np.uint8)).save(folder / f"p{i}.jpg")
+    cfg = {"name": "resnet18", "cifar_stem": True, "stem_stride": 2, "layers": (1, 1, 1, 1),
+           "channels": (8, 16, 16, 32)}
+    body = build_backbone(cfg)
+    ckpt = tmp_path / "bb.ckpt"
+    torch.save({"state_dict": {f"teacher.backbone.{k}": v for k, v in body.state_dict().items()},
+                "hyper_parameters": {"backbone": cfg}}, ckpt)
+    out = main(["photos", f"SCFS={ckpt}", "--folder", str(folder), "--size", "32", "--n-images", "2",
+                "--out", str(tmp_path / "p.png")])
+    assert out.stat().st_size > 5_000
+
+
+def test_photos_needs_a_folder(tmp_path, capsys):
+    (tmp_path / "x.ckpt").write_bytes(b"")
+    with pytest.raises(SystemExit):
+        main(["photos", f"SCFS={tmp_path / 'x.ckpt'}", "--folder", str(tmp_path / "none")])
+    assert "photo folder not found" in capsys.readouterr().err

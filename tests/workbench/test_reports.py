@@ -3,7 +3,8 @@
 import pytest
 from helpers import compose_cfg
 
-from scfs.viz import reports
+from scfs.viz import eval_report
+from scfs.workbench import reports
 
 
 @pytest.fixture
@@ -28,9 +29,10 @@ def test_cli_path_figures_table(train_cfg, tmp_path):
     docs = reports.evaluate_checkpoints({"random init": "random"}, train_cfg, tmp_path, ks=(1, 5, 20), linear_epochs=2)
     _check_docs(docs)
     assert (tmp_path / "knn-random-init" / "metrics.json").is_file()
-    assert len(reports.accuracy_vs_k_figure(docs).axes) == 1
-    assert reports.per_class_figure(docs, "linear") is not None and reports.per_class_figure([], "knn") is None
-    assert "random init" in reports.report_table(docs)
+    assert len(eval_report.accuracy_vs_k_figure(docs).axes) == 1
+    assert eval_report.per_class_figure(docs, "linear") is not None
+    assert eval_report.per_class_figure([], "knn") is None
+    assert "random init" in eval_report.report_table(docs)
 
 
 def test_fallback_when_the_cli_fails(train_cfg, tmp_path, monkeypatch):
@@ -50,6 +52,6 @@ def test_report_goes_to_an_offline_wandb_run(train_cfg, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     docs = [{"kind": "knn", "metrics": {"top1": 12.5}, "checkpoint": {"label": "x"}}]
     fig = tmp_path / "f.png"
-    reports.accuracy_vs_k_figure(docs).savefig(fig)
+    eval_report.accuracy_vs_k_figure(docs).savefig(fig)
     run_dir = reports.log_report_to_wandb(docs, {"f": fig}, "| t |", tmp_path)
     assert run_dir and run_dir.startswith(str(tmp_path)) and list((tmp_path / "wandb").glob("offline-run-*"))

@@ -2,7 +2,7 @@
 
 import json
 
-from scfs.viz import workbench as wb
+from scfs import workbench as wb
 
 
 def test_run_key_ignores_logging_but_not_training(monkeypatch, tmp_path):
@@ -45,7 +45,7 @@ def test_shapes_split_reads_a_relative_root_from_the_repository(tmp_path, monkey
     from the repository's data folder, not a new copy under the cwd."""
     from omegaconf import OmegaConf
 
-    from scfs.viz import workbench as wb
+    from scfs import workbench as wb
 
     monkeypatch.setattr(wb, "REPO", tmp_path / "repo")
     monkeypatch.chdir(tmp_path)

@@ -1,4 +1,21 @@
-"""Exact mid-epoch resume and the `last.ckpt` writer (the Lightning half of `scfs.reliability`)."""
+"""Training checkpoints as resume points: what goes into them besides the weights, when `last.ckpt` is written,
+how the train loader continues mid-epoch, and the checks a resume file passes before a run starts from it.
+
+* `LastCheckpoint`: `last.ckpt` every k optimizer steps, at every epoch end and when training ends (Lightning's
+  `ModelCheckpoint(save_last=True)` only refreshes it when a numbered checkpoint is written), so a crash or
+  `kill -9` loses little.
+* `ResumeState` + `ResumableDataLoader`: exact mid-epoch resume. Lightning restores the loops' progress from a
+  checkpoint, but a plain DataLoader restarts its epoch from the first batch; this loader is stateful (Lightning
+  saves and restores `state_dict()` of stateful train loaders) and skips, at the index level (nothing is
+  decoded), the batches the resumed epoch had already trained on. `ResumeState` keeps its count current and also
+  carries the global RNG states, which the per-sample augmentation draws from.
+* `check_resume_checkpoint`, `check_not_complete`, `check_resume_matches`: a wrong resume file fails in one clear
+  line before anything is built or written, not deep inside Lightning.
+
+The files themselves are written by `scfs.models.checkpoint_io.AtomicCheckpointIO` (temp file, fsync, rename;
+NaN refused) and read back weights-only: evaluation runs that save checkpoints write with it too, and evaluation
+sits below training, so the writer lives below both.
+"""
 
 from __future__ import annotations
 
@@ -16,9 +33,12 @@ import torch
 from lightning.pytorch.callbacks import Checkpoint
 from torch.utils.data import BatchSampler, DataLoader
 
-log = logging.getLogger("scfs.reliability")
+from scfs.errors import ReportedError
+
+log = logging.getLogger("scfs.train")  # the run's messages, whichever module says them
 
 
+# ---- the train loader that continues mid-epoch --------------------------------------------------------------------
 def _sampler_epoch(loader: DataLoader) -> int | None:
     sampler = loader.sampler if loader.batch_sampler is None else getattr(loader.batch_sampler, "sampler", None)
     epoch = getattr(sampler, "epoch", None)
@@ -138,7 +158,7 @@ def make_train_loader_resumable(datamodule: L.LightningDataModule) -> None:
     datamodule.train_dataloader = train_dataloader  # type: ignore[method-assign]
 
 
-def _train_loaders(trainer: L.Trainer) -> list[Any]:
+def resumable_train_loaders(trainer: L.Trainer) -> list[Any]:
     """Train loaders that follow the resume protocol: `ResumableDataLoader` or anything with `batches_done` and
     `state_dict` (`scfs.data.datamodule.DeviceBatchLoader`)."""
     loaders = trainer.train_dataloader
@@ -150,6 +170,7 @@ def _train_loaders(trainer: L.Trainer) -> list[Any]:
             or (hasattr(dl, "batches_done") and hasattr(dl, "load_state_dict"))]
 
 
+# ---- what a checkpoint holds besides the weights, and when last.ckpt is written -----------------------------------
 def rng_state() -> dict[str, Any]:
     """Global RNG states as tensors / plain lists (loadable with `torch.load(weights_only=True)`)."""
     np_state = np.random.get_state()
@@ -185,11 +206,11 @@ class ResumeState(L.Callback):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         last = bool(trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
-        for dl in _train_loaders(trainer):
+        for dl in resumable_train_loaders(trainer):
             dl.batches_done = 0 if last else batch_idx + 1
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        for dl in _train_loaders(trainer):
+        for dl in resumable_train_loaders(trainer):
             dl.batches_done = 0
 
     def state_dict(self) -> dict[str, Any]:
@@ -242,3 +263,97 @@ class LastCheckpoint(Checkpoint):
         self._save(trainer)
 
 
+
+
+# ---- the resume file, checked before anything is built -----------------------------------------------------------
+def check_resume_checkpoint(path: str, model: Any | None = None) -> dict[str, Any]:
+    """Read a resume file the safe way (weights only: a file that needs pickle code is refused with
+    `UnsafeCheckpointError`) and check that it is a training checkpoint, before anything is built or written, so
+    a wrong file fails in one clear line instead of deep inside Lightning. Returns its global_step, epoch and
+    tensor shapes; with `model`, also checks that the architecture matches (`check_resume_matches`)."""
+    from scfs.models.checkpoint import NonFiniteWeightsError, NotACheckpointError, safe_load
+    from scfs.reliability import check_finite
+
+    ckpt = safe_load(path)
+    if not (isinstance(ckpt, dict) and isinstance(ckpt.get("state_dict"), dict) and "loops" in ckpt
+            and "optimizer_states" in ckpt):
+        raise NotACheckpointError(f"resume={path}: not a training checkpoint of scfs.train (no loop / optimizer "
+                                  "state); to start from its weights use backbone.pretrained_path=<file> instead")
+    bad = check_finite(ckpt)
+    if bad:  # our writer never saves these; a file from elsewhere (or edited) would only reproduce the divergence
+        raise NonFiniteWeightsError(
+            f"resume={path} holds non-finite values (NaN/Inf) in {', '.join(bad)}: it is no resume point; resume "
+            f"from an earlier checkpoint of that run ({_other_checkpoints(Path(path))})")
+    progress = ((ckpt.get("loops") or {}).get("fit_loop") or {}).get("epoch_progress") or {}
+    info = {"path": str(path), "global_step": int(ckpt.get("global_step", 0)), "epoch": int(ckpt.get("epoch", 0)),
+            # epochs whose batches were all trained (Lightning counts an epoch as processed before its end hooks,
+            # where the epoch-end last.ckpt is written)
+            "epochs_done": int(((progress.get("current") or {}).get("processed")) or 0),
+            "shapes": {k: tuple(v.shape) for k, v in ckpt["state_dict"].items() if hasattr(v, "shape")}}
+    if model is not None:
+        check_resume_matches(info, model)
+    return info
+
+
+def _other_checkpoints(path: Path) -> str:
+    found = sorted((p for p in path.parent.glob("*.ckpt") if p != path), key=lambda p: p.stat().st_mtime)
+    return f"e.g. resume={found[-1]}" if found else f"there is no other .ckpt in {path.parent}; start afresh"
+
+
+class RunAlreadyCompleteError(ReportedError, ValueError):
+    """`resume=` names a checkpoint whose run already trained its whole schedule: nothing would be trained."""
+
+
+def check_not_complete(info: dict[str, Any], trainer_cfg: Any) -> None:
+    """Refuse to resume a run that has finished its schedule (`trainer.max_epochs` / `trainer.max_steps`):
+    Lightning would return at once, and the summary would report a loss of nan and a last.ckpt never written."""
+    max_epochs = trainer_cfg.get("max_epochs")
+    max_steps = int(trainer_cfg.get("max_steps", -1) or -1)
+    step, epochs = info["global_step"], info["epochs_done"]
+    if 0 < max_steps <= step:
+        reason, fix = f"trainer.max_steps={max_steps}", f"raise trainer.max_steps (e.g. trainer.max_steps={2 * step})"
+    elif max_epochs not in (None, -1) and epochs >= int(max_epochs):
+        reason, fix = (f"trainer.max_epochs={max_epochs}",
+                       f"raise trainer.max_epochs (e.g. trainer.max_epochs={epochs + max(int(max_epochs), 1)})")
+    else:
+        return
+    raise RunAlreadyCompleteError(
+        f"resume={info['path']}: that run is already complete at epoch {epochs} / step {step} ({reason}); to "
+        f"train further {fix} and resume again; to evaluate it: python -m scfs.eval.knn ckpt={info['path']}")
+
+
+def check_resume_matches(info: dict[str, Any], model: Any) -> None:
+    """Missing / unexpected / mis-shaped weights of the resume file against the configured model, listed."""
+    from scfs.models.checkpoint import CheckpointMismatchError
+
+    ours = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    theirs = info["shapes"]
+    missing = sorted(set(ours) - set(theirs))
+    unexpected = sorted(set(theirs) - set(ours))
+    shapes = sorted(f"{k}: {theirs[k]} vs {ours[k]}" for k in set(ours) & set(theirs) if ours[k] != theirs[k])
+    if missing or unexpected or shapes:
+        parts = [f"resume={info['path']} does not match the configured model"]
+        for name, keys in (("missing keys", missing), ("unexpected keys", unexpected),
+                           ("shape mismatches (checkpoint vs model)", shapes)):
+            if keys:
+                parts.append(f"{name}: {len(keys)} ({', '.join(keys[:6])}{', ...' if len(keys) > 6 else ''})")
+        parts.append("resume with the same backbone / method / search config as the interrupted run")
+        raise CheckpointMismatchError("; ".join(parts))
+
+
+def find_resume_checkpoint(resume: str | None, name: str, runs_root: Path = Path("runs")) -> str | None:
+    """`resume=auto`: newest `last.ckpt` under runs/<name>/; `resume=<path>`: that file (must exist)."""
+    if resume in (None, "", "none", "null"):
+        return None
+    if resume == "auto":
+        found = sorted((runs_root / name).glob("*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
+        if not found:
+            log.info("resume=auto: no checkpoint under %s, starting fresh", runs_root / name)
+            return None
+        return str(found[-1])
+    if not Path(resume).is_file():
+        from scfs.models.checkpoint import missing_checkpoint
+
+        err = missing_checkpoint(resume, "resume")
+        raise type(err)(f"{err}; use resume=auto or a path to a .ckpt")
+    return str(resume)

@@ -1,0 +1,217 @@
+"""The steps that set a training run up, from a composed config to a Trainer ready to fit.
+
+Everything that can be checked is checked before data or model are touched (`check_run_config`,
+`prepare_resume`), so a mistake costs a second and one line. torch and Lightning are imported inside the steps
+that need them: `python -m scfs.train` with a bad config fails before they load.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from scfs.reliability import offline_by_default, refuse_secrets
+
+log = logging.getLogger("scfs.train")  # the run's messages, whichever module says them
+
+
+# ---- checks before anything is built -----------------------------------------------------------------------------
+def check_run_config(cfg: DictConfig) -> None:
+    """The config's values, secrets in it, and an accelerator this machine has; the hub goes offline first (it
+    reads that when imported, and the model build imports it)."""
+    offline_by_default()
+    from scfs.config import check_accelerator, validate_config
+
+    validate_config(cfg)
+    refuse_secrets(cfg)
+    check_accelerator(cfg.trainer)
+
+
+def prepare_resume(cfg: DictConfig) -> dict[str, Any] | None:
+    """The checkpoint `resume=` names, checked (see `check_resume_checkpoint`) and not already complete, or None
+    for a fresh run. Returns its `check_resume_checkpoint` info (`path`, `global_step`, `epochs_done`, shapes)."""
+    from scfs.models.checkpoint_io import remove_stale_temps
+    from scfs.training.checkpointing import check_not_complete, check_resume_checkpoint, find_resume_checkpoint
+
+    ckpt_path = find_resume_checkpoint(cfg.get("resume"), cfg.name)
+    if not ckpt_path:
+        return None
+    # temp files of writes killed in that run: nothing else ever writes to its folder again
+    for tmp in remove_stale_temps(Path(ckpt_path).parent):
+        log.info("removed %s, left by a checkpoint write that was killed", tmp)
+    resume = check_resume_checkpoint(ckpt_path)
+    check_not_complete(resume, cfg.trainer)
+    return resume
+
+
+# ---- the run folder ----------------------------------------------------------------------------------------------
+def make_run_dir(cfg: DictConfig, run_dir: str | Path | None = None) -> Path:
+    """`run_dir`, else `cfg.run_dir`, else `runs/<name>/<date_time>`; created."""
+    run_dir = Path(run_dir or cfg.get("run_dir") or Path("runs") / cfg.name / time.strftime("%Y-%m-%d_%H-%M-%S"))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+def hold_run_folder(run_dir: Path) -> contextlib.AbstractContextManager:
+    """The run folder's lock for the duration of the run: a second run in this folder would overwrite last.ckpt
+    and the logs. Under DDP every process of the run gets here, and the rank-0 process holds it for all of them."""
+    from scfs.reliability import RunFolderLock, launch_rank
+
+    return RunFolderLock(run_dir) if launch_rank() == 0 else contextlib.nullcontext()
+
+
+# ---- data and model ----------------------------------------------------------------------------------------------
+def build(cfg: DictConfig):
+    """Data module and the method's LightningModule (`method.name`, see `scfs.methods`) from a composed config
+    (also used by notebooks and tests)."""
+    from scfs.config import validate_config
+    from scfs.data.datamodule import SSLDataModule
+    from scfs.methods import method_class
+
+    validate_config(cfg)
+    method = method_class(cfg.method.name)  # an unknown name fails here, before any data is touched
+    crops = OmegaConf.to_container(cfg.crops, resolve=True)
+    batch_aug = bool(cfg.data.get("batch_aug", False))
+    batch_size = per_device_batch_size(cfg)
+    dm = SSLDataModule(OmegaConf.to_container(cfg.data, resolve=True), crops, batch_size=batch_size,
+                       num_workers=cfg.num_workers, batch_aug=batch_aug, seed=cfg.seed,
+                       on_device=bool(cfg.data.get("on_device", False)))
+    backbone_cfg = OmegaConf.to_container(cfg.backbone, resolve=True)
+    for k in ("layers", "channels"):
+        if k in backbone_cfg:
+            backbone_cfg[k] = tuple(backbone_cfg[k])
+    model = method(backbone_cfg, OmegaConf.to_container(cfg.method, resolve=True),
+                       OmegaConf.to_container(cfg.search, resolve=True),
+                       OmegaConf.to_container(cfg.optim, resolve=True),
+                       batch_size=batch_size, n_local=cfg.crops.n_local,
+                       crops=crops if batch_aug or cfg.data.get("colour_on_device", False) else None,
+                       seed=cfg.seed, compile=bool(cfg.get("compile", False)),
+                       compile_mode=str(cfg.get("compile_mode", "default")),
+                       finite_check_every_n_steps=int(cfg.get("finite_check_every_n_steps", 1)))
+    return dm, model
+
+
+def build_for_training(cfg: DictConfig, resume: dict[str, Any] | None):
+    """`build` after seeding, the model checked against the resume file, and the data set up with a train loader
+    that resumes mid-epoch. The order of the random draws (seed, model init, data set-up) is the run's: a change
+    here changes every run's numbers."""
+    import lightning as L
+    import torch
+
+    from scfs.training.checkpointing import check_resume_matches, make_train_loader_resumable
+
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    if cfg.trainer.get("accelerator", "cpu") == "cpu" and os.environ.get("SCFS_THREADS"):
+        torch.set_num_threads(int(os.environ["SCFS_THREADS"]))
+    dm, model = build(cfg)
+    if resume:
+        check_resume_matches(resume, model)
+        log.info("resuming from %s (global_step %d)", resume["path"], resume["global_step"])
+    dm.setup()
+    make_train_loader_resumable(dm)
+    return dm, model
+
+
+def eval_device(cfg: DictConfig) -> Any:
+    """Where the kNN of the network at init runs (before the Trainer exists): this process's GPU on GPU recipes.
+    On the CPU a ResNet-18 over the 60,000 CIFAR-10 images takes minutes (measured: 5.5 min of an H200 run).
+    Also after `trainer.fit`, whose teardown moves the module back to the CPU."""
+    import torch
+
+    accel = str(cfg.trainer.get("accelerator", "cpu"))
+    if accel in ("gpu", "cuda", "auto") and torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+# ---- processes and batch size ------------------------------------------------------------------------------------
+def world_size(cfg: DictConfig) -> int:
+    """Processes of the run: trainer.devices x trainer.num_nodes (1 on the CPU default)."""
+    from scfs.config import devices
+
+    return devices(cfg) * max(int(cfg.trainer.get("num_nodes", 1) or 1), 1)
+
+
+def per_device_batch_size(cfg: DictConfig) -> int:
+    """`batch_size` is per device; `global_batch_size` (when set) wins and is split over all processes, so
+    `global_batch_size=512` trains on the same 512 images per step on 1, 2 or 8 GPUs."""
+    gb = cfg.get("global_batch_size")
+    if gb in (None, 0):
+        return int(cfg.batch_size)
+    world = world_size(cfg)
+    if int(gb) % world:
+        from scfs.config import ConfigError
+
+        raise ConfigError(f"config key global_batch_size={gb} is invalid: it is not divisible across {world} "
+                          "processes (devices x num_nodes)")
+    return int(gb) // world
+
+
+# ---- callbacks and Trainer ---------------------------------------------------------------------------------------
+def make_callbacks(cfg: DictConfig, dm: Any, run_dir: Path) -> tuple[list[Any], Any, Any]:
+    """The run's callbacks, with its `LastCheckpoint` (the newest resume point, named in failure messages) and
+    its `WallClockBudget` (None without `chunk_minutes`; the summary says whether it stopped the run)."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from scfs.training.callbacks import KNNMonitor, WallClockBudget
+    from scfs.training.checkpointing import LastCheckpoint, ResumeState
+    from scfs.training.monitors import OnlineLinearMonitor
+
+    ckpt_dir = run_dir / "checkpoints"
+    ks = list(cfg.eval.knn_k)
+    last = LastCheckpoint(ckpt_dir, every_n_train_steps=cfg.checkpoint.get("every_n_train_steps", 0))
+    callbacks = [
+        ModelCheckpoint(dirpath=ckpt_dir, save_last=False, save_top_k=-1, every_n_epochs=cfg.checkpoint.every_n_epochs,
+                        filename="epoch{epoch:03d}", auto_insert_metric_name=False),
+        KNNMonitor(every_n_epochs=cfg.eval.knn_every_n_epochs, ks=ks, temperature=cfg.eval.knn_temperature,
+                   out_file=run_dir / "knn_curve.json"),
+    ]
+    online_every = cfg.eval.get("online_linear_every_n_epochs", 1)
+    if online_every and hasattr(dm.train_set, "num_classes"):
+        callbacks.append(OnlineLinearMonitor(num_classes=dm.train_set.num_classes, every_n_epochs=online_every))
+    budget = WallClockBudget(float(cfg.chunk_minutes)) if cfg.get("chunk_minutes") else None
+    if budget is not None:
+        callbacks.append(budget)
+    callbacks += [ResumeState(), last]  # after the monitors: restores the RNG after they rebuilt their layers
+    if cfg.trainer.get("enable_progress_bar", True):  # the bar reads logged values on the host (a sync) per refresh
+        from lightning.pytorch.callbacks import TQDMProgressBar
+
+        callbacks.append(TQDMProgressBar(refresh_rate=max(int(cfg.trainer.get("log_every_n_steps", 1) or 1), 1)))
+    return callbacks, last, budget
+
+
+def trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
+    """Lightning Trainer arguments from `cfg.trainer` plus what multi-GPU training needs.
+
+    * `use_distributed_sampler=False`: `SSLDataModule` shards each global batch over the ranks itself
+      (`EpochSeededRandomSampler`); Lightning's wrapper would interleave ranks and drop `set_epoch`.
+    * `sync_bn=true` -> `sync_batchnorm`: Lightning converts every BatchNorm of the LightningModule (student
+      *and* teacher, so the EMA pairs SyncBatchNorm with SyncBatchNorm) to `torch.nn.SyncBatchNorm`
+      (CUDA only): batch statistics over the global batch, as one process would compute them.
+    """
+    kw = OmegaConf.to_container(cfg.trainer, resolve=True)
+    kw.setdefault("use_distributed_sampler", False)
+    if cfg.get("sync_bn", False):
+        if kw.get("accelerator", "cpu") == "cpu":
+            from scfs.config import ConfigError
+
+            raise ConfigError("config key sync_bn=true is invalid on trainer.accelerator=cpu: torch's SyncBatchNorm "
+                              "runs on CUDA only (use trainer=gpu or trainer=ddp)")
+        kw["sync_batchnorm"] = True
+    return kw
+
+
+def make_trainer(cfg: DictConfig, run_dir: Path, logger: Any, callbacks: list[Any]):
+    """The Lightning Trainer of the run, writing checkpoints atomically (`AtomicCheckpointIO`)."""
+    import lightning as L
+
+    from scfs.models.checkpoint_io import AtomicCheckpointIO
+
+    return L.Trainer(**trainer_kwargs(cfg), logger=logger, callbacks=callbacks, default_root_dir=str(run_dir),
+                     plugins=[AtomicCheckpointIO()])

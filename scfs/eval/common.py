@@ -221,6 +221,18 @@ def class_names(dataset: Any, num_classes: int) -> list[str]:
     return [str(n) for n in names] if len(names) == num_classes else [str(i) for i in range(num_classes)]
 
 
+def headline(doc: Mapping[str, Any], what: str) -> str:
+    """`<what> <which> <label> on <data>: top-1 x%, top-5 y%`: how the classification CLIs' summary lines start."""
+    m, ck = doc["metrics"], doc["checkpoint"]
+    head = f"{what} {ck['which']} {ck['label']} on {doc['data']['name']}: top-1 {m['top1']:.2f}%"
+    return head + (f", top-5 {m['top5']:.2f}%" if "top5" in m else "")
+
+
+def report_tail(doc: Mapping[str, Any]) -> str:
+    """How every eval CLI's summary line ends: seconds, the report and the W&B folder."""
+    return f"{doc['timings'].get('total_s', 0):.1f}s | report {doc['run_dir']}/report.md | wandb {doc.get('wandb_dir')}"
+
+
 def hydra_cli(config_name: str, run: Callable[[DictConfig, str], Any]) -> None:
     """The eval CLIs' entry point: `run(cfg, run_dir)` as a Hydra app on `conf/eval/<config_name>.yaml`, with the
     run folder Hydra made (`hydra.run.dir`). User mistakes (bad override, missing or wrong checkpoint, missing

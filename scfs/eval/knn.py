@@ -252,13 +252,10 @@ def run_knn(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any
 
 def summary_line(doc: dict[str, Any]) -> str:
     """One line for the terminal: the headline numbers and where the report is."""
-    m, ck = doc["metrics"], doc["checkpoint"]
-    head = f"kNN {ck['which']} {ck['label']} on {doc['data']['name']}: top-1 {m['top1']:.2f}%"
-    if "top5" in m:
-        head += f", top-5 {m['top5']:.2f}%"
+    from scfs.eval.common import headline, report_tail
+
     per_k = ", ".join(f"{r['k']}: {r['top1']:.1f}" for r in doc.get("knn_curve") or [])
-    return (f"{head} at k={doc.get('report_k')} (top-1 by k: {per_k}) | {doc['timings'].get('total_s', 0):.1f}s | "
-            f"report {doc['run_dir']}/report.md | wandb {doc.get('wandb_dir')}")
+    return f"{headline(doc, 'kNN')} at k={doc.get('report_k')} (top-1 by k: {per_k}) | {report_tail(doc)}"
 
 
 def main() -> None:

@@ -641,16 +641,13 @@ def _log_sweep_wandb(run: Any, probe_doc: dict[str, Any], rows: Sequence[SweepRo
 
 
 def summary_line(doc: dict[str, Any]) -> str:
-    m, ck = doc["metrics"], doc["checkpoint"]
-    mode = "fast" if doc["config"].get("fast") else "full"
-    head = f"linear probe ({mode}) {ck['which']} {ck['label']} on {doc['data']['name']}: top-1 {m['top1']:.2f}%"
-    if "top5" in m:
-        head += f", top-5 {m['top5']:.2f}%"
+    from scfs.eval.common import headline, report_tail
+
+    head = headline(doc, f"linear probe ({'fast' if doc['config'].get('fast') else 'full'})")
     pr = doc.get("probe") or {}
     if pr:
         head += f" | lr {pr['lr']:g} wd {pr['weight_decay']:g} ({pr['selection']})"
-    return (f"{head} | {doc['timings'].get('total_s', 0):.1f}s | report {doc['run_dir']}/report.md | "
-            f"wandb {doc.get('wandb_dir')}")
+    return f"{head} | {report_tail(doc)}"
 
 
 def main() -> None:

@@ -63,7 +63,7 @@ def _positive_int(text: str) -> int:
 
 
 def _k_list(text: str) -> list[int]:
-    """argparse type of --k: checked before any run starts (a bad value used to fail after the runs were set up)."""
+    """argparse type of --k: checked before any run starts, so a bad value costs no run."""
     try:
         ks = [int(k) for k in str(text).split(",") if k.strip()]
     except ValueError:

@@ -41,7 +41,6 @@ __all__ = ["CONF_DIR", "build", "cli", "main", "per_device_batch_size", "run", "
            "world_size"]
 
 
-
 def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     """Pretrain, evaluate with kNN and return the summary dict (also written to `<run_dir>/summary.json`).
 

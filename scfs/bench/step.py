@@ -453,7 +453,7 @@ def run(args: argparse.Namespace) -> dict:
         row: dict[str, Any] = {"method": method, "B": b, "setting": setting + (f" {variant}" if variant else "")}
         # each row compiles afresh: the rows share modules' forward code objects, so two batch sizes in one process
         # would fill dynamo's per-code-object graph limit and the later row's last stage head would run eager
-        # (H200 log, 2026-11-30: 'hit config.recompile_limit (17)' on the B=64 row after B=32)
+        # (dynamo then logs 'hit config.recompile_limit' on the second batch size)
         torch._dynamo.reset()
         try:
             row.update(measure(compose(suite, method, b, setting, args, variant), args, suite))

@@ -36,7 +36,8 @@ class ImageDecodeError(ReportedError, OSError):
 
 
 class NoReadableImageError(ImageDecodeError, RuntimeError):
-    """Every file tried in a row is unreadable (a RuntimeError too, as before): the run stops with one line."""
+    """Every file tried in a row is unreadable: the run stops with one line. Also a RuntimeError, the type that
+    generic decode-failure handlers catch."""
 
 
 class ImageFolderLayoutError(ReportedError, ValueError):

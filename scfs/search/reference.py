@@ -1,4 +1,4 @@
-"""Pure-PyTorch search: the vectorised reference (the CPU path, what the spine trains with), published loop.
+"""Pure-PyTorch search: the vectorised reference (the CPU path, and the ground truth of every kernel), published loop.
 
 Autograd flows through plain torch ops here; the kernel backends implement their own backward and are checked
 against this module (run in float64).

@@ -16,8 +16,8 @@ _EXPORTS = {
     "colorize": "draw", "draw_boxes": "draw", "overlay_map": "draw", "resize_map": "draw", "upscale": "draw",
     "draw_outline": "draw",
     "caption": "figures", "default_selections": "figures", "explore": "figures", "search_modes_figure": "figures",
-    "row_range": "figures",
-    "searched_regions_figure": "figures",
+    "row_range": "figures", "row_scales": "figures",
+    "searched_regions_figure": "figures", "searched_regions_stack": "figures",
     "save_training_figure": "training",
     "load_bench_results": "bench", "bench_figure": "bench", "bench_table": "bench",
 }

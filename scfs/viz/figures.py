@@ -6,7 +6,8 @@ Every figure carries a caption for readers who never read the paper. Functions r
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -118,6 +119,18 @@ def row_range(maps_list: Sequence[SearchMaps], i: int, crop: int, stages: Sequen
     return (lo, hi) if hi > lo else (lo, lo + 1e-6)
 
 
+def row_scales(maps_list: Sequence[SearchMaps], crop: int, stages: Sequence[str],
+               mode: str) -> list[tuple[tuple[float, float], tuple[float, float]]]:
+    """Per image row, the (low, high) of its similarity panels and of its `mode` weight panels over every model in
+    `maps_list`: computed once, so each model's row uses the same colour scale. Soft and hard weights are
+    similarities (on all or on the kept positions), so they share the similarity's scale."""
+    scales = []
+    for i in range(len(maps_list[0])):
+        sim = row_range(maps_list, i, crop, stages)
+        scales.append((sim, sim if mode in ("soft", "hard") else row_range(maps_list, i, crop, stages, mode)))
+    return scales
+
+
 def _colorbar(fig: Any, ax: Any, cmap: str, lo: float, hi: float, label: str) -> None:
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import Normalize
@@ -135,26 +148,82 @@ def _show(ax: Any, raster: np.ndarray, title: str) -> None:
     ax.set_yticks([])
 
 
-def _grid(n_rows: int, n_cols: int, text: str, title: str, panel: float = 1.55,
-          right: float = 0.0) -> tuple[Any, Any]:
-    """Figure and axes for a panel grid with room for two-line panel titles, a suptitle and the wrapped caption.
+# Sizes in inches. A panel title line at 8 pt is 0.139 in high (measured with DejaVu Sans); the title sits 6 pt
+# (0.083 in) above its panel; the rest is margin, so a title never reaches the panel above it.
+PANEL, GAP, TOP, BOTTOM, BAR = 1.55, 0.08, 0.45, 0.12, 0.75
+TITLE_LINE, TITLE_PAD = 0.145, 0.14
 
-    Laid out by hand (no tight_layout, which measures every text and costs seconds on big grids).
-    """
+
+@dataclass(frozen=True)
+class _Block:
+    """A suptitle over rows of square panels, each row's panels under their titles, with a colour bar per row
+    on the right (`bars`). Its size follows from its content, and it draws into a Figure or a SubFigure, so one
+    model's block looks the same alone or stacked with other models' blocks."""
+
+    title: str
+    rows: list[list[tuple[np.ndarray, str]]]
+    bars: list[tuple[str, float, float, str]] | None = None  # cmap, low, high, label per row
+
+    @property
+    def title_h(self) -> float:
+        lines = max(t.count("\n") + 1 for row in self.rows for _, t in row)
+        return TITLE_LINE * lines + TITLE_PAD
+
+    @property
+    def width(self) -> float:
+        n_cols = max(len(r) for r in self.rows)
+        return PANEL * n_cols + GAP * (n_cols + 1) + (BAR if self.bars else 0.0)
+
+    def height(self, title_h: float | None = None) -> float:
+        """Inches, with its own panel-title height or the given one (stacked blocks use the tallest)."""
+        return TOP + len(self.rows) * (PANEL + (self.title_h if title_h is None else title_h)) + BOTTOM
+
+    def draw(self, target: Any, title_h: float | None = None) -> np.ndarray:
+        """Panels laid out by hand in inches from the top-left corner of `target` (no tight/constrained layout,
+        which measures every text and costs seconds on big grids); what is below them is left free."""
+        title_h = self.title_h if title_h is None else title_h
+        w = target.bbox.width / target.dpi
+        h = target.bbox.height / target.dpi
+        n_rows, n_cols = len(self.rows), max(len(r) for r in self.rows)
+        top = TOP + title_h
+        bottom_edge = top + n_rows * PANEL + (n_rows - 1) * title_h
+        axes = target.subplots(n_rows, n_cols, squeeze=False, gridspec_kw={
+            "left": GAP / w, "right": n_cols * (PANEL + GAP) / w, "top": 1 - top / h, "bottom": 1 - bottom_edge / h,
+            "wspace": GAP / PANEL, "hspace": title_h / PANEL})
+        target.suptitle(self.title, fontsize=10, y=1 - 0.12 / h, va="top")
+        for i, row in enumerate(self.rows):
+            for j, (raster, text) in enumerate(row):
+                _show(axes[i, j], raster, text)
+            for j in range(len(row), n_cols):
+                axes[i, j].axis("off")
+            if self.bars:
+                _colorbar(target, axes[i, len(row) - 1], *self.bars[i])
+        return axes
+
+
+def _caption_lines(text: str, width: float) -> list[str]:
     import textwrap
 
-    title_h, top_h, gap = 0.62, 0.45, 0.08  # up to four title lines per panel
-    width = panel * n_cols + gap * (n_cols + 1) + right
-    lines = textwrap.wrap(text, width=max(60, int(width * 15)))
-    cap_h = 0.14 * len(lines) + 0.2
-    height = top_h + n_rows * (panel + title_h) + cap_h
-    fig = new_figure(width, height)
-    axes = fig.subplots(n_rows, n_cols, squeeze=False, gridspec_kw={
-        "left": gap / width, "right": 1 - (gap + right) / width, "top": 1 - (top_h + title_h) / height,
-        "bottom": cap_h / height, "wspace": gap / panel, "hspace": title_h / panel})
-    fig.suptitle(title, fontsize=10, y=1 - 0.12 / height, va="top")
-    fig.text(0.01, 0.02 / height * 5, "\n".join(lines), fontsize=7.5, ha="left", va="bottom", color="#333333")
-    return fig, axes
+    return textwrap.wrap(text, width=max(60, int(width * 15)))
+
+
+def _caption_height(lines: Sequence[str]) -> float:
+    return 0.14 * len(lines) + 0.2
+
+
+def _put_caption(target: Any, lines: Sequence[str]) -> None:
+    """The wrapped caption at the bottom of `target`, 0.1 in above its lower edge."""
+    h = target.bbox.height / target.dpi
+    target.text(0.01, 0.1 / h, "\n".join(lines), fontsize=7.5, ha="left", va="bottom", color="#333333")
+
+
+def _single(block: _Block, text: str):
+    """One block and its caption as a Figure of their own size."""
+    lines = _caption_lines(text, block.width)
+    fig = new_figure(block.width, block.height() + _caption_height(lines))
+    block.draw(fig)
+    _put_caption(fig, lines)
+    return fig
 
 
 def _in_object(masks: np.ndarray | None, maps: SearchMaps, i: int, crop: int, weights: np.ndarray) -> str:
@@ -169,6 +238,45 @@ def _in_object(masks: np.ndarray | None, maps: SearchMaps, i: int, crop: int, we
     return f"\n{100 * mass_inside(weights, obj):.0f}% on the crop's object\n(chance {100 * obj.mean():.0f}%)"
 
 
+def _regions_block(maps: SearchMaps, *, crop: int, mode: str, stages: Sequence[str], masks: np.ndarray | None,
+                   title: str, row_labels: Sequence[str] | None,
+                   scales: Sequence[tuple[tuple[float, float], tuple[float, float]]]) -> _Block:
+    """The panels of `searched_regions_figure` for one model, coloured on the given per-row `scales`."""
+    soft = mode == "soft"
+    rows, bars = [], []
+    for i in range(len(maps)):
+        name = (row_labels[i] if row_labels else (maps.names[i] if maps.names else f"image {i}"))
+        row = [(global_panel(maps, i, crop, masks=masks), f"{name}\nglobal view + crops"),
+               (crop_panel(maps, i, crop), f"local crop {crop}\n(the query)")]
+        (lo, hi), (wlo, whi) = scales[i]
+        for s in stages:
+            sim = maps.similarity[s][i, crop]
+            w = maps.weights[mode][s][i, crop]
+            sim_panel = map_panel(maps, i, crop, sim, SIM_CMAP, vmin=lo, vmax=hi)
+            if soft:
+                row.append((sim_panel, f"{s} similarity\n= soft weight" + _in_object(masks, maps, i, crop, w)))
+                continue
+            row.append((sim_panel, f"{s} similarity"))
+            row.append((map_panel(maps, i, crop, np.clip(w, 0, None), WEIGHT_CMAP, vmin=wlo, vmax=whi),
+                        f"{s} {mode} weights" + (f"\n[{wlo:.2g}, {whi:.2g}]" if mode == "softmax" else "")
+                        + _in_object(masks, maps, i, crop, w)))
+        rows.append(row)
+        bars.append((SIM_CMAP, lo, hi, "similarity") if mode in ("soft", "hard")
+                    else (WEIGHT_CMAP, wlo, whi, f"{mode} weight"))
+    return _Block(title, rows, bars)
+
+
+def _check_regions(maps: SearchMaps, mode: str, shared_with: Sequence[SearchMaps]) -> None:
+    """Every model's maps have `mode`, and the others are of `maps`' images and crops (or scales would compare
+    different queries)."""
+    for m in (maps, *shared_with):
+        if mode not in m.modes:
+            raise ValueError(f"mode {mode!r} was not computed; the maps have {m.modes}")
+    for other in shared_with:
+        if other.images.shape != maps.images.shape or not np.array_equal(other.boxes, maps.boxes):
+            raise ValueError("shared_with maps must be of the same images and crop boxes")
+
+
 def searched_regions_figure(model_or_maps: nn.Module | SearchMaps, images: np.ndarray | None = None,
                             boxes: np.ndarray | None = None, *, crop: int = 0, mode: str = "soft",
                             stages: Sequence[str] = SEARCH_STAGES, masks: np.ndarray | None = None,
@@ -180,7 +288,8 @@ def searched_regions_figure(model_or_maps: nn.Module | SearchMaps, images: np.nd
     run, see `compute_search_maps` for keywords) or precomputed `SearchMaps`.
 
     Each row has one colour scale (colour bar on the right) for all its panels; `shared_with` = the maps of other
-    models on the same images and crops, so the scale is also the same across the models' figures."""
+    models on the same images and crops, so the scale is also the same across the models' figures
+    (`searched_regions_stack` draws them all in one figure)."""
     if isinstance(model_or_maps, SearchMaps):
         maps = model_or_maps
     else:
@@ -189,37 +298,42 @@ def searched_regions_figure(model_or_maps: nn.Module | SearchMaps, images: np.nd
         maps = compute_search_maps(model_or_maps, images, boxes, stages=stages, modes=(mode,), masks=masks,
                                    **search_kwargs)
     stages = [s for s in stages if s in maps.stages]
-    if mode not in maps.modes:
-        raise ValueError(f"mode {mode!r} was not computed; the maps have {maps.modes}")
-    for other in shared_with:
-        if other.images.shape != maps.images.shape or not np.array_equal(other.boxes, maps.boxes):
-            raise ValueError("shared_with maps must be of the same images and crop boxes")
-    soft = mode == "soft"
-    per_stage = 1 if soft else 2
-    n_rows, n_cols = len(maps), 2 + per_stage * len(stages)
-    fig, axes = _grid(n_rows, n_cols, caption(maps, (mode,)), title or f"What the search picks: local crop -> "
-                      f"teacher feature map, per stage ({mode} search)", right=0.75)
-    everyone = [maps, *shared_with]
-    for i in range(n_rows):
-        name = (row_labels[i] if row_labels else (maps.names[i] if maps.names else f"image {i}"))
-        _show(axes[i, 0], global_panel(maps, i, crop, masks=masks), f"{name}\nglobal view + crops")
-        _show(axes[i, 1], crop_panel(maps, i, crop), f"local crop {crop}\n(the query)")
-        lo, hi = row_range(everyone, i, crop, stages)
-        wlo, whi = (lo, hi) if mode in ("soft", "hard") else row_range(everyone, i, crop, stages, mode)
-        for j, s in enumerate(stages):
-            sim = maps.similarity[s][i, crop]
-            w = maps.weights[mode][s][i, crop]
-            if soft:
-                _show(axes[i, 2 + j], map_panel(maps, i, crop, sim, SIM_CMAP, vmin=lo, vmax=hi),
-                      f"{s} similarity\n= soft weight" + _in_object(masks, maps, i, crop, w))
-                continue
-            _show(axes[i, 2 + 2 * j], map_panel(maps, i, crop, sim, SIM_CMAP, vmin=lo, vmax=hi), f"{s} similarity")
-            _show(axes[i, 3 + 2 * j], map_panel(maps, i, crop, np.clip(w, 0, None), WEIGHT_CMAP, vmin=wlo, vmax=whi),
-                  f"{s} {mode} weights" + (f" [{wlo:.2g}, {whi:.2g}]" if mode == "softmax" else "")
-                  + _in_object(masks, maps, i, crop, w))
-        _colorbar(fig, axes[i, -1], SIM_CMAP if soft or mode == "hard" else WEIGHT_CMAP,
-                  *((lo, hi) if soft or mode == "hard" else (wlo, whi)),
-                  "similarity" if soft or mode == "hard" else f"{mode} weight")
+    _check_regions(maps, mode, shared_with)
+    block = _regions_block(maps, crop=crop, mode=mode, stages=stages, masks=masks, row_labels=row_labels,
+                           title=title or f"What the search picks: local crop -> teacher feature map, per stage "
+                           f"({mode} search)", scales=row_scales([maps, *shared_with], crop, stages, mode))
+    return _single(block, caption(maps, (mode,)))
+
+
+def searched_regions_stack(maps_by_model: Mapping[str, SearchMaps], *, crop: int = 0, mode: str = "soft",
+                           stages: Sequence[str] = SEARCH_STAGES, masks: np.ndarray | None = None,
+                           title: str = "{model} teacher: what the {mode} search picks"):
+    """`searched_regions_figure` of every model (same images and crops), stacked in one Figure: one SubFigure per
+    model drawn by the same code, one caption at the bottom. Each image row's colour scale is computed once over
+    all the models, so equal colours mean equal values across the models. `title` is formatted with `model`
+    (the mapping's key) and `mode`."""
+    from matplotlib.lines import Line2D
+
+    models = list(maps_by_model.values())
+    if not models:
+        raise ValueError("no maps to draw")
+    first = models[0]
+    _check_regions(first, mode, models[1:])
+    stages = [s for s in stages if s in first.stages]
+    scales = row_scales(models, crop, stages, mode)
+    blocks = [_regions_block(m, crop=crop, mode=mode, stages=stages, masks=masks, row_labels=None, scales=scales,
+                             title=title.format(model=name, mode=mode)) for name, m in maps_by_model.items()]
+    title_h = max(b.title_h for b in blocks)  # one title height for all: the blocks line up
+    width = max(b.width for b in blocks)
+    lines = _caption_lines(caption(first, (mode,)), width)
+    heights = [b.height(title_h) for b in blocks] + [_caption_height(lines)]
+    fig = new_figure(width, sum(heights))
+    subs = fig.subfigures(len(heights), 1, height_ratios=heights, hspace=0.0)
+    for k, (block, sub) in enumerate(zip(blocks, subs)):
+        block.draw(sub, title_h=title_h)
+        if k:  # a rule between two models' blocks
+            sub.add_artist(Line2D([0.01, 0.99], [0.995, 0.995], transform=sub.transSubfigure, color="#aaaaaa", lw=0.8))
+    _put_caption(subs[-1], lines)
     return fig
 
 
@@ -230,23 +344,23 @@ def search_modes_figure(maps: SearchMaps, selections: Sequence[tuple[int, int, s
     the weights of every mode side by side: how soft / hard / softmax search differ on the same query."""
     # soft weights are the similarity panel itself: not repeated
     modes = [m for m in (modes or maps.modes) if m in maps.modes and m != "soft"]
-    n_rows, n_cols = len(selections), 3 + len(modes)
-    fig, axes = _grid(n_rows, n_cols, caption(maps, modes),
-                      title or "Search modes on the same query: similarity, then what each mode keeps")
-    for r, (i, crop, s) in enumerate(selections):
+    rows = []
+    for i, crop, s in selections:
         name = maps.names[i] if maps.names else f"image {i}"
         sim = maps.similarity[s][i, crop]
         lo, hi = row_range([maps], i, crop, [s])
-        _show(axes[r, 0], global_panel(maps, i, crop, masks=masks), f"{name}\nglobal view + crops")
-        _show(axes[r, 1], crop_panel(maps, i, crop), f"local crop {crop}\n(the query)")
-        _show(axes[r, 2], map_panel(maps, i, crop, sim, SIM_CMAP, vmin=lo, vmax=hi),
-              f"{s} similarity (= soft weights)\n[{sim.min():.2f}, {sim.max():.2f}]")
-        for j, m in enumerate(modes):
+        row = [(global_panel(maps, i, crop, masks=masks), f"{name}\nglobal view + crops"),
+               (crop_panel(maps, i, crop), f"local crop {crop}\n(the query)"),
+               (map_panel(maps, i, crop, sim, SIM_CMAP, vmin=lo, vmax=hi),
+                f"{s} similarity\n(= soft weights)\n[{sim.min():.2f}, {sim.max():.2f}]")]
+        for m in modes:
             w = maps.weights[m][s][i, crop]
             wlo, whi = row_range([maps], i, crop, [s], m)
-            _show(axes[r, 3 + j], map_panel(maps, i, crop, np.clip(w, 0, None), WEIGHT_CMAP, vmin=wlo, vmax=whi),
-                  f"{s} {m} weights [{wlo:.2g}, {whi:.2g}]" + _in_object(masks, maps, i, crop, w))
-    return fig
+            row.append((map_panel(maps, i, crop, np.clip(w, 0, None), WEIGHT_CMAP, vmin=wlo, vmax=whi),
+                        f"{s} {m} weights\n[{wlo:.2g}, {whi:.2g}]" + _in_object(masks, maps, i, crop, w)))
+        rows.append(row)
+    block = _Block(title or "Search modes on the same query: similarity, then what each mode keeps", rows)
+    return _single(block, caption(maps, modes))
 
 
 def default_selections(maps: SearchMaps, n_images: int = 2, crop: int = 0) -> list[tuple[int, int, str]]:
@@ -311,5 +425,5 @@ def explore(maps: SearchMaps, masks: np.ndarray | None = None, static: bool | No
     return ui
 
 
-__all__ = ["caption", "default_selections", "explore", "row_range", "search_modes_figure",
-           "searched_regions_figure"]
+__all__ = ["caption", "default_selections", "explore", "row_range", "row_scales", "search_modes_figure",
+           "searched_regions_figure", "searched_regions_stack"]

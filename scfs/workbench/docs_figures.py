@@ -64,35 +64,20 @@ def photos(ckpts: Sequence[str], folder: Path, out: Path, n_images: int = 3, siz
 
 def _side_by_side(backbones: dict[str, Any], images: np.ndarray, names: Sequence[str], out: Path, *,
                   masks: np.ndarray | None, n_crops: int, local_size: int, scale: tuple[float, ...],
-                  mode: str, boxes: np.ndarray | None = None) -> Path:
-    """One searched-regions figure per model on the same images and crops, stacked into one small PNG."""
-    from matplotlib.image import imread
-
+                  mode: str, boxes: np.ndarray | None = None, dpi: int = 80) -> Path:
+    """Every model's searched-regions block on the same images and crops, stacked in one figure (one colour
+    scale per image row over all the models), saved once as a small PNG."""
     from scfs.eval.search_maps import compute_search_maps
-    from scfs.viz.figures import searched_regions_figure
+    from scfs.viz.figures import searched_regions_stack
 
     maps: dict[str, Any] = {}
     for name, bb in backbones.items():
         maps[name] = compute_search_maps(bb, images, n_crops=n_crops, masks=masks, local_size=local_size,
                                          scale=scale, names=list(names), modes=(mode,),
                                          boxes=next(iter(maps.values())).boxes if maps else boxes)
-    parts = []
-    for name, m in maps.items():
-        fig = searched_regions_figure(m, mode=mode, masks=masks, shared_with=[v for k, v in maps.items() if k != name],
-                                      title=f"{name} teacher: what the {mode} search picks")
-        tmp = out.with_name(f".{out.stem}-{len(parts)}.png")
-        fig.savefig(tmp, dpi=70)
-        parts.append(imread(tmp))
-        tmp.unlink()
-    width = max(p.shape[1] for p in parts)
-    stacked = np.concatenate([np.pad(p, ((0, 0), (0, width - p.shape[1]), (0, 0)), constant_values=1.0)
-                              for p in parts])
-    fig = new_figure(stacked.shape[1] / 70, stacked.shape[0] / 70, dpi=70)
-    ax = fig.add_axes((0, 0, 1, 1))
-    ax.imshow(stacked)
-    ax.axis("off")
+    fig = searched_regions_stack(maps, mode=mode, masks=masks, title="{model} teacher: what the {mode} search picks")
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=70)
+    fig.savefig(out, dpi=dpi)
     _shrink(out)
     return out
 

@@ -107,3 +107,71 @@ def test_global_panel_outlines_the_crops_object():
     without = global_panel(m, 0, 0, all_boxes=False)
     magenta = (with_outline == np.array(MAGENTA, np.uint8)).all(-1)
     assert magenta.any() and not (without == np.array(MAGENTA, np.uint8)).all(-1).any()
+
+
+def _in_range(maps, lo, hi):
+    """The same maps with every similarity rescaled into [lo, hi]: another "model" on the same images and crops."""
+    from dataclasses import replace
+
+    return replace(maps, similarity={s: lo + (hi - lo) * (v - v.min()) / (v.max() - v.min())
+                                     for s, v in maps.similarity.items()})
+
+
+def _blocks(fig):
+    """The colour bars of each model's SubFigure of a stacked figure (the last SubFigure holds the caption)."""
+    return [[c for ax in sub.axes for c in ax.child_axes] for sub in fig.subfigs[:-1]]
+
+
+def test_stacked_figure_shares_each_rows_colour_limits_across_models(maps):
+    from dataclasses import replace
+
+    from scfs.viz import searched_regions_stack
+    from scfs.viz.figures import row_range, row_scales
+
+    other = _in_range(maps, 0.3, 0.9)
+    fig = searched_regions_stack({"A": maps, "B": other, "C": maps}, mode="soft")
+    assert len(fig.subfigs) == 3 + 1  # a block per model, then the caption
+    assert [sub.get_suptitle() for sub in fig.subfigs[:-1]] == [
+        f"{m} teacher: what the soft search picks" for m in "ABC"]
+    blocks = _blocks(fig)
+    assert [len(b) for b in blocks] == [len(maps)] * 3
+    scales = row_scales([maps, other, maps], 0, maps.stages, "soft")
+    for i, (sim, _) in enumerate(scales):
+        assert sim == row_range([maps, other], i, 0, maps.stages)
+        for bars in blocks:
+            assert bars[i].get_ylim() == pytest.approx(sim)
+    # real photos: two models whose similarities sit in [0.3, 0.9] share a scale that does not start at 0
+    both = row_scales([other, _in_range(maps, 0.35, 0.8)], 0, maps.stages, "soft")
+    assert all(0.3 - 1e-6 <= lo < hi <= 0.9 + 1e-6 for (lo, hi), _ in both)
+    softmax = row_scales([maps, other], 0, maps.stages, "softmax")
+    assert softmax[0][0] == scales[0][0] and softmax[0][1] != softmax[0][0]  # weights: their own scale
+    with pytest.raises(ValueError, match="same images"):
+        searched_regions_stack({"A": maps, "B": replace(maps, boxes=maps.boxes + 1)})
+
+
+def _overlapping(fig):
+    """Pairs of laid-out boxes (panels, panel titles, suptitles, caption, colour bars with their ticks and label)
+    that overlap by more than a pixel, after drawing the figure."""
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    boxes = []
+    for f in [fig, *fig.subfigs]:  # a (sub)figure's texts: its suptitle, the caption
+        boxes += [(f"text {t.get_text()[:30]!r}", t.get_window_extent(r)) for t in f.texts if t.get_text()]
+    for ax in fig.axes:  # every SubFigure's panels; colour bars are their panels' child axes
+        boxes.append((f"panel {ax.get_title()!r}", ax.get_window_extent(r)))
+        if ax.get_title():
+            boxes.append((f"title {ax.get_title()!r}", ax.title.get_window_extent(r)))
+        boxes += [("colour bar", c.get_tightbbox(r)) for c in ax.child_axes]
+    boxes = [(n, b.expanded(1, 1).padded(-1)) for n, b in boxes]
+    return [(a, b) for k, (a, ba) in enumerate(boxes) for b, bb in boxes[k + 1:] if ba.overlaps(bb)]
+
+
+@pytest.mark.parametrize("mode", ["soft", "softmax"])
+def test_titles_panels_captions_and_colour_bars_do_not_overlap(maps, mode):
+    from scfs.viz import searched_regions_stack
+
+    masks = np.zeros((3, 32, 32), np.uint8)
+    masks[:, 4:28, 4:28] = 1  # four-line titles: "x% on the crop's object (chance y%)"
+    assert _overlapping(searched_regions_stack({"SCFS": maps, "random init": maps}, mode=mode, masks=masks)) == []
+    assert _overlapping(searched_regions_figure(maps, mode=mode, masks=masks)) == []
+    assert _overlapping(search_modes_figure(maps, default_selections(maps, 1), masks=masks)) == []

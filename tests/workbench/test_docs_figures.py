@@ -28,8 +28,8 @@ def test_missing_inputs_are_reported(tmp_path, capsys):
     assert "checkpoint file not found" in capsys.readouterr().err
 
 
-def test_photos_figure_from_any_checkpoint_and_folder(tmp_path):
-    """Real photos: the trained teacher and random init side by side on the same crops, crop 0 centred."""
+def _photos_and_checkpoint(tmp_path):
+    """Three random "photos" of different sizes and a tiny backbone's checkpoint."""
     import numpy as np
     import torch
     from PIL import Image
@@ -47,9 +47,45 @@ def test_photos_figure_from_any_checkpoint_and_folder(tmp_path):
     ckpt = tmp_path / "bb.ckpt"
     torch.save({"state_dict": {f"teacher.backbone.{k}": v for k, v in body.state_dict().items()},
                 "hyper_parameters": {"backbone": cfg}}, ckpt)
+    return folder, ckpt
+
+
+def test_photos_figure_from_any_checkpoint_and_folder(tmp_path):
+    """Real photos: the trained teacher and random init side by side on the same crops, crop 0 centred."""
+    folder, ckpt = _photos_and_checkpoint(tmp_path)
     out = main(["photos", f"SCFS={ckpt}", "--folder", str(folder), "--size", "32", "--n-images", "2",
                 "--out", str(tmp_path / "p.png")])
     assert out.stat().st_size > 5_000
+
+
+def test_side_by_side_is_one_figure_saved_once(tmp_path, monkeypatch):
+    """The models' blocks are SubFigures of one Figure, saved once to --out: no PNG is written and read back."""
+    import matplotlib.image
+    from matplotlib.figure import Figure
+
+    folder, ckpt = _photos_and_checkpoint(tmp_path)
+    saved = []
+    real_savefig = Figure.savefig
+
+    def savefig(fig, path, *args, **kwargs):
+        saved.append((fig, path))
+        return real_savefig(fig, path, *args, **kwargs)
+
+    def no_imread(*args, **kwargs):
+        raise AssertionError("a figure was read back from a PNG")
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    monkeypatch.setattr(matplotlib.image, "imread", no_imread)
+    before = set(tmp_path.rglob("*"))
+    out = main(["photos", f"SCFS={ckpt}", "--folder", str(folder), "--size", "32", "--n-images", "2",
+                "--out", str(tmp_path / "p.png")])
+    assert [p for _, p in saved] == [out] and set(tmp_path.rglob("*")) - before == {out}
+    fig = saved[0][0]
+    assert [sub.get_suptitle() for sub in fig.subfigs[:-1]] == [
+        "SCFS teacher: what the soft search picks", "random init teacher: what the soft search picks"]
+    bars = [[c for ax in sub.axes for c in ax.child_axes] for sub in fig.subfigs[:-1]]
+    assert [len(b) for b in bars] == [2, 2]  # a colour bar per photo row and model, the same limits per row
+    assert all(a.get_ylim() == b.get_ylim() for a, b in zip(*bars))
 
 
 def test_photos_needs_a_folder(tmp_path, capsys):

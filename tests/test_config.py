@@ -149,6 +149,33 @@ def test_cifar10_experiment_is_the_tuned_recipe_for_both_methods():
         assert cfg.data.batch_aug and cfg.data.on_device
 
 
+def test_shapes_long_is_the_cpu_default_longer_at_64_px():
+    """+experiment=shapes_long (and its CPU smoke) inherit the default's data, crop scales and start-up aids, and
+    the smoke trains the GPU recipe's data, crops and method; ShapesSpec(image_size=64) is that data (the spec
+    scripts/gpu_shapes_long.sh generates before the two parallel runs)."""
+    from omegaconf import OmegaConf
+
+    from scfs.data.shapes import ShapesSpec
+
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        base, long, smoke = (compose(config_name="config", overrides=o) for o in (
+            [], ["+experiment=shapes_long"], ["+experiment=shapes_long_cpu"]))
+    for key in ("data.max_objects", "data.clutter", "data.object_scale", "data.n_train", "data.n_val",
+                "crops.global_scale", "crops.local_scale", "crops.n_local", "method", "search", "optim"):
+        assert OmegaConf.select(long, key) == OmegaConf.select(base, key), key
+    assert (long.data.image_size, long.crops.global_size, long.crops.local_size) == (64, 64, 32)
+    assert long.backbone.name == "resnet18" and long.backbone.cifar_stem and "layers" not in long.backbone
+    assert (long.trainer.accelerator, long.trainer.precision, long.batch_size) == ("gpu", "bf16-mixed", 128)
+    assert long.trainer.max_time and long.eval.knn_every_n_epochs > 0
+    assert smoke.data == long.data and smoke.crops == long.crops and smoke.method == long.method
+    assert smoke.backbone == base.backbone and smoke.trainer.accelerator == "cpu"
+    assert smoke.trainer.max_epochs * smoke.trainer.limit_train_batches <= 20  # a smoke: minutes on 2 cores
+    spec = ShapesSpec(image_size=64)
+    assert (spec.max_objects, spec.clutter, list(spec.object_scale), spec.n_train, spec.n_val, spec.seed) == (
+        long.data.max_objects, long.data.clutter, list(long.data.object_scale), long.data.n_train, long.data.n_val,
+        long.data.seed)
+
+
 def test_check_accelerator_names_the_key_and_the_fix(monkeypatch):
     """A GPU recipe on a machine without (enough) GPUs: one line before any work, not Lightning's
     "No supported gpu backend found!" from inside the Trainer."""

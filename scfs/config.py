@@ -121,6 +121,8 @@ def validate_config(cfg: DictConfig) -> None:
     _check(cfg, "chunk_minutes", lambda v: v is None or (isinstance(v, (int, float)) and v > 0),
            "null or a number of minutes > 0", required=False)
     _check(cfg, "compile_mode", lambda v: v in COMPILE_MODES, f"one of {', '.join(COMPILE_MODES)}", required=False)
+    _check(cfg, "compile_cache", lambda v: v is None or (isinstance(v, str) and v.strip() != ""),
+           "null or a folder path", required=False)
     _check(cfg, "num_workers", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0", required=False)
     _check(cfg, "trainer.max_epochs", lambda v: isinstance(v, int) and v >= 1, "an integer >= 1", required=False)
     _check(cfg, "trainer.accumulate_grad_batches", lambda v: isinstance(v, int) and v >= 1, "an integer >= 1",

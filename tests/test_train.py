@@ -135,15 +135,18 @@ def test_compile_mode_reaches_every_compiled_module(monkeypatch):
     _, model = build(compose_cfg(["compile=true", "compile_mode=reduce-overhead"]))
     n_heads = len(model.teacher["stage_heads"])
     want = {"mode": "reduce-overhead", "dynamic": False}
-    # static shapes: one graph per view size, no recompile with symbolic sizes when the second size arrives
-    assert step_fns == [("student_forward", want), ("teacher_forward", want)]
+    # static shapes: one graph per view size, no recompile with symbolic sizes when the second size arrives; the
+    # losses' graph without CUDA graphs (its outputs are the logged values)
+    assert step_fns == [("student_forward", want), ("teacher_forward", want),
+                        ("step_losses", {"mode": None, "dynamic": False})]
     assert seen == [want] * (2 + n_heads)
     assert searched == [want] * n_heads
     seen.clear()
     step_fns.clear()
     build(compose_cfg(["compile=true"]))
     assert seen == [{"dynamic": False}] * (2 + n_heads)
-    assert step_fns == [("student_forward", {"dynamic": False}), ("teacher_forward", {"dynamic": False})]
+    plain = {"dynamic": False}
+    assert step_fns == [("student_forward", plain), ("teacher_forward", plain), ("step_losses", plain)]
 
 
 def test_chunk_budget_stops_cleanly_and_resume_finishes_like_one_run(tmp_path, shapes_root):

@@ -41,19 +41,24 @@ from typing import Any
 from scfs.bench.records import save_record
 from scfs.names import CONF_DIR
 
-# ../shared/MEASUREMENTS.md: published SCFS implementation, one H200, synthetic input (measured separately).
+# ../shared/MEASUREMENTS.md: the published SCFS implementation, one H200, synthetic input (measured separately):
+# (step ms, img/s, setting, peak GiB). bf16_cl was re-measured on 2026-12-01 (torch 2.11), the others 2026-11-30.
 PUBLISHED = {
-    ("resnet50", "scfs", 32, "bf16"): (118.2, 271, "fp16 autocast, NCHW"),
-    ("resnet50", "dino", 32, "bf16"): (73.8, 433, "fp16 autocast, NCHW"),
-    ("resnet50", "scfs", 64, "bf16"): (139.0, 461, "fp16 autocast, NCHW"),
-    ("resnet50", "dino", 64, "bf16"): (113.4, 564, "fp16 autocast, NCHW"),
-    ("resnet50", "scfs", 32, "bf16_cl"): (105.4, 304, "bf16 + channels_last"),
-    ("resnet50", "dino", 32, "bf16_cl"): (66.5, 481, "bf16 + channels_last"),
-    ("resnet50", "scfs", 64, "bf16_cl"): (115.6, 554, "bf16 + channels_last"),
-    ("resnet50", "dino", 64, "bf16_cl"): (78.8, 812, "bf16 + channels_last"),
-    ("cifar", "scfs", 512, "bf16_cl"): (83.9, 6105, "bf16 + channels_last"),
-    ("cifar", "dino", 512, "bf16_cl"): (52.3, 9798, "bf16 + channels_last"),
+    ("resnet50", "scfs", 32, "bf16"): (118.2, 271, "fp16 autocast, NCHW", None),
+    ("resnet50", "dino", 32, "bf16"): (73.8, 433, "fp16 autocast, NCHW", None),
+    ("resnet50", "scfs", 64, "bf16"): (139.0, 461, "fp16 autocast, NCHW", 14.4),
+    ("resnet50", "dino", 64, "bf16"): (113.4, 564, "fp16 autocast, NCHW", None),
+    ("resnet50", "scfs", 32, "bf16_cl"): (98.8, 324, "bf16 + channels_last", 8.0),
+    ("resnet50", "dino", 32, "bf16_cl"): (70.8, 452, "bf16 + channels_last", 6.1),
+    ("resnet50", "scfs", 64, "bf16_cl"): (114.8, 557, "bf16 + channels_last", 14.7),
+    ("resnet50", "dino", 64, "bf16_cl"): (87.1, 735, "bf16 + channels_last", 11.1),
+    ("cifar", "scfs", 512, "bf16_cl"): (83.9, 6105, "bf16 + channels_last", None),
+    ("cifar", "dino", 512, "bf16_cl"): (52.3, 9798, "bf16 + channels_last", None),
 }
+# The settings `+experiment=imagenet` / `cifar10` ship (the default path) and the eager path.
+DEFAULT_SETTING, EAGER_SETTING = "bf16_cl_graphs", "bf16_cl"
+# Speed targets of the ResNet-50 step against the published one (bf16 + channels_last), per batch.
+SPEEDUP_TARGET, RATIO_TARGET = 2.0, 1.15
 SETTINGS = {  # name -> (trainer.precision, backbone.channels_last, compile)
     "fp32": ("32-true", False, False),
     "bf16": ("bf16-mixed", False, False),
@@ -334,7 +339,7 @@ def add_reference(rows: list[dict], suite: str, compare: dict | None) -> None:
         base_setting = r["setting"].split(" ")[0].replace("_compile", "").replace("_graphs", "")
         pub = PUBLISHED.get((suite, r["method"], r["B"], base_setting))
         if pub:
-            r["published"] = {"step_ms": pub[0], "img_per_s": pub[1], "setting": pub[2]}
+            r["published"] = {"step_ms": pub[0], "img_per_s": pub[1], "setting": pub[2], "peak_GiB": pub[3]}
         dino = by.get(("dino", r["B"], r["setting"]))
         if r["method"] == "scfs" and dino and "step_ms" in r:
             r["ratio_scfs_dino"] = r["step_ms"] / dino["step_ms"]
@@ -400,8 +405,47 @@ def markdown(result: dict) -> str:
             lines += [f"- {r['method']} B={r['B']} {r['setting']}: " + ", ".join(
                 f"{t['op']} {t['self_cpu_ms_per_step']:.1f} ms ({t['count_per_step']:.0f}x)"
                 for t in r["profile"]["host_top"][:8]) for r in host_rows]
+    checks = targets(result)
+    if checks:
+        lines += ["", f"Targets (ResNet-50 step against the published one, bf16 + channels_last; default path = "
+                  f"`{DEFAULT_SETTING}`, what `+experiment=imagenet` ships; eager = `{EAGER_SETTING}`):", "",
+                  "| B | target | measured | verdict |", "|---|---|---|---|"]
+        lines += [f"| {c['B']} | {c['target']} | {c['measured']} | {c['verdict']} |" for c in checks]
     lines += [f"{label}: {m[key]}" for key, label in (("made_by", "\nMade by"), ("note", "\nNote")) if m.get(key)]
     return "\n".join(lines) + "\n"
+
+
+def targets(result: dict) -> list[dict[str, Any]]:
+    """The speed targets of the ResNet-50 step, each met or missed by how much, from the rows present: default path
+    >= SPEEDUP_TARGET x the published img/s at no more peak memory, SCFS / DINO <= RATIO_TARGET on it, eager >=
+    the published step."""
+    if result["meta"].get("suite") != "resnet50":
+        return []
+    by = {(r["method"], r["B"], r["setting"]): r for r in result["rows"] if "step_ms" in r}
+    out: list[dict[str, Any]] = []
+
+    def check(b: int, target: str, measured: float, goal: float, higher: bool, unit: str, fmt: str = "{:.0f}") -> None:
+        met = measured >= goal if higher else measured <= goal
+        miss = (goal - measured) / goal if higher else (measured - goal) / goal
+        out.append({"B": b, "target": target, "measured": fmt.format(measured) + unit, "met": met,
+                    "verdict": "met" if met else f"missed by {100 * miss:.0f} %"})
+
+    for b in sorted({r["B"] for r in result["rows"]}):
+        pub = PUBLISHED.get(("resnet50", "scfs", b, EAGER_SETTING))
+        scfs, dino = by.get(("scfs", b, DEFAULT_SETTING)), by.get(("dino", b, DEFAULT_SETTING))
+        eager = by.get(("scfs", b, EAGER_SETTING))
+        if pub and scfs:
+            check(b, f"SCFS default >= {SPEEDUP_TARGET:.1f}x published ({SPEEDUP_TARGET * pub[1]:.0f} img/s)",
+                  scfs["img_per_s"], SPEEDUP_TARGET * pub[1], True, " img/s")
+            if pub[3] and scfs.get("peak_GiB") is not None:
+                check(b, f"SCFS default peak memory <= published ({pub[3]:.1f} GiB)", scfs["peak_GiB"], pub[3],
+                      False, " GiB", "{:.1f}")
+        if scfs and dino:
+            check(b, f"SCFS / DINO on the default path <= {RATIO_TARGET:.2f}", scfs["step_ms"] / dino["step_ms"],
+                  RATIO_TARGET, False, "", "{:.2f}")
+        if pub and eager:
+            check(b, f"SCFS eager >= published ({pub[1]} img/s)", eager["img_per_s"], pub[1], True, " img/s")
+    return out
 
 
 def save(result: dict, stem: Path) -> str:

@@ -23,6 +23,19 @@ from scfs.optim import (
     use_fused_optimizer,
 )
 
+# compile options of the loss graph per `compile_mode` (see `_compile`): the same mode without CUDA graphs
+LOSS_COMPILE: dict[str, dict[str, Any]] = {"reduce-overhead": {"mode": None},
+                                           "max-autotune": {"mode": "max-autotune-no-cudagraphs"}}
+
+
+def step_losses(method: SelfDistillation, st: dict[str, Any], te: dict[str, Any], b: int, n_local: int,
+                temp: float | torch.Tensor, diagnostics: bool) -> tuple[torch.Tensor, dict[str, Any]]:
+    """A step's loss and its logged terms (`method.loss_terms`); module-level, so `compile=true` traces it as one
+    graph with the method passed in, like the networks' calls (`scfs.methods.networks`)."""
+    logs: dict[str, Any] = {}
+    loss = method.loss_terms(st, te, b, n_local, temp, logs, diagnostics)
+    return loss, logs
+
 
 class SelfDistillation(L.LightningModule):
     """Student / EMA-teacher self-distillation on multi-crop views: what every method here shares.
@@ -76,6 +89,9 @@ class SelfDistillation(L.LightningModule):
         # take the networks as arguments: a copy of this module calls them with its own networks.
         self._student_fn: Any = student_forward
         self._teacher_fn: Any = teacher_forward
+        self._loss_fn: Any = step_losses
+        self._temp: torch.Tensor | None = None  # compiled loss: the teacher temperature as a 0-d device tensor
+        self._loss_prepared = False
         self.compile_mode = compile_mode
         self.finite_every = max(int(finite_check_every_n_steps), 1)
         self._nonfinite: torch.Tensor | None = None  # device flag: a non-finite loss since the last check
@@ -94,11 +110,17 @@ class SelfDistillation(L.LightningModule):
     def build_losses(self) -> None:
         """Create the loss modules (they hold state such as DINO's centre, so they are submodules)."""
 
-    def loss_terms(self, st: dict[str, Any], te: dict[str, Any], b: int, n_local: int, temp: float,
-                   logs: dict[str, Any]) -> torch.Tensor:
+    def loss_terms(self, st: dict[str, Any], te: dict[str, Any], b: int, n_local: int, temp: float | torch.Tensor,
+                   logs: dict[str, Any], diagnostics: bool) -> torch.Tensor:
         """The total loss of a step from the student's and the teacher's outputs (`student_forward`,
-        `teacher_forward`); terms go into `logs` as `loss/<name>`."""
+        `teacher_forward`); terms go into `logs` as `loss/<name>`, and on the steps whose logs are written
+        (`diagnostics`) also any extra statistics. Traced by `torch.compile` under `compile=true` (`step_losses`):
+        no host syncs, no Python state that changes per step (`temp` is then a 0-d device tensor)."""
         raise NotImplementedError
+
+    def prepare_loss(self, st: dict[str, Any], te: dict[str, Any]) -> None:
+        """Eager set-up before the (possibly compiled) loss of the first step, such as choosing a kernel backend:
+        work that must not be traced."""
 
     def uniform_loss(self) -> float:
         """The loss value when every output is uniform (log of the head sizes): a stuck objective sits here."""
@@ -119,6 +141,10 @@ class SelfDistillation(L.LightningModule):
         # the student's and the teacher's step-time calls as one graph each (see `student_forward`)
         self._student_fn = torch.compile(student_forward, **kw)
         self._teacher_fn = torch.compile(teacher_forward, **kw)
+        # the losses (with SCFS's searched targets and stage heads) as one more graph, without CUDA graphs: its
+        # outputs are the step's logged values, which Lightning may read after the next replay of a CUDA graph
+        # would have overwritten them, and the graph is a few fused kernels, so replaying it saves little
+        self._loss_fn = torch.compile(step_losses, **{**kw, **LOSS_COMPILE.get(self.compile_mode, {})})
         for net in (self.student, self.teacher):
             net["backbone"].compile(**kw)
         for head in self.teacher["stage_heads"].values():
@@ -305,10 +331,14 @@ class SelfDistillation(L.LightningModule):
         # for online monitors (stop-gradient linear probe): student features of global view 1 and labels
         self.last_features = st["pooled_global"][:b].detach()
         self.last_labels = batch[1] if isinstance(batch, (list, tuple)) and len(batch) > 1 else None
-        logs: dict[str, torch.Tensor | float] = {}
-        loss = self.loss_terms(st, te, b, n_local, temp, logs)
+        diagnostics = self._logging_step()
+        if not self._loss_prepared:
+            self.prepare_loss(st, te)
+            self._loss_prepared = True
+        with record_function("scfs/losses"):
+            loss, logs = self._loss_fn(self, st, te, b, n_local, self._temp_arg(temp, g.device), diagnostics)
         logs["loss/total"] = loss
-        if self._logging_step():  # Python floats become device tensors in self.log: a blocking copy each
+        if diagnostics:  # Python floats become device tensors in self.log: a blocking copy each
             logs.update({"sched/teacher_temp": temp, "sched/momentum": self.teacher_momentum(),
                          "sched/lr": self.optimizers().optimizer.param_groups[0]["lr"],
                          "sched/wd": self.optimizers().optimizer.param_groups[0]["weight_decay"]})
@@ -333,6 +363,20 @@ class SelfDistillation(L.LightningModule):
                 "(trainer.gradient_clip_val)"
             )
         return loss
+
+    def _temp_arg(self, temp: float, device: torch.device) -> float | torch.Tensor:
+        """The teacher temperature as the loss takes it: a Python float eagerly; a 0-d device tensor, refilled only
+        when its value changes, when the loss is compiled (a float would be a constant of the graph: one
+        recompile per value of a warm-up schedule)."""
+        if self._loss_fn is step_losses:
+            return temp
+        if self._temp is None or self._temp.device != device:
+            self._temp = torch.tensor(temp, dtype=torch.float32, device=device)
+            self._temp_value = temp
+        elif self._temp_value != temp:
+            self._temp.fill_(temp)
+            self._temp_value = temp
+        return self._temp
 
     def _logging_step(self) -> bool:
         """True on the steps whose logs Lightning writes (every `trainer.log_every_n_steps`)."""

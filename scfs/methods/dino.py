@@ -23,8 +23,8 @@ class DINO(SelfDistillation):
         self.dino_loss = DINOLoss(self.method_cfg["out_dim"], self.method_cfg.get("student_temp", 0.1),
                                   self.method_cfg.get("center_momentum", 0.9))
 
-    def loss_terms(self, st: dict[str, Any], te: dict[str, Any], b: int, n_local: int, temp: float,
-                   logs: dict[str, Any]) -> torch.Tensor:
+    def loss_terms(self, st: dict[str, Any], te: dict[str, Any], b: int, n_local: int, temp: float | torch.Tensor,
+                   logs: dict[str, Any], diagnostics: bool) -> torch.Tensor:
         with record_function("scfs/dino_loss"):
             loss = self.dino_loss(st["logits"], te["logits"], temp)
         logs["loss/dino"] = loss

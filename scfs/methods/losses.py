@@ -48,7 +48,12 @@ class DINOLoss(nn.Module):
         batch_center = teacher_out.float().sum(dim=0, keepdim=True)
         world = 1
         if dist.is_available() and dist.is_initialized():
-            dist.all_reduce(batch_center)
+            if torch.compiler.is_compiling():  # the traceable (functional) form of the same all-reduce
+                from torch.distributed import _functional_collectives as funcol
+
+                batch_center = funcol.all_reduce(batch_center, "sum", dist.group.WORLD)
+            else:
+                dist.all_reduce(batch_center)
             world = dist.get_world_size()
         batch_center = batch_center / (teacher_out.shape[0] * world)
         self.center.mul_(self.center_momentum).add_(batch_center, alpha=1 - self.center_momentum)

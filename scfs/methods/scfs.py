@@ -4,6 +4,7 @@ a local term whose teacher target is the teacher's global-view map *searched* wi
 from __future__ import annotations
 
 import math
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -33,13 +34,28 @@ class SCFS(DINO):
             raise ValueError(f"data.n_local={self.n_local}: search.local_target={self.local_target} needs at least "
                              "one local crop (>= 1)")
 
-    @property
+    @cached_property
     def weighting(self) -> str:
+        """How the similarity map weights the teacher map (`search.weighting`)."""
         return search_settings(self.search_cfg)[0]
 
-    @property
+    @cached_property
     def local_target(self) -> str:
+        """What the local term's teacher target is (`search.local_target`: search, roi or none)."""
         return search_settings(self.search_cfg)[1]
+
+    def prepare_loss(self, st: dict[str, Any], te: dict[str, Any]) -> None:
+        """Choose each stage's search backend on the first step's real maps and queries, eagerly: under
+        `compile=true` the loss is traced and must find the choice made (`scfs.search.api.resolve_backend`)."""
+        super().prepare_loss(st, te)
+        if self.local_target != "search" or not st["queries"]:
+            return
+        from scfs.search.api import resolve_backend
+
+        for s in self.stages:
+            b = te["maps"][s].shape[0] // 2  # the teacher maps hold both global views; view 1 is searched
+            maps, q = te["maps"][s][:b], st["queries"][s]
+            resolve_backend(self.search_cfg.get("backend", "auto"), maps, q.view(-1, b, q.shape[-1]).to(maps.dtype))
 
     def stage_names(self) -> tuple[str, ...]:
         if self.weighting not in WEIGHTINGS:
@@ -57,9 +73,9 @@ class SCFS(DINO):
         st, cm = self.method_cfg.get("student_temp", 0.1), self.method_cfg.get("center_momentum", 0.9)
         self.stage_losses = nn.ModuleDict({s: DINOLoss(self.method_cfg["stage_out_dim"], st, cm) for s in self.stages})
 
-    def loss_terms(self, st: dict[str, Any], te: dict[str, Any], b: int, n_local: int, temp: float,
-                   logs: dict[str, Any]) -> torch.Tensor:
-        loss = super().loss_terms(st, te, b, n_local, temp, logs)
+    def loss_terms(self, st: dict[str, Any], te: dict[str, Any], b: int, n_local: int, temp: float | torch.Tensor,
+                   logs: dict[str, Any], diagnostics: bool) -> torch.Tensor:
+        loss = super().loss_terms(st, te, b, n_local, temp, logs, diagnostics)
         w = self.method_cfg.get("stage_weight", 0.5)
         for s in self.stages:
             loss_g = self.stage_losses[s](st["stage_global"][s], te["stage_global"][s], temp)
@@ -67,7 +83,8 @@ class SCFS(DINO):
             stage_loss = loss_g
             with record_function(f"scfs/stage_{s}_local"):
                 loss_l = self._local_term(s, st["stage_local"].get(s), st["queries"].get(s),
-                                          st["local_size"].get(s, 1), te["maps"][s][:b], b, n_local, temp, logs)
+                                          st["local_size"].get(s, 1), te["maps"][s][:b], b, n_local, temp, logs,
+                                          diagnostics)
             if loss_l is not None:
                 logs[f"loss/{s}_local"] = loss_l
                 stage_loss = stage_loss + loss_l
@@ -75,7 +92,8 @@ class SCFS(DINO):
         return loss
 
     def _local_term(self, stage: str, sl_out: torch.Tensor | None, queries: torch.Tensor | None, local_size: int,
-                    t_global1: torch.Tensor, b: int, n_local: int, temp: float, logs: dict) -> torch.Tensor | None:
+                    t_global1: torch.Tensor, b: int, n_local: int, temp: float | torch.Tensor, logs: dict,
+                    diagnostics: bool) -> torch.Tensor | None:
         """The stage's local term: the student's stage head logits on its local maps (`sl_out`) matched with the
         teacher's stage head on its global-view-1 map searched by the student's pooled local features."""
         if self.local_target == "none" or sl_out is None or queries is None:
@@ -96,7 +114,7 @@ class SCFS(DINO):
                     temperature=self.search_cfg.get("temperature", 0.1),
                     backend=self.search_cfg.get("backend", "auto"),
                 )
-                if self._logging_step():  # diagnostics only on the steps that are written
+                if diagnostics:  # only on the steps whose logs are written
                     sim = found.similarity
                     p = found.weights.clamp_min(0).flatten(2)
                     p = p / p.sum(-1, keepdim=True).clamp_min(1e-12)

@@ -116,10 +116,28 @@ def _resolve(backend: str, feats: torch.Tensor, queries: torch.Tensor) -> str:
     return "reference"
 
 
+def resolve_backend(backend: str, feats: torch.Tensor, queries: torch.Tensor) -> str:
+    """The backend that runs these inputs, chosen once per (backend, device type, dtype) for inputs within the
+    kernels' limits. Call it eagerly before `torch.compile` traces a search: the choice may build the CUDA
+    extension, which must not be traced; the traced call then finds it made."""
+    if queries.shape[0] > MAX_QUERIES:
+        return _resolve(backend, feats, queries)
+    key = (backend, feats.device.type, feats.dtype)
+    chosen = _resolved.get(key)
+    if chosen is None:
+        chosen = _resolved[key] = _resolve(backend, feats, queries)
+    return chosen
+
+
 def _log_once(msg: str) -> None:
     if msg not in _warned:
         _warned.add(msg)
         log.warning(msg)
+
+
+def _needs_grad(feats: torch.Tensor, queries: torch.Tensor, weight: torch.Tensor | None) -> bool:
+    return torch.is_grad_enabled() and (feats.requires_grad or queries.requires_grad
+                                        or (weight is not None and weight.requires_grad))
 
 
 def feature_search(
@@ -139,13 +157,11 @@ def feature_search(
     similarity and weights (N,B,H,W) float32 (float64 for float64 feats). See docs/ARCHITECTURE.md.
     """
     _check(feats, queries, mode, weight, topk, temperature, eps, backend)
-    if queries.shape[0] <= MAX_QUERIES:
-        key = (backend, feats.device.type, feats.dtype)
-        chosen = _resolved.get(key)
-        if chosen is None:
-            chosen = _resolved[key] = _resolve(backend, feats, queries)
-    else:
-        chosen = _resolve(backend, feats, queries)
+    if torch.compiler.is_compiling() and backend == "auto" and _needs_grad(feats, queries, weight):
+        # inside torch.compile only the no-grad kernel forward is an op of the graph (scfs.search.custom_op);
+        # with gradients the reference is traced instead and inductor fuses it
+        return SearchOutput(*reference_search(feats, queries, mode, weight, topk, temperature, eps))
+    chosen = resolve_backend(backend, feats, queries)
     if chosen == "reference":
         return SearchOutput(*reference_search(feats, queries, mode, weight, topk, temperature, eps))
     return SearchOutput(*kernel_search(chosen, feats, queries, mode, weight, topk, temperature, eps))

@@ -209,11 +209,16 @@ def kernel_search(
     temperature: float,
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Run a kernel backend: through the autograd Function when a gradient is wanted, else directly."""
+    """Run a kernel backend: through the autograd Function when a gradient is wanted, else directly (inside
+    `torch.compile`, as the registered custom op `scfs::search_forward`, one node of the graph)."""
     if torch.is_grad_enabled() and (
         feats.requires_grad or queries.requires_grad or (weight is not None and weight.requires_grad)
     ):
         return _KernelSearch.apply(feats, queries, weight, mode, topk, temperature, eps, backend)
+    if torch.compiler.is_compiling():
+        from scfs.search.custom_op import search_forward
+
+        return search_forward(feats, queries, weight, mode, topk, temperature, eps, backend)
     feats, _, out, sim, a, _, _, _ = _forward(feats, queries, weight, mode, topk, temperature, eps, backend)
     shape = (queries.shape[0], feats.shape[0], feats.shape[2], feats.shape[3])
     return out, sim.view(shape), a.view(shape)

@@ -106,6 +106,7 @@ def build_for_training(cfg: DictConfig, resume: dict[str, Any] | None):
 
     from scfs.training.checkpointing import check_resume_matches, make_train_loader_resumable
 
+    prepare_compile_cache(cfg)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     if cfg.trainer.get("accelerator", "cpu") == "cpu" and os.environ.get("SCFS_THREADS"):
         torch.set_num_threads(int(os.environ["SCFS_THREADS"]))
@@ -116,6 +117,24 @@ def build_for_training(cfg: DictConfig, resume: dict[str, Any] | None):
     dm.setup()
     make_train_loader_resumable(dm)
     return dm, model
+
+
+def prepare_compile_cache(cfg: DictConfig) -> Path | None:
+    """With `compile=true`: point torch.compile's on-disk cache at `compile_cache` (unless TORCHINDUCTOR_CACHE_DIR
+    is set) and say in one line why the first steps wait. The cache keeps the compiled graphs and kernels across
+    runs, so a second run of a recipe spends its warm-up on tracing only."""
+    if not cfg.get("compile", False):
+        return None
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not chosen and cfg.get("compile_cache"):
+        chosen = os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(str(cfg.compile_cache)).expanduser())
+    cache = Path(chosen) if chosen else None
+    warm = cache is not None and cache.is_dir() and any(cache.iterdir())
+    where = f"cache {cache}" if cache else "torch's default cache"
+    log.info("compile=true (%s): the first steps compile the step; %s", cfg.get("compile_mode", "default"),
+             f"reusing the compiled graphs in the {where}, about a minute" if warm else
+             f"nothing cached yet in the {where}: a few minutes this time, about a minute on later runs")
+    return cache
 
 
 def eval_device(cfg: DictConfig) -> Any:

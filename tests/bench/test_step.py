@@ -151,3 +151,29 @@ def test_markdown_names_host_time_and_provenance() -> None:
                                            "img_per_s": 16000.0, "profile": prof}]})
     assert "- scfs B=32 bf16_cl_graphs: cudaGraphLaunch 8.3 ms (28x)" in md
     assert "Made by: bash scripts/x.sh" in md and "Note: B=64 not measured" in md
+
+
+def test_speed_targets_are_marked_met_or_missed_by_how_much():
+    """The record's target table: default path vs 2x the published img/s and its peak memory, SCFS / DINO on the
+    default path, eager vs the published step; each met, or missed by the relative shortfall."""
+    from scfs.bench.step import targets
+
+    def row(method: str, b: int, setting: str, ms: float, peak: float) -> dict:
+        return {"method": method, "B": b, "setting": setting, "step_ms": ms, "img_per_s": b * 1000 / ms,
+                "peak_GiB": peak}
+
+    rows = [row("scfs", 32, "bf16_cl_graphs", 40.0, 7.0), row("dino", 32, "bf16_cl_graphs", 36.0, 6.0),
+            row("scfs", 32, "bf16_cl", 128.0, 7.5), row("scfs", 64, "bf16_cl_graphs", 64.0, 15.0),
+            row("dino", 64, "bf16_cl_graphs", 50.0, 12.0)]
+    got = {(c["B"], c["target"].split(" (")[0]): c for c in targets({"meta": {"suite": "resnet50"}, "rows": rows})}
+    assert got[(32, "SCFS default >= 2.0x published")]["met"]  # 800 img/s >= 648
+    assert got[(32, "SCFS default peak memory <= published")]["met"]  # 7.0 <= 8.0 GiB
+    assert got[(32, "SCFS / DINO on the default path <= 1.15")]["met"]  # 1.11
+    eager = got[(32, "SCFS eager >= published")]  # 250 img/s against 324: 23 % short
+    assert not eager["met"] and eager["verdict"] == "missed by 23 %"
+    b64 = got[(64, "SCFS default >= 2.0x published")]  # 1000 img/s against 1114
+    assert not b64["met"] and b64["verdict"] == "missed by 10 %"
+    assert not got[(64, "SCFS / DINO on the default path <= 1.15")]["met"]  # 1.28
+    assert not got[(64, "SCFS default peak memory <= published")]["met"]  # 15.0 > 14.7 GiB
+    assert (64, "SCFS eager >= published") not in got  # no eager row at B=64: nothing claimed
+    assert targets({"meta": {"suite": "cifar"}, "rows": rows}) == []

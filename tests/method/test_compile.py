@@ -107,3 +107,97 @@ def test_compiled_student_call_matches_eager_with_gradients():
     for (name, p), q in zip(eager_net.named_parameters(), compiled_net.parameters()):
         if p.grad is not None:
             torch.testing.assert_close(q.grad, p.grad, rtol=1e-3, atol=1e-5, msg=name)
+
+
+def _method_and_outputs(overrides: list[str]):
+    """A tiny method from the real config and one step's student (with grad) and teacher outputs."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from helpers import compose_cfg
+
+    from scfs.methods.networks import student_forward, teacher_forward
+    from scfs.train import build
+
+    torch.manual_seed(0)
+    _, method = build(compose_cfg(overrides))
+    g, loc = torch.randn(8, 3, 32, 32), torch.randn(12, 3, 16, 16)  # B=4, 3 local views
+    st = student_forward(method.student, g, loc, method.stages, method._local_heads)
+    with torch.no_grad():
+        te = teacher_forward(method.teacher, g, method.stages)
+    method.prepare_loss(st, te)
+    return method, st, te
+
+
+PRESETS = [["method=dino"], ["search=soft"], ["search=hard"], ["search=softmax"], ["search=roi"], ["search=none"]]
+
+
+@pytest.mark.parametrize("overrides", PRESETS, ids=lambda o: o[0])
+def test_losses_trace_as_one_graph(overrides):
+    """`compile=true` compiles a step's losses (DINO's, and SCFS's stage terms with the searched targets) as one
+    graph, on logging steps (search diagnostics) and the others: a break would bring back the host-bound eager
+    loss of a CUDA-graph step."""
+    from scfs.methods.base import step_losses
+
+    method, st, te = _method_and_outputs(overrides)
+    torch._dynamo.reset()
+    for diagnostics in (False, True):
+        got = torch._dynamo.explain(step_losses)(method, st, te, 4, 3, torch.tensor(0.04), diagnostics)
+        assert (got.graph_count, got.graph_break_count) == (1, 0), got.break_reasons
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("overrides", [["method=dino"], ["search=soft"], ["search=hard"]], ids=lambda o: o[0])
+def test_compiled_losses_match_eager(overrides):
+    """The traced losses (temperature as a device tensor, the centre update functionalised) give the eager loss,
+    logged terms, gradients into the student's outputs and centre buffers."""
+    from scfs.methods.base import step_losses
+
+    method, st, te = _method_and_outputs(overrides)
+    twin = copy.deepcopy(method)
+    st_twin = {k: ({s: t.detach().clone().requires_grad_(t.requires_grad) for s, t in v.items()}
+                   if isinstance(v, dict) and v and isinstance(next(iter(v.values())), torch.Tensor) else
+                   v.detach().clone().requires_grad_(v.requires_grad) if isinstance(v, torch.Tensor) else v)
+               for k, v in st.items()}
+    st_eager = {k: v for k, v in st.items()}
+    torch._dynamo.reset()
+    loss_e, logs_e = step_losses(method, st_eager, te, 4, 3, 0.05, True)
+    compiled = torch.compile(step_losses, backend="aot_eager", dynamic=False)
+    loss_c, logs_c = compiled(twin, st_twin, te, 4, 3, torch.tensor(0.05), True)
+    torch._dynamo.reset()
+    torch.testing.assert_close(loss_c, loss_e, rtol=1e-5, atol=1e-6)
+    assert logs_c.keys() == logs_e.keys()
+    for k in logs_e:
+        torch.testing.assert_close(logs_c[k], logs_e[k], rtol=1e-5, atol=1e-6, msg=k)
+    leaves_e = [st_eager["logits"], *st_eager["stage_global"].values(), *st_eager["stage_local"].values()]
+    leaves_c = [st_twin["logits"], *st_twin["stage_global"].values(), *st_twin["stage_local"].values()]
+    for e, c in zip(torch.autograd.grad(loss_e, leaves_e), torch.autograd.grad(loss_c, leaves_c)):
+        torch.testing.assert_close(c, e, rtol=1e-4, atol=1e-7)
+    for (name, b_e), b_c in zip(method.named_buffers(), twin.buffers()):
+        if name.endswith("center"):
+            assert b_e.abs().sum() > 0, name  # the step did update the centre
+            torch.testing.assert_close(b_c, b_e, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_a_new_teacher_temperature_does_not_recompile_the_losses():
+    """The temperature schedule changes every step of a warm-up: the compiled losses take it as one 0-d device
+    tensor refilled in place, so a new value reuses the graph (a Python float would be a constant: a recompile
+    per value, past dynamo's limit within the warm-up)."""
+    from torch._dynamo.testing import CompileCounter
+
+    from scfs.methods.base import step_losses
+
+    method, st, te = _method_and_outputs(["search=soft"])
+    counter = CompileCounter()
+    method._loss_fn = torch.compile(step_losses, backend=counter, dynamic=False)
+    torch._dynamo.reset()
+    first = method._temp_arg(0.04, torch.device("cpu"))
+    losses = []
+    for temp in (0.04, 0.05, 0.06):
+        arg = method._temp_arg(temp, torch.device("cpu"))
+        assert arg is first and float(arg) == pytest.approx(temp)
+        losses.append(float(method._loss_fn(method, st, te, 4, 3, arg, False)[0].detach()))
+    torch._dynamo.reset()
+    assert counter.frame_count == 1
+    assert len(set(losses)) == 3  # the new value did reach the graph

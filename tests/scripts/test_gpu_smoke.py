@@ -30,7 +30,7 @@ def test_smoke_runs_every_readme_command_and_reports_failures(tmp_path):
     assert res.returncode == 1, res.stdout + res.stderr  # one row fails on purpose
     rows = [line.split("\t") for line in (tmp_path / "out" / "rows.tsv").read_text().splitlines()]
     by_id = {r[0]: r for r in rows}
-    expected = {"cifar10", "cifar10-graphs", "cifar10-dino", "search-hard", "search-softmax", "search-roi",
+    expected = {"cifar10", "cifar10-eager", "cifar10-dino", "search-hard", "search-softmax", "search-roi",
                 "search-none", "imagenet", "resume-stop", "resume-auto", "search-check", "bench-step", "knn",
                 "linear-fast", "linear-full", "detect", "precision", "notebook-02"}
     assert set(by_id) == expected

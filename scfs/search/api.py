@@ -8,6 +8,7 @@ from typing import NamedTuple
 import torch
 
 from scfs.names import SEARCH_BACKENDS, WEIGHTINGS
+from scfs.search.custom_op import search_forward
 from scfs.search.kernel_fn import kernel_search
 from scfs.search.reference import reference_search
 
@@ -164,4 +165,7 @@ def feature_search(
     chosen = resolve_backend(backend, feats, queries)
     if chosen == "reference":
         return SearchOutput(*reference_search(feats, queries, mode, weight, topk, temperature, eps))
+    if torch.compiler.is_compiling() and not _needs_grad(feats, queries, weight):
+        # traced by torch.compile: the kernel is one opaque op of the graph (its no-grad forward is registered)
+        return SearchOutput(*search_forward(feats, queries, weight, mode, topk, temperature, eps, chosen))
     return SearchOutput(*kernel_search(chosen, feats, queries, mode, weight, topk, temperature, eps))

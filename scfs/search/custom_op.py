@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from scfs.search.kernel_fn import _forward
+from scfs.search.kernel_fn import kernel_forward
 
 
 def _out_format(feats: torch.Tensor) -> torch.memory_format:
@@ -26,7 +26,7 @@ def _out_format(feats: torch.Tensor) -> torch.memory_format:
 def search_forward(feats: torch.Tensor, queries: torch.Tensor, weight: torch.Tensor | None, mode: str, topk: float,
                    temperature: float, eps: float, backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(features (N*B, C_out, H, W), similarity (N, B, H, W), weights (N, B, H, W)) of a kernel backend."""
-    feats_used, _, out, sim, a, _, _, _ = _forward(feats, queries, weight, mode, topk, temperature, eps, backend)
+    feats_used, _, out, sim, a, _, _, _ = kernel_forward(feats, queries, weight, mode, topk, temperature, eps, backend)
     shape = (queries.shape[0], feats_used.shape[0], feats_used.shape[2], feats_used.shape[3])
     # outputs of a custom op must not alias each other or the inputs: sim and a are separate buffers except in
     # no mode; a clone guards the contract should a backend ever hand back one buffer twice

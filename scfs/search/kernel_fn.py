@@ -93,7 +93,7 @@ def fwd_soft_generic(ops: KernelOps, f3, queries, g3, h: int, w: int, channels_l
     return out, sim, a, fnorm, qnorm
 
 
-def _forward(feats, queries, weight, mode, topk, temperature, eps, backend):
+def kernel_forward(feats, queries, weight, mode, topk, temperature, eps, backend):
     """The kernel forward: (feats as used, g3 or None, out, sim, a, fnorm, qnorm, mask), sim/a as (N, B, P)."""
     ops = _OPS.get(backend) or _ops(backend)
     if feats.is_contiguous():
@@ -145,7 +145,7 @@ class _KernelSearch(torch.autograd.Function):
         eps: float,
         backend: str,
     ):
-        feats, g3, out, sim, a, fnorm, qnorm, mask = _forward(
+        feats, g3, out, sim, a, fnorm, qnorm, mask = kernel_forward(
             feats, queries, weight, mode, topk, temperature, eps, backend
         )
         ctx.save_for_backward(feats, queries, weight, g3, sim, a, fnorm, qnorm, mask)
@@ -209,16 +209,11 @@ def kernel_search(
     temperature: float,
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Run a kernel backend: through the autograd Function when a gradient is wanted, else directly (inside
-    `torch.compile`, as the registered custom op `scfs::search_forward`, one node of the graph)."""
+    """Run a kernel backend: through the autograd Function when a gradient is wanted, else directly."""
     if torch.is_grad_enabled() and (
         feats.requires_grad or queries.requires_grad or (weight is not None and weight.requires_grad)
     ):
         return _KernelSearch.apply(feats, queries, weight, mode, topk, temperature, eps, backend)
-    if torch.compiler.is_compiling():
-        from scfs.search.custom_op import search_forward
-
-        return search_forward(feats, queries, weight, mode, topk, temperature, eps, backend)
-    feats, _, out, sim, a, _, _, _ = _forward(feats, queries, weight, mode, topk, temperature, eps, backend)
+    feats, _, out, sim, a, _, _, _ = kernel_forward(feats, queries, weight, mode, topk, temperature, eps, backend)
     shape = (queries.shape[0], feats.shape[0], feats.shape[2], feats.shape[3])
     return out, sim.view(shape), a.view(shape)

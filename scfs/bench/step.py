@@ -445,6 +445,9 @@ def targets(result: dict) -> list[dict[str, Any]]:
                   RATIO_TARGET, False, "", "{:.2f}")
         if pub and eager:
             check(b, f"SCFS eager >= published ({pub[1]} img/s)", eager["img_per_s"], pub[1], True, " img/s")
+            if eager.get("aug_ms"):  # the published timing had no data pipeline; ours makes the views in the step
+                views_out = b * 1000 / (eager["step_ms"] - eager["aug_ms"])
+                out[-1]["measured"] += f" ({views_out:.0f} without making the views)"
     return out
 
 

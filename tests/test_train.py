@@ -195,3 +195,25 @@ def test_compiled_step_matches_eager(tmp_path, shapes_root):
     assert a["state_dict"].keys() == c["state_dict"].keys()
     for k, v in a["state_dict"].items():
         torch.testing.assert_close(c["state_dict"][k], v, rtol=1e-3, atol=1e-4, msg=k)
+
+
+def test_step_terms_are_logged_only_on_written_steps_and_the_last(tmp_path, shapes_root, monkeypatch):
+    """The per-step loss terms go through `self.log` only on the steps Lightning writes (every
+    `trainer.log_every_n_steps`) and on the run's last step, whose DINO term the summary reports; `loss` itself
+    is logged every step (its epoch mean)."""
+    import lightning as L
+
+    seen: list[tuple[int, float]] = []
+    log_dict = L.LightningModule.log_dict
+
+    def spy(self, metrics, *args, **kwargs):
+        if "loss/total" in metrics:
+            seen.append((self.global_step, float(metrics["loss/dino"])))
+        return log_dict(self, metrics, *args, **kwargs)
+
+    monkeypatch.setattr(L.LightningModule, "log_dict", spy)
+    summary = run(compose_cfg(["trainer.max_epochs=4", "trainer.log_every_n_steps=3", "eval.knn_at_start=false"],
+                              data_root=shapes_root), tmp_path / "r")
+    assert summary["steps"] == 8  # 4 epochs of 2 batches
+    assert [step for step, _ in seen] == [2, 5, 7]  # steps 3 and 6 (1-based) are written, and the last one
+    assert summary["loss_dino"] == pytest.approx(seen[-1][1])

@@ -75,7 +75,7 @@ def _side_by_side(backbones: dict[str, Any], images: np.ndarray, names: Sequence
         maps[name] = compute_search_maps(bb, images, n_crops=n_crops, masks=masks, local_size=local_size,
                                          scale=scale, names=list(names), modes=(mode,),
                                          boxes=next(iter(maps.values())).boxes if maps else boxes)
-    fig = searched_regions_stack(maps, mode=mode, masks=masks, title="{model} teacher: what the {mode} search picks")
+    fig = searched_regions_stack(maps, mode=mode, masks=masks)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=dpi)
     _shrink(out)

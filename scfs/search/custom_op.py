@@ -28,10 +28,10 @@ def search_forward(feats: torch.Tensor, queries: torch.Tensor, weight: torch.Ten
     """(features (N*B, C_out, H, W), similarity (N, B, H, W), weights (N, B, H, W)) of a kernel backend."""
     feats_used, _, out, sim, a, _, _, _ = kernel_forward(feats, queries, weight, mode, topk, temperature, eps, backend)
     shape = (queries.shape[0], feats_used.shape[0], feats_used.shape[2], feats_used.shape[3])
-    # outputs of a custom op must not alias each other or the inputs: sim and a are separate buffers except in
-    # no mode; a clone guards the contract should a backend ever hand back one buffer twice
+    # outputs of a custom op must not share storage with each other or the inputs; the CUDA binding carves sim, a
+    # and the norms out of one fp32 allocation, so a gets its own (N*B*P floats: small next to the features)
     sim, a = sim.view(shape), a.view(shape)
-    if a.data_ptr() == sim.data_ptr():
+    if a.untyped_storage().data_ptr() == sim.untyped_storage().data_ptr():
         a = a.clone()
     return out, sim, a
 

@@ -93,3 +93,25 @@ def test_traced_search_with_gradients_traces_the_reference():
     torch._dynamo.reset()
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(g_got, g_want, rtol=1e-4, atol=1e-6)
+
+
+def test_outputs_carved_from_one_allocation_do_not_alias(monkeypatch):
+    """The CUDA binding returns sim and a as views of one fp32 buffer; the op must still hand back outputs that share
+    no storage (torch checks this at run time and raised inside the compiled step before)."""
+    import scfs.search.custom_op as custom_op
+
+    def one_buffer_forward(feats, queries, weight, mode, topk, temperature, eps, backend):
+        out, sim, a = reference_search(feats, queries, mode, weight, topk, temperature, eps)
+        n, b, h, w = sim.shape
+        stats = torch.cat([sim.flatten(), a.flatten()])
+        flat_sim, flat_a = stats[: sim.numel()].view(n, b, h * w), stats[sim.numel():].view(n, b, h * w)
+        return feats, None, out, flat_sim, flat_a, None, None, None
+
+    monkeypatch.setattr(custom_op, "kernel_forward", one_buffer_forward)
+    feats, queries, weight = _inputs(torch.float32, False, True)
+    got = search_forward(feats, queries, weight, "soft", 0.25, 0.1, 1e-6, "cuda")
+    storages = {t.untyped_storage().data_ptr() for t in got}
+    assert len(storages) == 3
+    want = reference_search(feats, queries, "soft", weight, 0.25, 0.1, 1e-6)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)

@@ -1,0 +1,416 @@
+"""The CIFAR-10 quality study on one GPU machine, window by window: SCFS vs DINO over seeds, the search ablation and
+the training-length pair, each run pretrained with the shipped `+experiment=cifar10` recipe, then kNN (in the run)
+and the swept fast linear probe (in the same window: checkpoints do not outlive a machine).
+
+    python scripts/cifar10_study.py run --out /tmp/study --parallel 4 --deadline <unix time> [--ramp]
+    python scripts/cifar10_study.py render benchmarks/results/cifar10-quality-<date>.json
+
+`run` skips every run already in a committed record (`benchmarks/results/cifar10-quality-*.json`), starts the
+others in plan order, at most `--parallel` at a time, and only when they are predicted to finish (training, linear
+probe) before `--deadline`; the prediction assumes the GPU is saturated (the aggregate epochs per second measured
+now does not grow with one more run), so a run that starts finishes. `--ramp` adds the runs one at a time and
+measures the aggregate epochs per minute at 1, 2, ... runs side by side (the record's `concurrency`). Each run's row
+lands in `<out>/cifar10-quality-<date>.json` (+ `.md`) the moment its linear probe ends. `--slim KEY ...` keeps the
+teacher of those runs as a small weights-only checkpoint (`<out>/slim/`) for figures drawn after the window.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+RECIPE = ["+experiment=cifar10", "data.root=data/cifar10", "logger=csv", "eval.figure=false",
+          "trainer.enable_progress_bar=true"]
+STEPS_PER_EPOCH = 97  # 50,000 images, batch 512, the last partial batch dropped
+PROGRESS = re.compile(r"Epoch (\d+):\s*\d+%\|[^|\r\n]*\|\s*(\d+)/(\d+)")
+TRAIN_MODULE, LINEAR_MODULE = "scfs.train", "scfs.eval.linear"  # module attributes: the tests put fakes here
+POLL_S, MIN_RATE_S = 3.0, 5.0  # poll interval; shortest span a rate is measured over
+COMPILE_S, LINEAR_S, SECONDS_PER_EPOCH_ALONE = 100.0, 120.0, 5.2  # priors before anything is measured
+
+
+@dataclass
+class Run:
+    method: str
+    variant: str
+    seed: int
+    epochs: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.method}-{self.variant}-s{self.seed}-e{self.epochs}"
+
+    def overrides(self) -> list[str]:
+        ov = [f"method={self.method}", f"seed={self.seed}", f"trainer.max_epochs={self.epochs}",
+              f"name=quality-{self.key}"]
+        if self.method == "scfs":
+            ov.append(f"search={self.variant}")
+        return ov
+
+
+def plan() -> list[Run]:
+    """The study in the order it is run: the seeds pairs first (the central claim), the ablation, then the long pair."""
+    runs = []
+    for seed in (0, 1, 2):
+        runs += [Run("scfs", "soft", seed, 100), Run("dino", "dino", seed, 100)]
+    runs += [Run("scfs", v, 0, 100) for v in ("none", "roi", "hard")]
+    runs += [Run("scfs", "soft", 0, 200), Run("dino", "dino", 0, 200)]
+    return runs
+
+
+def committed(pattern: str) -> dict[str, dict]:
+    """Rows already in committed records, by run key (a run there is not run again)."""
+    rows: dict[str, dict] = {}
+    for f in sorted(glob.glob(pattern)):
+        for r in json.loads(Path(f).read_text()).get("runs", []):
+            rows[f"{r['method']}-{r['variant']}-s{r['seed']}-e{r['epochs']}"] = r
+    return rows
+
+
+@dataclass
+class Job:
+    run: Run
+    dir: Path
+    proc: subprocess.Popen
+    t0: float
+    phase: str = "train"   # train -> linear -> done
+    samples: list[tuple[float, float]] = field(default_factory=list)  # (time, epochs done)
+    linear: subprocess.Popen | None = None
+    side_by_side: int = 1
+
+    def progress(self) -> float | None:
+        """Epochs done so far, from the tail of the run's progress bar (None before the first training step)."""
+        try:
+            with open(self.dir / "stdout.log", "rb") as f:
+                f.seek(0, 2)
+                f.seek(max(f.tell() - 8192, 0))
+                tail = f.read().decode(errors="replace")
+        except OSError:
+            return None
+        hits = PROGRESS.findall(tail)
+        if not hits:
+            return None
+        epoch, step, total = (int(x) for x in hits[-1])
+        return epoch + step / max(total, 1)
+
+    def remaining(self) -> float:
+        done = self.samples[-1][1] if self.samples else 0.0
+        return max(self.run.epochs - done, 0.0)
+
+
+def rate(job: Job, since: float) -> float | None:
+    """Epochs per second of a job over its samples after `since`."""
+    pts = [(t, e) for t, e in job.samples if t >= since]
+    if len(pts) < 2 or pts[-1][0] - pts[0][0] < MIN_RATE_S:
+        return None
+    return (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0])
+
+
+def git_commit() -> str:
+    return os.environ.get("COMMIT") or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                                      text=True).stdout.strip() or "unknown"
+
+
+def row_of(job: Job, commit: str) -> dict | None:
+    """The record row of a finished run (None when training or the probe did not finish)."""
+    sj = job.dir / "summary.json"
+    if not sj.is_file():
+        return None
+    s = json.loads(sj.read_text())
+    if s.get("stopped_by_chunk_budget") or s.get("epochs", 0) < job.run.epochs:
+        return None
+    curve_file = job.dir / "knn_curve.json"
+    curve = json.loads(curve_file.read_text()) if curve_file.is_file() else []
+    lin_file = job.dir / "linear" / "metrics.json"
+    lin = json.loads(lin_file.read_text()) if lin_file.is_file() else {}
+    probe = lin.get("probe", {})
+    metrics = lin.get("metrics", {})
+    cmd = "python -m scfs.train " + " ".join(RECIPE[:1] + RECIPE[1:2] + job.run.overrides()[:-1])
+    return {"method": job.run.method, "variant": job.run.variant, "seed": job.run.seed, "epochs": job.run.epochs,
+            "knn_top1_k20": s["knn"].get("top1_k20"), "knn_top1_k200": s["knn"].get("top1_k200"),
+            "knn_init_k20": (s.get("knn_init") or {}).get("top1_k20"),
+            "linear_top1": metrics.get("top1"), "linear_top5": metrics.get("top5"),
+            "linear_lr": probe.get("lr"), "linear_wd": probe.get("weight_decay"),
+            "wall_s": s.get("seconds"), "loss": s.get("loss"), "uniform_loss": s.get("uniform_loss"),
+            "curve": [{"epoch": p.get("epoch"), "top1_k20": (p.get("knn") or p).get("top1_k20"),
+                       "top1_k200": (p.get("knn") or p).get("top1_k200")} for p in curve],
+            "command": cmd,
+            "linear_command": "python -m scfs.eval.linear ckpt=<its last.ckpt> +experiment=cifar10 "
+                              "data.root=data/cifar10 fast=true",
+            "commit": commit, "side_by_side": job.side_by_side}
+
+
+def slim_teacher(ckpt: Path, out: Path, part_mib: int = 15) -> list[str]:
+    """The teacher of a Lightning checkpoint as a weights-only file (teacher tensors in fp16 + hyper_parameters),
+    cut into parts of `part_mib` MiB so that it fits what a device call brings back."""
+    import torch
+
+    ck = torch.load(ckpt, map_location="cpu", weights_only=True)
+    state = {k: (v.half() if v.is_floating_point() else v) for k, v in ck["state_dict"].items()
+             if k.startswith("teacher.backbone.")}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"state_dict": state, "hyper_parameters": ck.get("hyper_parameters", {})}, out)
+    data, parts = out.read_bytes(), []
+    step = part_mib << 20
+    for i in range(0, len(data), step):
+        p = out.with_name(f"{out.name}.part{i // step}")
+        p.write_bytes(data[i:i + step])
+        parts.append(str(p))
+    out.unlink()
+    return parts
+
+
+def main_run(a: argparse.Namespace) -> int:
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    date = time.strftime("%Y-%m-%d")
+    record_path = out / f"cifar10-quality-{date}.json"
+    done_rows = committed(a.committed)
+    runs = plan()
+    if a.test_epochs:
+        runs = [Run(r.method, r.variant, r.seed, a.test_epochs) for r in runs if r.epochs == 100]
+    todo = [r for r in runs if r.key not in done_rows and (not a.only or r.key in a.only)]
+    commit = git_commit()
+    record = json.loads(record_path.read_text()) if record_path.is_file() else {"runs": [], "concurrency": {}}
+    have = {f"{r['method']}-{r['variant']}-s{r['seed']}-e{r['epochs']}" for r in record["runs"]}
+    todo = [r for r in todo if r.key not in have]
+    print(f"[study] {len(done_rows)} runs in committed records, {len(todo)} to run: {[r.key for r in todo]}",
+          flush=True)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", WANDB_MODE="disabled", OMP_NUM_THREADS="4")
+    jobs: list[Job] = []
+    stages: list[dict] = []
+    stage_t0: float | None = None
+    t_start = time.time()
+
+    def save() -> None:
+        record["commit"], record["date"] = commit, date
+        record_path.write_text(json.dumps(record, indent=2))
+        record_path.with_suffix(".md").write_text(render(record, done_rows))
+
+    def start(run: Run) -> Job:
+        d = Path(a.runs) / run.key
+        d.mkdir(parents=True, exist_ok=True)
+        left_min = max((a.deadline - time.time() - LINEAR_S) / 60.0, 1.0)
+        cmd = [sys.executable, "-m", TRAIN_MODULE, *RECIPE, *run.overrides(), f"hydra.run.dir={d}",
+               f"chunk_minutes={left_min:.1f}", *a.extra]
+        log = open(d / "stdout.log", "w")  # noqa: SIM115
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        print(f"[study] +{time.time() - t_start:.0f}s start {run.key} (cap {left_min:.1f} min)", flush=True)
+        return Job(run, d, proc, time.time())
+
+    def training() -> list[Job]:
+        return [j for j in jobs if j.phase == "train"]
+
+    def aggregate(since: float) -> float | None:
+        rates = [rate(j, since) for j in training()]
+        return sum(rates) if rates and all(r is not None for r in rates) else None
+
+    def fits(run: Run) -> bool:
+        """Would one more run, and every running one, end before the deadline if the GPU is saturated?"""
+        now, n = time.time(), len(training())
+        agg = aggregate(stage_t0 or now) if n else None
+        if n and agg is None:
+            return False  # wait for a measurement first
+        alone = [st for st in stages if st["runs"] == 1]
+        alone_s = 60.0 / alone[0]["aggregate_epochs_per_min"] if alone else SECONDS_PER_EPOCH_ALONE
+        per_run_s = (n + 1) / agg if agg else alone_s
+        need_new = COMPILE_S + run.epochs * per_run_s + LINEAR_S
+        need_old = max((j.remaining() * per_run_s + LINEAR_S for j in training()), default=0.0)
+        return now + max(need_new, need_old) < a.deadline
+
+    measured: set[int] = set()
+    ramp_open = a.ramp
+    while todo or any(j.phase != "done" for j in jobs):
+        now = time.time()
+        for j in training():
+            p = j.progress()
+            if p is not None:
+                j.samples.append((now, p))
+            j.side_by_side = max(j.side_by_side, len(training()))
+        if training() and all(j.samples for j in training()) and stage_t0 is None:
+            stage_t0 = now  # every run trains: the current count's measurement starts
+        n = len(training())
+        if ramp_open and stage_t0 is not None and n not in measured and now - stage_t0 >= a.ramp_s:
+            per = {j.run.key: rate(j, stage_t0) for j in training()}
+            if all(v for v in per.values()):
+                agg = sum(per.values())
+                measured.add(n)
+                stages.append({"runs": n, "aggregate_epochs_per_min": round(agg * 60, 2),
+                               "epoch_s_per_run": {k: round(1 / v, 2) for k, v in per.items()},
+                               "measured_s": round(now - stage_t0, 1)})
+                record["concurrency"] = {"method": "ramp: runs added one at a time; each count measured for "
+                                         f"{a.ramp_s:.0f} s once every run trains (steps read from the progress "
+                                         "bar)", "stages": stages}
+                print(f"[study] {n} side by side: {agg * 60:.1f} epochs/min aggregate, s/epoch {stages[-1]}",
+                      flush=True)
+                save()
+                if n >= a.parallel:
+                    ramp_open = False
+        gate = not ramp_open or not training() or n in measured
+        if todo and n < a.parallel and gate and fits(todo[0]):
+            jobs.append(start(todo.pop(0)))
+            stage_t0 = None
+        elif todo and ramp_open and training() and n in measured and not fits(todo[0]):
+            ramp_open = False  # one more would not finish in time: the count stays here
+        for j in jobs:
+            if j.phase == "train" and j.proc.poll() is not None:
+                s = j.dir / "summary.json"
+                ok = j.proc.returncode == 0 and s.is_file()
+                print(f"[study] +{time.time() - t_start:.0f}s {j.run.key} trained rc={j.proc.returncode} "
+                      f"in {time.time() - j.t0:.0f}s", flush=True)
+                ck = j.dir / "checkpoints" / "last.ckpt"
+                stage_t0 = None  # one run fewer trains: measure the new count afresh
+                if ok and ck.is_file() and row_of_train_ok(s, j.run):
+                    lin = open(j.dir / "linear.log", "w")  # noqa: SIM115
+                    j.linear = subprocess.Popen(
+                        [sys.executable, "-m", LINEAR_MODULE, f"ckpt={ck}", "+experiment=cifar10",
+                         "data.root=data/cifar10", "fast=true", "logger.wandb=false", f"hydra.run.dir={j.dir}/linear"],
+                        stdout=lin, stderr=subprocess.STDOUT, env=env)
+                    j.phase = "linear"
+                    if j.run.key in a.slim:
+                        try:
+                            parts = slim_teacher(ck, out / "slim" / f"{j.run.key}.pt")
+                            print(f"[study] slim teacher of {j.run.key}: {parts}", flush=True)
+                        except Exception as err:  # noqa: BLE001
+                            print(f"[study] slim teacher of {j.run.key} failed: {err}", flush=True)
+                else:
+                    j.phase = "done"
+                    print(f"[study] {j.run.key} did not finish its epochs: not recorded", flush=True)
+            elif j.phase == "linear" and j.linear is not None and j.linear.poll() is not None:
+                j.phase = "done"
+                row = row_of(j, commit)
+                if row is not None and row["linear_top1"] is not None:
+                    record["runs"].append(row)
+                    save()
+                    print(f"[study] +{time.time() - t_start:.0f}s recorded {j.run.key}: kNN20 {row['knn_top1_k20']:.2f}"
+                          f" linear {row['linear_top1']:.2f}", flush=True)
+                else:
+                    print(f"[study] {j.run.key}: linear probe failed (rc {j.linear.returncode})", flush=True)
+        if todo and not training() and not any(j.phase == "linear" for j in jobs) and not fits(todo[0]):
+            print(f"[study] {todo[0].key} would not finish before the deadline: left for the next window", flush=True)
+            break
+        time.sleep(POLL_S)
+    save()
+    print(render(record, done_rows), flush=True)
+    return 0
+
+
+def row_of_train_ok(summary_file: Path, run: Run) -> bool:
+    s = json.loads(summary_file.read_text())
+    return not s.get("stopped_by_chunk_budget") and s.get("epochs", 0) >= run.epochs
+
+
+# ---- the tables --------------------------------------------------------------------------------------------------
+def t95(n: int) -> float:
+    """Two-sided 95 % Student t quantile for n - 1 degrees of freedom (n = 2..10)."""
+    return {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776, 6: 2.571, 7: 2.447, 8: 2.365, 9: 2.306, 10: 2.262}.get(n, 1.96)
+
+
+def mean_std(xs: list[float]) -> str:
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return "-"
+    if len(xs) == 1:
+        return f"{xs[0]:.2f} (1 seed)"
+    return f"{statistics.mean(xs):.2f} ± {statistics.stdev(xs):.2f} ({len(xs)} seeds)"
+
+
+def render(record: dict, committed_rows: dict[str, dict] | None = None) -> str:
+    """The markdown tables of a record: every run; SCFS vs DINO over seeds with the paired differences; the
+    ablation; the training-length pair; the concurrency measurement."""
+    rows = list((committed_rows or {}).values()) + record.get("runs", [])
+    seen, uniq = set(), []
+    for r in rows:
+        k = (r["method"], r["variant"], r["seed"], r["epochs"])
+        if k not in seen:
+            seen.add(k)
+            uniq.append(r)
+    rows = sorted(uniq, key=lambda r: (r["epochs"], r["method"] != "scfs", r["variant"], r["seed"]))
+
+    def f(x: float | None) -> str:
+        return "-" if x is None else f"{x:.2f}"
+
+    out = [f"# CIFAR-10 quality study (record `{record.get('date', '')}`, commit `{record.get('commit', '')}`)", "",
+           "Recipe: `python -m scfs.train +experiment=cifar10 data.root=data/cifar10 method=<m> [search=<v>] "
+           "seed=<s> trainer.max_epochs=<e>`, one H200, runs side by side; linear: the swept fast probe "
+           "(`python -m scfs.eval.linear ckpt=<last.ckpt> +experiment=cifar10 fast=true`, lr and wd chosen on a "
+           "held-out 10 % of the training split). Regenerate: `python scripts/cifar10_study.py render <json>`.", "",
+           "| method | variant | seed | epochs | kNN20 | kNN200 | linear | lr | wd | wall s | side by side | commit |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['method']} | {r['variant']} | {r['seed']} | {r['epochs']} | {f(r['knn_top1_k20'])} | "
+                   f"{f(r['knn_top1_k200'])} | {f(r['linear_top1'])} | {r.get('linear_lr')} | {r.get('linear_wd')} | "
+                   f"{r.get('wall_s')} | {r.get('side_by_side', '-')} | {r.get('commit')} |")
+    for epochs in sorted({r["epochs"] for r in rows}):
+        sc = {r["seed"]: r for r in rows if r["method"] == "scfs" and r["variant"] == "soft" and r["epochs"] == epochs}
+        dn = {r["seed"]: r for r in rows if r["method"] == "dino" and r["epochs"] == epochs}
+        if not sc and not dn:
+            continue
+        out += ["", f"## SCFS (soft) vs DINO, {epochs} epochs", "",
+                "| metric | SCFS | DINO | per-seed SCFS − DINO | mean diff, paired 95 % CI |", "|---|---|---|---|---|"]
+        for m in ("knn_top1_k20", "knn_top1_k200", "linear_top1"):
+            paired = sorted(set(sc) & set(dn))
+            diffs = [sc[s][m] - dn[s][m] for s in paired if sc[s][m] is not None and dn[s][m] is not None]
+            if len(diffs) >= 2:
+                md, sd = statistics.mean(diffs), statistics.stdev(diffs)
+                h = t95(len(diffs)) * sd / math.sqrt(len(diffs))
+                ci = f"{md:+.2f} [{md - h:+.2f}, {md + h:+.2f}]"
+            elif diffs:
+                ci = f"{diffs[0]:+.2f} (1 seed, no interval)"
+            else:
+                ci = "-"
+            out.append(f"| {m} | {mean_std([r[m] for r in sc.values()])} | {mean_std([r[m] for r in dn.values()])} | "
+                       f"{', '.join(f'{d:+.2f}' for d in diffs) or '-'} | {ci} |")
+    abl = [r for r in rows if r["method"] == "scfs" and r["seed"] == 0 and r["epochs"] == 100]
+    if len(abl) > 1:
+        out += ["", "## Ablation, seed 0, 100 epochs (ranked by kNN20)", "", "| variant | kNN20 | kNN200 | linear |",
+                "|---|---|---|---|"]
+        for r in sorted(abl, key=lambda r: -(r["knn_top1_k20"] or 0)):
+            out.append(f"| {r['variant']} | {f(r['knn_top1_k20'])} | {f(r['knn_top1_k200'])} | {f(r['linear_top1'])} |")
+    conc = record.get("concurrency") or {}
+    if conc.get("stages"):
+        out += ["", "## Runs side by side on one H200", "", conc.get("method", ""), "",
+                "| runs | aggregate epochs/min | s per epoch, each run |", "|---|---|---|"]
+        for st in conc["stages"]:
+            each = ", ".join(f"{k} {v}" for k, v in st["epoch_s_per_run"].items())
+            out.append(f"| {st['runs']} | {st['aggregate_epochs_per_min']} | {each} |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="what", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--out", required=True)
+    r.add_argument("--runs", default="runs/study")
+    r.add_argument("--parallel", type=int, default=4)
+    r.add_argument("--deadline", type=float, required=True, help="unix time by which every probe has ended")
+    r.add_argument("--ramp", action="store_true")
+    r.add_argument("--ramp-s", type=float, default=40.0)
+    r.add_argument("--slim", nargs="*", default=[])
+    r.add_argument("--only", nargs="*", default=[])
+    r.add_argument("--extra", nargs="*", default=[], help="overrides added to every training run (tests)")
+    r.add_argument("--test-epochs", type=int, default=0, help="every run this many epochs (tests of the runner)")
+    r.add_argument("--committed", default="benchmarks/results/cifar10-quality-*.json")
+    g = sub.add_parser("render")
+    g.add_argument("record")
+    a = p.parse_args(argv)
+    if a.what == "run":
+        return main_run(a)
+    rec = Path(a.record)
+    rec.with_suffix(".md").write_text(render(json.loads(rec.read_text())))
+    print(rec.with_suffix(".md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

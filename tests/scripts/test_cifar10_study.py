@@ -1,0 +1,113 @@
+"""The CIFAR-10 study runner (scripts/cifar10_study.py) on fake training and probe processes: it skips committed
+runs, records each finished run with its probe, keeps a run that would miss the deadline out, measures the ramp,
+and renders the paired table from the JSON alone."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+FAKE_TRAIN = r'''
+import json, sys, time
+from pathlib import Path
+import torch
+args = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a)
+d = Path(args["hydra.run.dir"]); epochs = int(args["trainer.max_epochs"])
+for e in range(epochs):
+    for step in (0, 48, 97):
+        print(f"Epoch {e}:  50%|#####     | {step}/97 [00:01<00:01]", end="\r", flush=True)
+        time.sleep(0.4)
+(d / "checkpoints").mkdir(parents=True, exist_ok=True)
+torch.save({"state_dict": {"teacher.backbone.body.w": torch.ones(3), "student.backbone.body.w": torch.ones(3)},
+            "hyper_parameters": {"backbone": {"name": "x"}}}, d / "checkpoints" / "last.ckpt")
+bonus = 2.0 if args["method"] == "scfs" else 0.0
+seed = int(args["seed"])
+(d / "knn_curve.json").write_text(json.dumps([{"epoch": epochs, "top1_k20": 50 + bonus + seed, "top1_k200": 49}]))
+(d / "summary.json").write_text(json.dumps({"epochs": epochs, "seconds": 1.0, "loss": 1.0, "uniform_loss": 2.0,
+    "knn": {"top1_k20": 50 + bonus + seed, "top1_k200": 49 + bonus}, "knn_init": {"top1_k20": 30.0}}))
+'''
+FAKE_LINEAR = r'''
+import json, sys
+from pathlib import Path
+args = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a)
+d = Path(args["hydra.run.dir"]); d.mkdir(parents=True, exist_ok=True)
+(d / "metrics.json").write_text(json.dumps({"metrics": {"top1": 60.0, "top5": 90.0},
+    "probe": {"lr": 0.1, "weight_decay": 0.0}}))
+'''
+
+
+@pytest.fixture()
+def study(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    spec = importlib.util.spec_from_file_location("cifar10_study", ROOT / "scripts" / "cifar10_study.py")
+    mod = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "cifar10_study", mod)  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    fakes = tmp_path / "fakes"
+    fakes.mkdir()
+    (fakes / "fake_train.py").write_text(FAKE_TRAIN)
+    (fakes / "fake_linear.py").write_text(FAKE_LINEAR)
+    monkeypatch.setattr(mod, "TRAIN_MODULE", "fake_train")
+    monkeypatch.setattr(mod, "LINEAR_MODULE", "fake_linear")
+    monkeypatch.setattr(mod, "COMPILE_S", 1.0)
+    monkeypatch.setattr(mod, "POLL_S", 0.2)
+    monkeypatch.setattr(mod, "MIN_RATE_S", 0.3)
+    monkeypatch.setattr(mod, "LINEAR_S", 1.0)
+    monkeypatch.setattr(mod, "SECONDS_PER_EPOCH_ALONE", 0.1)
+    monkeypatch.setenv("PYTHONPATH", str(fakes) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    monkeypatch.setenv("COMMIT", "abc1234")
+    return mod
+
+
+def test_runs_records_skips_and_renders(study, tmp_path: Path) -> None:
+    committed = tmp_path / "committed-cifar10-quality-x.json"
+    committed.write_text(json.dumps({"runs": [{"method": "dino", "variant": "dino", "seed": 0, "epochs": 3,
+                                                "knn_top1_k20": 50.0, "knn_top1_k200": 49.0, "linear_top1": 60.0}]}))
+    out = tmp_path / "out"
+    rc = study.main(["run", "--out", str(out), "--runs", str(tmp_path / "runs"), "--parallel", "2",
+                     "--deadline", str(time.time() + 120), "--test-epochs", "3", "--ramp", "--ramp-s", "0.5",
+                     "--only", "scfs-soft-s0-e3", "dino-dino-s0-e3", "scfs-soft-s1-e3", "dino-dino-s1-e3",
+                     "--slim", "scfs-soft-s0-e3", "--committed", str(committed)])
+    assert rc == 0
+    rec = json.loads(next(out.glob("cifar10-quality-*.json")).read_text())
+    keys = sorted(f"{r['method']}-s{r['seed']}" for r in rec["runs"])
+    assert keys == ["dino-s1", "scfs-s0", "scfs-s1"]  # dino s0 was in the committed record
+    assert all(r["linear_top1"] == 60.0 and r["commit"] == "abc1234" for r in rec["runs"])
+    assert [st["runs"] for st in rec["concurrency"]["stages"]][:2] == [1, 2]
+    parts = sorted((out / "slim").glob("scfs-soft-s0-e3.pt.part*"))
+    blob = b"".join(p.read_bytes() for p in parts)
+    (tmp_path / "slim.pt").write_bytes(blob)
+    slim = torch.load(tmp_path / "slim.pt", weights_only=True)
+    assert list(slim["state_dict"]) == ["teacher.backbone.body.w"]
+    assert slim["state_dict"]["teacher.backbone.body.w"].dtype == torch.float16
+    md = study.render(rec, study.committed(str(committed)))
+    # seeds 0 and 1 paired: SCFS - DINO is +2 on both seeds (seed 0 from the committed DINO row)
+    assert "+2.00, +2.00" in md and "+2.00 [+2.00, +2.00]" in md
+
+
+def test_a_run_that_would_miss_the_deadline_is_not_started(study, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    study.SECONDS_PER_EPOCH_ALONE = 10.0
+    rc = study.main(["run", "--out", str(out), "--runs", str(tmp_path / "runs"), "--parallel", "1",
+                     "--deadline", str(time.time() + 20), "--test-epochs", "3", "--only", "scfs-soft-s0-e3",
+                     "--committed", str(tmp_path / "none-*.json")])
+    assert rc == 0
+    assert json.loads(next(out.glob("cifar10-quality-*.json")).read_text())["runs"] == []
+    assert not (tmp_path / "runs").exists()
+
+
+def test_render_pairs_seeds_with_a_t_interval(study) -> None:
+    rows = [{"method": m, "variant": "soft" if m == "scfs" else "dino", "seed": s, "epochs": 100,
+             "knn_top1_k20": base + s, "knn_top1_k200": base, "linear_top1": base + 1}
+            for s in (0, 1, 2) for m, base in (("scfs", 80.0 + (s == 2)), ("dino", 79.0))]
+    md = study.render({"runs": rows})
+    # differences +1, +1, +2: mean 1.33, sd 0.577, t(2) = 4.303 -> half width 1.43
+    assert "+1.00, +1.00, +2.00 | +1.33 [-0.10, +2.77]" in md

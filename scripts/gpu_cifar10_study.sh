@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The CIFAR-10 quality study in one GPU window (a device machine held for about 25 minutes, commands of at most
+# 10 minutes each): `start` prepares the data and starts scripts/cifar10_study.py under setsid in a copy of the
+# tree outside the one each command re-copies, so the runs outlive the command; `watch SECONDS` prints progress and
+# copies what finished into $OUT; `collect` waits for the study to end and copies everything back.
+#
+#   COMMIT=$(git rev-parse --short HEAD) OUT=$OUT MINUTES=22 PARALLEL=4 bash scripts/gpu_cifar10_study.sh start
+#   OUT=$OUT bash scripts/gpu_cifar10_study.sh watch 540
+#   OUT=$OUT bash scripts/gpu_cifar10_study.sh collect
+#
+# MINUTES: from `start` until every run's linear probe has ended (runs that would not make it are left for the next
+# window). RAMP=1 (default) measures 1, 2, ... runs side by side first. FIGURE=1 (default) draws the searched-regions
+# figure on the 100 sample photos from the seed-0 SCFS and DINO checkpoints as soon as both exist, and keeps their
+# teachers (fp16, in parts of 15 MiB) so that the figures can be redrawn after the window.
+set -uo pipefail
+W=/tmp/study-tree; S=/tmp/study; OUT=${OUT:-/tmp/out}; PY=${PY:-python3}
+mkdir -p "$OUT"
+copy_back() {
+  [ -d "$S/out" ] || return 0
+  (cd "$S" && tar czf "$OUT/study.tgz" out/*.json out/*.md out/*.png logs runs/*/summary.json runs/*/knn_curve.json \
+    runs/*/linear/metrics.json runs/*/linear.log 2>/dev/null)
+  for f in "$S"/out/slim/*.part*; do [ -f "$f" ] && mkdir -p "$OUT/slim" && cp "$f" "$OUT/slim/"; done
+  cp "$S"/out/cifar10-quality-*.md "$OUT/" 2>/dev/null
+  return 0
+}
+case "${1:-}" in
+start)
+  export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+  mkdir -p "$S/logs" "$S/out"; rm -rf "$W"; cp -a . "$W"; cd "$W" || exit 1
+  . scripts/cifar10_data.sh; ARCHIVE=.gpudata/cifar10-jpeg.tar.xz cifar10_ready > "$S/logs/data.log" 2>&1 \
+    || { echo "CIFAR-10 preparation failed"; tail -5 "$S/logs/data.log"; exit 1; }
+  [ -d data/imagenet-samples ] || $PY -m scfs.data.prepare imagenet-samples \
+    --archive .gpudata/imagenet-samples-100.tar.xz --out data/imagenet-samples >> "$S/logs/data.log" 2>&1
+  DEADLINE=$(( $(date +%s) + ${MINUTES:-22} * 60 ))
+  echo "data ready; study deadline $(date -d @$DEADLINE +%T)"
+  COMMIT=${COMMIT:-unknown} setsid nohup $PY scripts/cifar10_study.py run --out "$S/out" --runs "$S/runs" \
+    --parallel "${PARALLEL:-4}" --deadline "$DEADLINE" $([ "${RAMP:-1}" = 1 ] && echo --ramp) --slim scfs-soft-s0-e100 dino-dino-s0-e100 \
+    > "$S/logs/study.log" 2>&1 < /dev/null &
+  if [ "${FIGURE:-1}" = 1 ]; then
+    setsid nohup bash -c "
+      a=$S/runs/scfs-soft-s0-e100; b=$S/runs/dino-dino-s0-e100
+      until [ -f \$a/linear/metrics.json ] && [ -f \$b/linear/metrics.json ]; do sleep 10; done
+      $PY -m scfs.workbench.docs_figures photos SCFS=\$a/checkpoints/last.ckpt DINO=\$b/checkpoints/last.ckpt \
+        --folder data/imagenet-samples --size 64 --out $S/out/searched_regions_photos.png" \
+      > "$S/logs/figure.log" 2>&1 < /dev/null &
+  fi
+  sleep 5; cat "$S/logs/study.log"
+  ;;
+watch)
+  end=$(( $(date +%s) + ${2:-540} ))
+  while [ "$(date +%s)" -lt "$end" ] && pgrep -f cifar10_study.py > /dev/null; do sleep 15; done
+  grep "^\[study\]" "$S/logs/study.log" | tail -n 30
+  nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
+  copy_back
+  ;;
+collect)
+  while pgrep -f cifar10_study.py > /dev/null; do sleep 10; done
+  for _ in $(seq 24); do pgrep -f docs_figures > /dev/null || break; sleep 5; done
+  cat "$S/logs/study.log" | grep -v "^\[study\] +.*start" | tail -n 60
+  tail -n 3 "$S/logs/figure.log"
+  copy_back; ls -la "$OUT" "$OUT/slim" 2>/dev/null
+  ;;
+*) echo "usage: $0 start|watch SECONDS|collect"; exit 2 ;;
+esac

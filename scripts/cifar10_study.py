@@ -7,8 +7,8 @@ and the swept fast linear probe (in the same window: checkpoints do not outlive 
 
 `run` skips every run already in a committed record (`benchmarks/results/cifar10-quality-*.json`), starts the
 others in plan order, at most `--parallel` at a time, and only when they are predicted to finish (training, linear
-probe) before `--deadline`; the prediction assumes the GPU is saturated (the aggregate epochs per second measured
-now does not grow with one more run), so a run that starts finishes. `--ramp` adds the runs one at a time and
+probe) before `--deadline`; the prediction assumes one more run adds half of one run's rate to the aggregate epochs
+per second measured now (a run predicted to miss is not started; one cut by the deadline is not recorded). `--ramp` adds the runs one at a time and
 measures the aggregate epochs per minute at 1, 2, ... runs side by side (the record's `concurrency`). Each run's row
 lands in `<out>/cifar10-quality-<date>.json` (+ `.md`) the moment its linear probe ends. `--slim KEY ...` keeps the
 teacher of those runs as a small weights-only checkpoint (`<out>/slim/`) for figures drawn after the window.
@@ -36,6 +36,7 @@ PROGRESS = re.compile(r"Epoch (\d+):\s*\d+%\|[^|\r\n]*\|\s*(\d+)/(\d+)")
 TRAIN_MODULE, LINEAR_MODULE = "scfs.train", "scfs.eval.linear"  # module attributes: the tests put fakes here
 POLL_S, MIN_RATE_S = 3.0, 5.0  # poll interval; shortest span a rate is measured over
 COMPILE_S, LINEAR_S, SECONDS_PER_EPOCH_ALONE = 100.0, 120.0, 5.2  # priors before anything is measured
+MARGINAL_GAIN = 0.5  # one more run side by side adds this fraction of one run's rate (measured by the ramp)
 
 
 @dataclass
@@ -215,14 +216,15 @@ def main_run(a: argparse.Namespace) -> int:
         return sum(rates) if rates and all(r is not None for r in rates) else None
 
     def fits(run: Run) -> bool:
-        """Would one more run, and every running one, end before the deadline if the GPU is saturated?"""
+        """Would one more run, and every running one, end before the deadline? One more run is assumed to add
+        MARGINAL_GAIN of one run's current rate to the aggregate epochs per second measured now."""
         now, n = time.time(), len(training())
         agg = aggregate(stage_t0 or now) if n else None
         if n and agg is None:
             return False  # wait for a measurement first
         alone = [st for st in stages if st["runs"] == 1]
         alone_s = 60.0 / alone[0]["aggregate_epochs_per_min"] if alone else SECONDS_PER_EPOCH_ALONE
-        per_run_s = (n + 1) / agg if agg else alone_s
+        per_run_s = (n + 1) / (agg * (1 + MARGINAL_GAIN / n)) if agg else alone_s
         need_new = COMPILE_S + run.epochs * per_run_s + LINEAR_S
         need_old = max((j.remaining() * per_run_s + LINEAR_S for j in training()), default=0.0)
         return now + max(need_new, need_old) < a.deadline
@@ -395,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--parallel", type=int, default=4)
     r.add_argument("--deadline", type=float, required=True, help="unix time by which every probe has ended")
     r.add_argument("--ramp", action="store_true")
-    r.add_argument("--ramp-s", type=float, default=40.0)
+    r.add_argument("--ramp-s", type=float, default=30.0)
     r.add_argument("--slim", nargs="*", default=[])
     r.add_argument("--only", nargs="*", default=[])
     r.add_argument("--extra", nargs="*", default=[], help="overrides added to every training run (tests)")

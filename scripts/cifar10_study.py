@@ -8,10 +8,11 @@ and the swept fast linear probe (in the same window: checkpoints do not outlive 
 `run` skips every run already in a committed record (`benchmarks/results/cifar10-quality-*.json`), starts the
 others in plan order, at most `--parallel` at a time, and only when they are predicted to finish (training, linear
 probe) before `--deadline`; the prediction assumes one more run adds half of one run's rate to the aggregate epochs
-per second measured now (a run predicted to miss is not started; one cut by the deadline is not recorded). `--ramp` adds the runs one at a time and
-measures the aggregate epochs per minute at 1, 2, ... runs side by side (the record's `concurrency`). Each run's row
-lands in `<out>/cifar10-quality-<date>.json` (+ `.md`) the moment its linear probe ends. `--slim KEY ...` keeps the
-teacher of those runs as a small weights-only checkpoint (`<out>/slim/`) for figures drawn after the window.
+per second measured now (a run predicted to miss is not started; one cut by the deadline is not recorded).
+`--ramp` adds the runs one at a time and measures the aggregate epochs per minute at 1, 2, ... runs side by side
+(the record's `concurrency`). Each run's row lands in `<out>/cifar10-quality-<date>.json` (+ `.md`) the moment its
+linear probe ends. `--slim KEY ...` keeps the teacher of those runs as a small weights-only checkpoint
+(`<out>/slim/`) for figures drawn after the window.
 """
 
 from __future__ import annotations

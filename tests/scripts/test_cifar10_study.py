@@ -19,13 +19,16 @@ ROOT = Path(__file__).resolve().parents[2]
 FAKE_TRAIN = r'''
 import json, sys, time
 from pathlib import Path
-import torch
 args = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a)
 d = Path(args["hydra.run.dir"]); epochs = int(args["trainer.max_epochs"])
+import os
+print("Epoch 0:   0%|          | 0/97 [00:00<?]", end="\r", flush=True)
+time.sleep(float(os.environ.get("FAKE_COMPILE_S", "0")))  # the first step waits for the compile
 for e in range(epochs):
-    for step in (0, 48, 97):
+    for step in (32, 64, 97):
         print(f"Epoch {e}:  50%|#####     | {step}/97 [00:01<00:01]", end="\r", flush=True)
-        time.sleep(0.4)
+        time.sleep(0.1)
+import torch  # after the epochs, so a fake run's pace does not wait for the import
 (d / "checkpoints").mkdir(parents=True, exist_ok=True)
 torch.save({"state_dict": {"teacher.backbone.body.w": torch.ones(3), "student.backbone.body.w": torch.ones(3)},
             "hyper_parameters": {"backbone": {"name": "x"}}}, d / "checkpoints" / "last.ckpt")
@@ -69,20 +72,20 @@ def study(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 def test_runs_records_skips_and_renders(study, tmp_path: Path) -> None:
     committed = tmp_path / "committed-cifar10-quality-x.json"
-    committed.write_text(json.dumps({"runs": [{"method": "dino", "variant": "dino", "seed": 0, "epochs": 3,
+    committed.write_text(json.dumps({"runs": [{"method": "dino", "variant": "dino", "seed": 0, "epochs": 12,
                                                 "knn_top1_k20": 50.0, "knn_top1_k200": 49.0, "linear_top1": 60.0}]}))
     out = tmp_path / "out"
     rc = study.main(["run", "--out", str(out), "--runs", str(tmp_path / "runs"), "--parallel", "2",
-                     "--deadline", str(time.time() + 120), "--test-epochs", "3", "--ramp", "--ramp-s", "0.5",
-                     "--only", "scfs-soft-s0-e3", "dino-dino-s0-e3", "scfs-soft-s1-e3", "dino-dino-s1-e3",
-                     "--slim", "scfs-soft-s0-e3", "--committed", str(committed)])
+                     "--deadline", str(time.time() + 120), "--test-epochs", "12", "--ramp", "--ramp-s", "0.5",
+                     "--only", "scfs-soft-s0-e12", "dino-dino-s0-e12", "scfs-soft-s1-e12", "dino-dino-s1-e12",
+                     "--slim", "scfs-soft-s0-e12", "--committed", str(committed)])
     assert rc == 0
     rec = json.loads(next(out.glob("cifar10-quality-*.json")).read_text())
     keys = sorted(f"{r['method']}-s{r['seed']}" for r in rec["runs"])
     assert keys == ["dino-s1", "scfs-s0", "scfs-s1"]  # dino s0 was in the committed record
     assert all(r["linear_top1"] == 60.0 and r["commit"] == "abc1234" for r in rec["runs"])
     assert [st["runs"] for st in rec["concurrency"]["stages"]][:2] == [1, 2]
-    parts = sorted((out / "slim").glob("scfs-soft-s0-e3.pt.part*"))
+    parts = sorted((out / "slim").glob("scfs-soft-s0-e12.pt.part*"))
     blob = b"".join(p.read_bytes() for p in parts)
     (tmp_path / "slim.pt").write_bytes(blob)
     slim = torch.load(tmp_path / "slim.pt", weights_only=True)
@@ -111,3 +114,16 @@ def test_render_pairs_seeds_with_a_t_interval(study) -> None:
     md = study.render({"runs": rows})
     # differences +1, +1, +2: mean 1.33, sd 0.577, t(2) = 4.303 -> half width 1.43
     assert "+1.00, +1.00, +2.00 | +1.33 [-0.10, +2.77]" in md
+
+
+def test_the_ramp_does_not_count_the_compile_wait(study, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run whose first step waits 2 s for the compile still measures its pace (3 x 0.1 s an epoch), not the wait."""
+    monkeypatch.setenv("FAKE_COMPILE_S", "2")
+    out = tmp_path / "out"
+    study.main(["run", "--out", str(out), "--runs", str(tmp_path / "runs"), "--parallel", "2", "--ramp",
+                "--ramp-s", "0.6", "--deadline", str(time.time() + 120), "--test-epochs", "5",
+                "--only", "scfs-soft-s0-e5", "dino-dino-s0-e5", "--committed", str(tmp_path / "none-*.json")])
+    stages = json.loads(next(out.glob("cifar10-quality-*.json")).read_text())["concurrency"]["stages"]
+    alone = stages[0]
+    assert alone["runs"] == 1
+    assert 0.2 < alone["epoch_s_per_run"]["scfs-soft-s0-e5"] < 1.2

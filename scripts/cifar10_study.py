@@ -4,6 +4,7 @@ and the swept fast linear probe (in the same window: checkpoints do not outlive 
 
     python scripts/cifar10_study.py run --out /tmp/study --parallel 4 --deadline <unix time> [--ramp]
     python scripts/cifar10_study.py render benchmarks/results/cifar10-quality-<date>.json
+    python scripts/cifar10_study.py figure benchmarks/results/cifar10-quality-<date>.json --out docs/<name>.png
 
 `run` skips every run already in a committed record (`benchmarks/results/cifar10-quality-*.json`), starts the
 others in plan order, at most `--parallel` at a time, and only when they are predicted to finish (training, linear
@@ -397,6 +398,41 @@ def render(record: dict, committed_rows: dict[str, dict] | None = None) -> str:
     return "\n".join(out) + "\n"
 
 
+def curve_figure(record: dict, out: Path, epochs: int = 100) -> Path:
+    """kNN20 of the teacher against epochs, SCFS (soft) vs DINO: each seed a thin line, the mean over seeds bold, and
+    a band of mean ± std where there are two seeds or more."""
+    import numpy as np
+
+    from scfs.plotting import new_figure
+
+    fig = new_figure(6.0, 3.8, dpi=120)
+    ax = fig.add_subplot(1, 1, 1)
+    for method, variant, colour, label in (("scfs", "soft", "tab:red", "SCFS"), ("dino", "dino", "tab:blue", "DINO")):
+        runs = [r for r in record["runs"] if r["method"] == method and r["variant"] == variant
+                and r["epochs"] == epochs and r.get("curve")]
+        if not runs:
+            continue
+        xs = sorted({p["epoch"] for r in runs for p in r["curve"]})
+        ys = np.array([[next((p["top1_k20"] for p in r["curve"] if p["epoch"] == x), np.nan) for x in xs]
+                       for r in runs])
+        for y in ys:
+            ax.plot(xs, y, color=colour, lw=0.7, alpha=0.5)
+        mean = np.nanmean(ys, axis=0)
+        ax.plot(xs, mean, color=colour, lw=2.0, label=f"{label} ({len(runs)} seed{'s' if len(runs) > 1 else ''})")
+        if len(runs) > 1:
+            sd = np.nanstd(ys, axis=0, ddof=1)
+            ax.fill_between(xs, mean - sd, mean + sd, color=colour, alpha=0.2, lw=0)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("kNN top-1, k=20 (%)")
+    ax.set_title(f"CIFAR-10, ResNet-18, {epochs} epochs: teacher kNN20 (band: ± std over seeds)", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(out)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="what", required=True)
@@ -412,12 +448,18 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--extra", nargs="*", default=[], help="overrides added to every training run (tests)")
     r.add_argument("--test-epochs", type=int, default=0, help="every run this many epochs (tests of the runner)")
     r.add_argument("--committed", default="benchmarks/results/cifar10-quality-*.json")
-    g = sub.add_parser("render")
+    g = sub.add_parser("render", help="the markdown tables beside the JSON record")
     g.add_argument("record")
+    c = sub.add_parser("figure", help="kNN20 against epochs, SCFS vs DINO, band over seeds")
+    c.add_argument("record")
+    c.add_argument("--out", default="docs/cifar10_knn_curves.png")
     a = p.parse_args(argv)
     if a.what == "run":
         return main_run(a)
     rec = Path(a.record)
+    if a.what == "figure":
+        print(curve_figure(json.loads(rec.read_text()), Path(a.out)))
+        return 0
     rec.with_suffix(".md").write_text(render(json.loads(rec.read_text())))
     print(rec.with_suffix(".md").read_text())
     return 0

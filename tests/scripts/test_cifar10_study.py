@@ -127,3 +127,11 @@ def test_the_ramp_does_not_count_the_compile_wait(study, tmp_path: Path, monkeyp
     alone = stages[0]
     assert alone["runs"] == 1
     assert 0.2 < alone["epoch_s_per_run"]["scfs-soft-s0-e5"] < 1.2
+
+
+def test_curve_figure_draws_a_band_over_seeds(study, tmp_path: Path) -> None:
+    rows = [{"method": m, "variant": v, "seed": s, "epochs": 100,
+             "curve": [{"epoch": e, "top1_k20": base + e / 10 + s} for e in (10, 20, 30)]}
+            for s in (0, 1) for m, v, base in (("scfs", "soft", 50.0), ("dino", "dino", 45.0))]
+    out = study.curve_figure({"runs": rows}, tmp_path / "curves.png")
+    assert out.stat().st_size > 5000

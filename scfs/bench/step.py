@@ -18,6 +18,8 @@ of the warm-up steps (includes torch.compile's compile time on compiled rows). P
 `--devices 2` runs under DDP (re-launched through torchrun when needed); `--compare <1-GPU json>` adds the
 scaling efficiency img/s(n) / (n x img/s(1)). The "published" columns are the reference numbers of the
 published implementation from ../shared/MEASUREMENTS.md, measured separately (not by this script).
+Each (batch, precision, memory format) also gets its backbone-bound limit (`backbone_ceiling`: the backbones'
+work alone), the ceiling no step of that shape can beat; `--no-ceiling` skips it.
 Writes benchmarks/results/step-<gpu>-<date>.{json,md}. Usage:
     python -m scfs.bench.step [--suite resnet50|cifar] [--quick] [--devices N] [--out DIR]
     python -m scfs.bench.step --device cpu --tiny --out /tmp/x      # seconds, for the test
@@ -58,7 +60,7 @@ PUBLISHED = {
 # The settings `+experiment=imagenet` / `cifar10` ship (the default path) and the eager path.
 DEFAULT_SETTING, EAGER_SETTING = "bf16_cl_graphs", "bf16_cl"
 # Speed targets of the ResNet-50 step against the published one (bf16 + channels_last), per batch.
-SPEEDUP_TARGET, RATIO_TARGET = 2.0, 1.15
+SPEEDUP_TARGET, RATIO_TARGET = 2.0, 1.10
 SETTINGS = {  # name -> (trainer.precision, backbone.channels_last, compile)
     "fp32": ("32-true", False, False),
     "bf16": ("bf16-mixed", False, False),
@@ -217,6 +219,63 @@ def measure(cfg: Any, args: argparse.Namespace, suite: str) -> dict[str, Any]:
     return out
 
 
+def backbone_ceiling(cfg: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """The backbone-bound limit of the step at this batch: only the two backbones' work of one SCFS/DINO step,
+    nothing else (no heads, losses, search, EMA or view making). The student runs forward and backward on the
+    2 global + n local views (each size one batch, as the method's student does), the teacher forward on the 2
+    global views, one SGD step, in the row's precision and memory format. No real step can beat it, so
+    `step / ceiling` says how much of the step is left outside the backbones. Timed like `measure`: median of CUDA
+    event gaps after the warm-up."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from scfs.models.backbone import build_backbone
+
+    cuda = args.device == "cuda"
+    dev = torch.device("cuda" if cuda else "cpu")
+    bcfg = OmegaConf.to_container(cfg.backbone, resolve=True)
+    fmt = torch.channels_last if bcfg.get("channels_last") else torch.contiguous_format
+    student = build_backbone(bcfg).to(dev, memory_format=fmt)
+    teacher = build_backbone(bcfg).to(dev, memory_format=fmt)
+    teacher.requires_grad_(False)
+    b, crops = int(cfg.batch_size), cfg.crops
+    gen = torch.Generator(device=dev).manual_seed(0)
+
+    def views(size: int, n: int) -> torch.Tensor:
+        return torch.randn(n * b, 3, size, size, device=dev, generator=gen).contiguous(memory_format=fmt)
+
+    glob, loc = views(int(crops.global_size), 2), views(int(crops.local_size), int(crops.n_local))
+    opt = torch.optim.SGD(student.parameters(), lr=1e-3, momentum=0.9)
+    bf16 = "bf16" in str(cfg.trainer.precision)
+    times: list[float] = []
+    for i in range(args.warmup + args.steps + 1):
+        if cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            times.append(ev)  # type: ignore[arg-type]
+        else:
+            times.append(time.perf_counter())
+        if i == args.warmup + args.steps:
+            break
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
+            with torch.no_grad():
+                teacher.pooled(glob)
+            loss = student.pooled(glob).float().mean() + (student.pooled(loc).float().mean() if loc.numel() else 0.0)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    if cuda:
+        torch.cuda.synchronize()
+        gaps = [times[i].elapsed_time(times[i + 1]) for i in range(args.warmup, len(times) - 1)]  # type: ignore
+    else:
+        gaps = [1e3 * (times[i + 1] - times[i]) for i in range(args.warmup, len(times) - 1)]
+    ms = statistics.median(gaps)
+    del student, teacher, opt
+    if cuda:
+        torch.cuda.empty_cache()
+    return {"ceiling_step_ms": ms, "ceiling_img_per_s": b / (ms / 1e3)}
+
+
 def StepProfile(start: int, n: int, cuda: bool) -> Any:  # noqa: N802 - a Callback factory (Lightning imported lazily)
     """Callback: `torch.profiler` over `n` steps after `start` warm-up steps. Where a step's time goes when it is
     not FLOPs: operator and kernel-launch counts per step (launch-bound small kernels show up as many launches
@@ -353,15 +412,19 @@ def markdown(result: dict) -> str:
     lines = [f"# Training-step benchmark ({m['suite']}): {m['gpu']}, {m['date']}", "",
              f"torch {m['torch']}, lightning {m['lightning']}; {m['processes']} process(es); data {m['data']}; "
              f"{m['warmup']} warm-up + {m['steps']} timed steps; median step (CUDA events on GPU, wall clock on "
-             "CPU). Published = the published implementation, measured separately (../shared/MEASUREMENTS.md)."
+             "CPU). Published = the published implementation, measured separately (../shared/MEASUREMENTS.md). "
+             "Backbone-bound = the two backbones' work of the step alone (student forward + backward on every view, "
+             "teacher forward on the global views, one SGD step; same batch, precision and memory format, "
+             "eager): the ceiling of the step, and `of it` our share of that ceiling."
              + (f" Host: {m['host_us_per_op']:.1f} us to dispatch one tiny op (the yardstick for host-bound steps)."
                 if m.get("host_us_per_op") else "")
              + (f" Overrides on every row: `{' '.join(m['overrides'])}`." if m.get("overrides") else ""), "",
              "| method | B/GPU | setting | step ms | img/s | warm-up s | peak GiB | aug ms | SCFS/DINO | "
-             "published ms (img/s) | scaling eff. | epochs/min |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "published ms (img/s) | scaling eff. | epochs/min | backbone-bound img/s | of it |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         if "error" in r:
-            lines.append(f"| {r['method']} | {r['B']} | {r['setting']} | error: {r['error'][:80]} |||||||||")
+            lines.append(f"| {r['method']} | {r['B']} | {r['setting']} | error: {r['error'][:80]} |||||||||||")
             continue
         pub = r.get("published")
 
@@ -371,7 +434,8 @@ def markdown(result: dict) -> str:
         ref = f"{pub['step_ms']:.1f} ({pub['img_per_s']}, {pub['setting']})" if pub else "-"
         lines.append(f"| {r['method']} | {r['B']} | {r['setting']} | {f('step_ms')} | {f('img_per_s', '{:.0f}')} | "
                      f"{f('warmup_s')} | {f('peak_GiB')} | {f('aug_ms', '{:.2f}')} | {f('ratio_scfs_dino', '{:.2f}')}"
-                     f" | {ref} | {f('scaling_efficiency', '{:.2f}')} | {f('epochs_per_min')} |")
+                     f" | {ref} | {f('scaling_efficiency', '{:.2f}')} | {f('epochs_per_min')} | "
+                     f"{f('ceiling_img_per_s', '{:.0f}')} | {f('of_ceiling', '{:.0%}')} |")
     prof_rows = [r for r in result["rows"] if "profile" in r and "error" not in r["profile"]]
     if prof_rows:
         lines += ["", "Profile (`--profile`): per step, op and kernel-launch counts, GPU busy ms (kernels, copies and "
@@ -496,6 +560,7 @@ def run(args: argparse.Namespace) -> dict:
     result = {"meta": meta, "rows": rows}
     rows_todo = [r for r in suite_rows(suite, args.quick, args.tiny, args.batch, args.setting)
                  if not args.method or r[0] in args.method]
+    ceilings: dict[tuple, dict[str, Any]] = {}
     for (method, b, setting), variant in itertools.product(rows_todo, variants(args.vary)):
         row: dict[str, Any] = {"method": method, "B": b, "setting": setting + (f" {variant}" if variant else "")}
         # each row compiles afresh: the rows share modules' forward code objects, so two batch sizes in one process
@@ -510,6 +575,16 @@ def run(args: argparse.Namespace) -> dict:
             row["error"] = f"{type(err).__name__}: {err}"
             if args.strict:
                 raise
+        if args.ceiling and "error" not in row:
+            key = (b, SETTINGS[setting][:2])  # precision and memory format: compile cannot beat the backbones' work
+            if key not in ceilings:
+                try:
+                    ceilings[key] = backbone_ceiling(compose(suite, method, b, setting, args, variant), args)
+                except Exception as err:  # noqa: BLE001 - the row itself stands without its ceiling
+                    ceilings[key] = {"ceiling_error": f"{type(err).__name__}: {err}"}
+            row.update(ceilings[key])
+            if row.get("ceiling_img_per_s"):
+                row["of_ceiling"] = row["img_per_s"] / row["ceiling_img_per_s"]
         rows.append(row)
         add_reference(rows, suite, compare)
         if rank == 0:
@@ -543,6 +618,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="run every row once per value of one config key, side by side (e.g. optim.fused=true,false)")
     ap.add_argument("--override", action="append", metavar="KEY=VALUE",
                     help="Hydra override applied to every row, e.g. method.stage_pooled_bn=false (repeatable)")
+    ap.add_argument("--no-ceiling", dest="ceiling", action="store_false",
+                    help="skip the backbone-bound limit (both backbones' work alone) measured per batch and setting")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = ap.parse_args(argv)
     if args.data == "real" and not args.data_root:

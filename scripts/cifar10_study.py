@@ -11,9 +11,9 @@ others in plan order, at most `--parallel` at a time, and only when they are pre
 probe) before `--deadline`; the prediction assumes one more run adds half of one run's rate to the aggregate epochs
 per second measured now (a run predicted to miss is not started; one cut by the deadline is not recorded).
 `--ramp` adds the runs one at a time and measures the aggregate epochs per minute at 1, 2, ... runs side by side
-(the record's `concurrency`). Each run's row lands in `<out>/cifar10-quality-<date>.json` (+ `.md`) the moment its
-linear probe ends. `--slim KEY ...` keeps the teacher of those runs as a small weights-only checkpoint
-(`<out>/slim/`) for figures drawn after the window.
+(the record's `concurrency`; `<out>/ramp.done` marks its end, for work that should not disturb it). Each run's row
+lands in `<out>/cifar10-quality-<date>.json` (+ `.md`) the moment its linear probe ends. `--slim KEY ...` keeps the
+teacher of those runs as a small weights-only checkpoint (`<out>/slim/`) for figures drawn after the window.
 """
 
 from __future__ import annotations
@@ -235,6 +235,8 @@ def main_run(a: argparse.Namespace) -> int:
 
     measured: set[int] = set()
     ramp_open = a.ramp
+    if not ramp_open:
+        (out / "ramp.done").touch()
     while todo or any(j.phase != "done" for j in jobs):
         now = time.time()
         for j in training():
@@ -261,12 +263,14 @@ def main_run(a: argparse.Namespace) -> int:
                 save()
                 if n >= a.parallel:
                     ramp_open = False
+                    (out / "ramp.done").touch()
         gate = not ramp_open or not training() or n in measured
         if todo and n < a.parallel and gate and fits(todo[0]):
             jobs.append(start(todo.pop(0)))
             stage_t0 = None
         elif todo and ramp_open and training() and n in measured and not fits(todo[0]):
             ramp_open = False  # one more would not finish in time: the count stays here
+            (out / "ramp.done").touch()
         for j in jobs:
             if j.phase == "train" and j.proc.poll() is not None:
                 s = j.dir / "summary.json"

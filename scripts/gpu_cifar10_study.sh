@@ -9,16 +9,19 @@
 #   OUT=$OUT bash scripts/gpu_cifar10_study.sh collect
 #
 # MINUTES: from `start` until every run's linear probe has ended (runs that would not make it are left for the next
-# window). RAMP=1 (default) measures 1, 2, ... runs side by side first. FIGURE=1 (default) draws the searched-regions
+# window). RAMP=1 (default) measures 1, 2, ... runs side by side first. FIGURE=1 draws the searched-regions
 # figure on the 100 sample photos from the seed-0 SCFS and DINO checkpoints as soon as both exist, and keeps their
-# teachers (fp16, in parts of 15 MiB) so that the figures can be redrawn after the window.
+# teachers (fp16, in parts of 15 MiB) so that the figures can be redrawn after the window. AFTER_RAMP='<commands>'
+# runs in the study's tree once the ramp has measured (the GPU gate, say: `COMMIT=.. OUT=$S/smoke bash
+# scripts/gpu_smoke.sh`); whatever it writes under $S/extra comes back with `watch` and `collect`.
 set -uo pipefail
 W=/tmp/study-tree; S=/tmp/study; OUT=${OUT:-/tmp/out}; PY=${PY:-python3}
 mkdir -p "$OUT"
+study_alive() { [ -f "$S/study.pid" ] && kill -0 "$(cat "$S/study.pid")" 2>/dev/null; }
 copy_back() {
   [ -d "$S/out" ] || return 0
   (cd "$S" && tar czf "$OUT/study.tgz" out/*.json out/*.md out/*.png logs runs/*/summary.json runs/*/knn_curve.json \
-    runs/*/linear/metrics.json runs/*/linear.log 2>/dev/null)
+    runs/*/linear/metrics.json runs/*/linear.log extra smoke 2>/dev/null)
   for f in "$S"/out/slim/*.part*; do [ -f "$f" ] && mkdir -p "$OUT/slim" && cp "$f" "$OUT/slim/"; done
   cp "$S"/out/cifar10-quality-*.md "$OUT/" 2>/dev/null
   return 0
@@ -36,26 +39,34 @@ start)
   COMMIT=${COMMIT:-unknown} setsid nohup $PY scripts/cifar10_study.py run --out "$S/out" --runs "$S/runs" \
     --parallel "${PARALLEL:-4}" --deadline "$DEADLINE" $([ "${RAMP:-1}" = 1 ] && echo --ramp) --slim scfs-soft-s0-e100 dino-dino-s0-e100 \
     > "$S/logs/study.log" 2>&1 < /dev/null &
-  if [ "${FIGURE:-1}" = 1 ]; then
+  echo $! > "$S/study.pid"
+  if [ "${FIGURE:-0}" = 1 ]; then
     setsid nohup bash -c "
       a=$S/runs/scfs-soft-s0-e100; b=$S/runs/dino-dino-s0-e100
       until [ -f \$a/linear/metrics.json ] && [ -f \$b/linear/metrics.json ]; do sleep 10; done
       $PY -m scfs.workbench.docs_figures photos SCFS=\$a/checkpoints/last.ckpt DINO=\$b/checkpoints/last.ckpt \
         --folder data/imagenet-samples --size 64 --out $S/out/searched_regions_photos.png" \
       > "$S/logs/figure.log" 2>&1 < /dev/null &
+    echo $! > "$S/figure.pid"
+  fi
+  if [ -n "${AFTER_RAMP:-}" ]; then  # e.g. the GPU gate: side by side with the runs, once the ramp has measured
+    setsid nohup bash -c "until [ -f $S/out/ramp.done ] || ! kill -0 \$(cat $S/study.pid); do sleep 5; done
+      cd $W && $AFTER_RAMP" > "$S/logs/after_ramp.log" 2>&1 < /dev/null &
   fi
   sleep 5; cat "$S/logs/study.log"
   ;;
 watch)
   end=$(( $(date +%s) + ${2:-540} ))
-  while [ "$(date +%s)" -lt "$end" ] && pgrep -f cifar10_study.py > /dev/null; do sleep 15; done
+  while [ "$(date +%s)" -lt "$end" ] && study_alive; do sleep 15; done
   grep "^\[study\]" "$S/logs/study.log" | tail -n 30
   nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
   copy_back
   ;;
 collect)
-  while pgrep -f cifar10_study.py > /dev/null; do sleep 10; done
-  for _ in $(seq 24); do pgrep -f docs_figures > /dev/null || break; sleep 5; done
+  while study_alive; do sleep 10; done
+  for _ in $(seq 24); do  # a figure being drawn (both seed-0 probes done) gets two minutes to finish
+    [ -f "$S/figure.pid" ] && kill -0 "$(cat "$S/figure.pid")" 2>/dev/null \
+      && ls "$S"/runs/{scfs-soft,dino-dino}-s0-e100/linear/metrics.json > /dev/null 2>&1 || break; sleep 5; done
   cat "$S/logs/study.log" | grep -v "^\[study\] +.*start" | tail -n 60
   tail -n 3 "$S/logs/figure.log"
   copy_back; ls -la "$OUT" "$OUT/slim" 2>/dev/null

@@ -85,6 +85,7 @@ def test_runs_records_skips_and_renders(study, tmp_path: Path) -> None:
     assert keys == ["dino-s1", "scfs-s0", "scfs-s1"]  # dino s0 was in the committed record
     assert all(r["linear_top1"] == 60.0 and r["commit"] == "abc1234" for r in rec["runs"])
     assert [st["runs"] for st in rec["concurrency"]["stages"]][:2] == [1, 2]
+    assert (out / "ramp.done").is_file()  # the ramp reached --parallel: work waiting for it may start
     parts = sorted((out / "slim").glob("scfs-soft-s0-e12.pt.part*"))
     blob = b"".join(p.read_bytes() for p in parts)
     (tmp_path / "slim.pt").write_bytes(blob)

@@ -217,3 +217,22 @@ def test_step_terms_are_logged_only_on_written_steps_and_the_last(tmp_path, shap
     assert summary["steps"] == 8  # 4 epochs of 2 batches
     assert [step for step, _ in seen] == [2, 5, 7]  # steps 3 and 6 (1-based) are written, and the last one
     assert summary["loss_dino"] == pytest.approx(seen[-1][1])
+
+
+def test_summary_reports_epoch_seconds_and_steady_images_per_second(tmp_path, shapes_root):
+    """summary.json says how long each epoch took and the images per second of the epochs after the first."""
+    s = run(compose_cfg(["trainer.max_epochs=3", "eval.knn_at_start=false"], data_root=shapes_root), tmp_path)
+    assert len(s["epoch_seconds"]) == 3 and all(v > 0 for v in s["epoch_seconds"])
+    assert s["first_epoch_s"] == s["epoch_seconds"][0] and s["img_per_s"] > 0
+
+
+def test_epoch_timer_median_leaves_out_the_first_epoch():
+    from scfs.training.callbacks import EpochTimer
+
+    t = EpochTimer()
+    t.epochs = [{"epoch": 0, "seconds": 100.0, "steps": 10}, {"epoch": 1, "seconds": 2.0, "steps": 10},
+                {"epoch": 2, "seconds": 4.0, "steps": 10}, {"epoch": 3, "seconds": 2.5, "steps": 10}]
+    rep = t.report(images_per_step=64)
+    assert rep["first_epoch_s"] == 100.0 and rep["epoch_seconds"] == [100.0, 2.0, 4.0, 2.5]
+    assert rep["img_per_s"] == 256.0  # median of 320, 160, 256 images/s; the compile epoch (6.4) is not among them
+    assert EpochTimer().report(64) == {"epoch_seconds": [], "img_per_s": None}

@@ -1,4 +1,5 @@
-"""Lightning callbacks of the method: the online kNN monitor, the wall-clock budget of a training chunk."""
+"""Lightning callbacks of the method: the online kNN monitor, the wall-clock budget of a training chunk, the epoch
+timer."""
 
 from __future__ import annotations
 
@@ -79,3 +80,37 @@ class WallClockBudget(L.Callback):
         over = time.monotonic() - self.t0 >= self.seconds
         if trainer.strategy.reduce_boolean_decision(over, all=False):
             self.stopped = trainer.should_stop = True
+
+
+class EpochTimer(L.Callback):
+    """Wall seconds and optimizer steps of every training epoch (the kNN passes of later callbacks excluded: it
+    runs first), so a run reports the speed a user sees end to end (data, loop and step together), not a benchmark's.
+    Epoch 0 holds the compile on compiled recipes and is kept apart from the steady epochs."""
+
+    def __init__(self) -> None:
+        self.epochs: list[dict[str, float]] = []
+        self._t0: float | None = None
+        self._step0 = 0
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._t0, self._step0 = time.perf_counter(), trainer.global_step
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._t0 is None:
+            return
+        self.epochs.append({"epoch": trainer.current_epoch, "seconds": time.perf_counter() - self._t0,
+                            "steps": trainer.global_step - self._step0})
+        self._t0 = None
+
+    def report(self, images_per_step: int) -> dict[str, Any]:
+        """`epoch_seconds` (every timed epoch), `first_epoch_s`, and `img_per_s`: the median over the epochs after
+        the first of images / second (None with fewer than two epochs)."""
+        import statistics
+
+        out: dict[str, Any] = {"epoch_seconds": [round(e["seconds"], 2) for e in self.epochs]}
+        if self.epochs:
+            out["first_epoch_s"] = round(self.epochs[0]["seconds"], 2)
+        steady = [e for e in self.epochs[1:] if e["steps"] > 0 and e["seconds"] > 0]
+        out["img_per_s"] = (round(statistics.median(e["steps"] * images_per_step / e["seconds"] for e in steady), 1)
+                            if steady else None)
+        return out

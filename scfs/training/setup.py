@@ -178,7 +178,7 @@ def make_callbacks(cfg: DictConfig, dm: Any, run_dir: Path) -> tuple[list[Any], 
     its `WallClockBudget` (None without `chunk_minutes`; the summary says whether it stopped the run)."""
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    from scfs.training.callbacks import KNNMonitor, WallClockBudget
+    from scfs.training.callbacks import EpochTimer, KNNMonitor, WallClockBudget
     from scfs.training.checkpointing import LastCheckpoint, ResumeState
     from scfs.training.monitors import OnlineLinearMonitor
 
@@ -186,6 +186,7 @@ def make_callbacks(cfg: DictConfig, dm: Any, run_dir: Path) -> tuple[list[Any], 
     ks = list(cfg.eval.knn_k)
     last = LastCheckpoint(ckpt_dir, every_n_train_steps=cfg.checkpoint.get("every_n_train_steps", 0))
     callbacks = [
+        EpochTimer(),  # first: its epoch ends before the kNN pass and the checkpoints of the callbacks below
         ModelCheckpoint(dirpath=ckpt_dir, save_last=False, save_top_k=-1, every_n_epochs=cfg.checkpoint.every_n_epochs,
                         filename="epoch{epoch:03d}", auto_insert_metric_name=False),
         KNNMonitor(every_n_epochs=cfg.eval.knn_every_n_epochs, ks=ks, temperature=cfg.eval.knn_temperature,

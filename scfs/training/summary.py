@@ -42,9 +42,10 @@ def start_summary(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
 
 def summarise(summary: dict[str, Any], cfg: DictConfig, trainer: Any, model: Any, dm: Any, knn_data: tuple[Any, Any],
               last: Any, budget: Any, t0: float) -> dict[str, Any]:
-    """Complete `summary` on rank 0 after training (kNN, losses, checkpoint, W&B folder, steps, seconds, skipped
-    files, figure), log the final kNN, write `<run_dir>/summary.json` and print `summary_line`. `knn_data` is the
-    (bank, query) loader pair, `last` the run's `LastCheckpoint`, `budget` its `WallClockBudget` or None."""
+    """Complete `summary` on rank 0 after training (kNN, losses, checkpoint, W&B folder, steps, seconds, epoch
+    seconds and steady img/s, skipped files, figure), log the final kNN, write `<run_dir>/summary.json` and print
+    `summary_line`. `knn_data` is the (bank, query) loader pair, `last` the run's `LastCheckpoint`, `budget` its
+    `WallClockBudget` or None."""
     import torch
 
     run_dir, logger, ks = Path(summary["run_dir"]), trainer.logger, list(cfg.eval.knn_k)
@@ -59,6 +60,11 @@ def summarise(summary: dict[str, Any], cfg: DictConfig, trainer: Any, model: Any
     summary["epochs"] = trainer.current_epoch
     summary["steps"] = trainer.global_step
     summary["seconds"] = round(time.time() - t0, 1)
+    from scfs.training.callbacks import EpochTimer
+
+    timer = next((c for c in trainer.callbacks if isinstance(c, EpochTimer)), None)
+    if timer is not None:
+        summary.update(timer.report(int(getattr(dm, "batch_size", cfg.batch_size)) * trainer.world_size))
     if budget is not None and budget.stopped:
         summary["stopped_by_chunk_budget"] = True
         summary["resume_with"] = f"resume={last.path}"

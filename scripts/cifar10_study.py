@@ -146,6 +146,9 @@ def row_of(job: Job, commit: str) -> dict | None:
             "linear_top1": metrics.get("top1"), "linear_top5": metrics.get("top5"),
             "linear_lr": probe.get("lr"), "linear_wd": probe.get("weight_decay"),
             "wall_s": s.get("seconds"), "loss": s.get("loss"), "uniform_loss": s.get("uniform_loss"),
+            "first_epoch_s": s.get("first_epoch_s"), "img_per_s": s.get("img_per_s"),
+            "epoch_s_median": (round(statistics.median(s["epoch_seconds"][1:]), 2)
+                               if len(s.get("epoch_seconds") or []) > 1 else None),
             "curve": [{"epoch": p.get("epoch"), "top1_k20": (p.get("knn") or p).get("top1_k20"),
                        "top1_k200": (p.get("knn") or p).get("top1_k200")} for p in curve],
             "command": cmd,

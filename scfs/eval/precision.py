@@ -15,6 +15,9 @@ CLI (writes precision.json, precision.md and precision.png into a run folder):
 
     python -m scfs.eval.precision runs/scfs-shapes/<time>/checkpoints/last.ckpt \\
         runs/dino-shapes/<time>/checkpoints/last.ckpt random [--modes soft hard softmax] [--n-val 1000]
+
+`--centre` scores the search with the similarity centred on each image's mean feature (`feature_search(centre=
+True)`) instead of the published raw cosine.
 """
 
 from __future__ import annotations
@@ -129,8 +132,9 @@ def precision_scores(backbone: nn.Module, images: np.ndarray, masks: np.ndarray,
                      stages: Sequence[str] = SEARCH_STAGES, modes: Sequence[str] = WEIGHTINGS, n_crops: int = 4,
                      local_size: int = 16, scale: Sequence[float] = (0.1, 0.35), seed: int = 0, topk: float = 0.25,
                      temperature: float = 0.1, batch_size: int = 128,
-                     query_backbone: nn.Module | None = None) -> PrecisionScores:
-    """Search precision of every (image, crop) pair, for several modes from one pass of the backbone."""
+                     query_backbone: nn.Module | None = None, centre: bool = False) -> PrecisionScores:
+    """Search precision of every (image, crop) pair, for several modes from one pass of the backbone; `centre`:
+    of the centred similarity (`feature_search(centre=True)`)."""
     images, masks = np.asarray(images), np.asarray(masks)
     if images.ndim != 4 or masks.shape != images.shape[:3]:
         raise ValueError(f"images (N,H,W,3) and masks (N,H,W) must match, got {images.shape} and {masks.shape}")
@@ -154,7 +158,7 @@ def precision_scores(backbone: nn.Module, images: np.ndarray, masks: np.ndarray,
         for i in range(0, n_img, batch_size):
             sl = slice(i, i + batch_size)
             _, weights, _ = search_batch(maps_bb, images[sl], boxes[sl], stages, modes, local_size, query_bb, topk,
-                                         temperature)
+                                         temperature, centre)
             ids = torch.as_tensor(obj[sl])
             obj_masks = torch.from_numpy(np.array(masks[sl])).long()[:, None] == ids[:, :, None, None]
             valid = (ids > 0).numpy()
@@ -259,7 +263,8 @@ class PrecisionReport:
             ax.grid(alpha=0.3)
         axes[0].set_ylabel("weight mass on the crop's object (%)", fontsize=8)
         axes[0].legend(fontsize=7, loc="best")
-        fig.suptitle(title or f"Search precision on shapes val ({self.n_pairs} crop x image pairs, "
+        similarity = "centred similarity, " if self.settings.get("centre") else ""
+        fig.suptitle(title or f"Search precision on shapes val ({similarity}{self.n_pairs} crop x image pairs, "
                               f"{self.n_images} images; bars: 95 % CI)", fontsize=10)
         fig.tight_layout()
         return fig
@@ -286,8 +291,9 @@ def precision_report(backbones: Mapping[str, nn.Module], images: np.ndarray, mas
                      stages: Sequence[str] = SEARCH_STAGES, modes: Sequence[str] = WEIGHTINGS, n_crops: int = 4,
                      local_size: int = 16, scale: Sequence[float] = (0.1, 0.35), seed: int = 0, topk: float = 0.25,
                      temperature: float = 0.1, batch_size: int = 128,
-                     checkpoints: Mapping[str, str] | None = None) -> PrecisionReport:
-    """`search_precision` of several backbones on the same crops, every mode, as one report."""
+                     checkpoints: Mapping[str, str] | None = None, centre: bool = False) -> PrecisionReport:
+    """`search_precision` of several backbones on the same crops, every mode, as one report (`centre`: of the
+    centred similarity)."""
     images = np.asarray(images)
     if crops is None:
         crops = sample_crop_boxes(len(images), n_crops, images.shape[1], images.shape[2], scale, seed=seed)
@@ -298,7 +304,8 @@ def precision_report(backbones: Mapping[str, nn.Module], images: np.ndarray, mas
     scores = None
     for name, bb in backbones.items():
         scores = precision_scores(bb, images, masks, objects, crops, stages=stages, modes=modes,
-                                  local_size=local_size, topk=topk, temperature=temperature, batch_size=batch_size)
+                                  local_size=local_size, topk=topk, temperature=temperature, batch_size=batch_size,
+                                  centre=centre)
         values[name] = {m: scores.mean(m) for m in modes}
         ci[name], lift[name], lift_ci[name] = {}, {}, {}
         for m in modes:
@@ -310,7 +317,7 @@ def precision_report(backbones: Mapping[str, nn.Module], images: np.ndarray, mas
     if scores is None:
         raise ValueError("no backbones given")
     settings = {"local_size": local_size, "n_crops": int(crops.shape[1]), "crop_scale": list(scale), "seed": seed,
-                "topk": topk, "temperature": temperature, "image_size": int(images.shape[1])}
+                "topk": topk, "temperature": temperature, "image_size": int(images.shape[1]), "centre": bool(centre)}
     return PrecisionReport(values, scores.chance_mean, scores.n_used, len(images), tuple(stages), tuple(modes),
                            settings, dict(checkpoints or {}), ci, lift, lift_ci, list(scores.chance_ci()[1:]))
 
@@ -373,6 +380,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--which", default="teacher", choices=("teacher", "student"))
     p.add_argument("--modes", nargs="+", default=list(WEIGHTINGS), choices=WEIGHTINGS)
     p.add_argument("--stages", nargs="+", default=list(SEARCH_STAGES))
+    p.add_argument("--centre", action="store_true",
+                   help="search with the similarity centred on each image's mean feature (default: the raw cosine)")
     p.add_argument("--backbone", default="tiny", help="conf/backbone/<name>.yaml for 'random' without a scfs ckpt")
     g = p.add_argument_group("shapes data (defaults: conf/data/shapes.yaml)")
     g.add_argument("--data-root", default=str(data["root"]))
@@ -413,7 +422,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     report = precision_report(backbones, val.images[:n], val.masks[:n], val.objects[:n], stages=args.stages,
                               modes=args.modes, n_crops=args.n_crops, local_size=args.local_size,
                               scale=args.local_scale, seed=args.seed, topk=args.topk, temperature=args.temperature,
-                              checkpoints=paths)
+                              checkpoints=paths, centre=args.centre)
     report.settings["command"] = "python -m scfs.eval.precision " + " ".join(
         sys.argv[1:] if argv is None else argv)
     out = args.out or Path("runs") / "eval" / f"precision-{time.strftime('%Y-%m-%d_%H-%M-%S')}"

@@ -1,7 +1,7 @@
 """Correctness harness: every available backend against a float64 reference, forward and all gradients.
 
-Fresh random inputs per run (seed printed), shapes/dtypes/modes swept, raw and centred (``centre=True``), outputs NaN-poisoned before each call,
-bitwise-identical reruns, batch invariance, zero-norm pixels/queries, NaN propagation.
+Fresh random inputs per run (seed printed), shapes/dtypes/modes swept, raw and centred (``centre=True``), outputs
+NaN-poisoned before each call, bitwise-identical reruns, batch invariance, zero-norm pixels/queries, NaN propagation.
 The CUDA backend runs under each weighting-pass order asked for (``--weighting tiled|chunked|both``, default
 both; see ``scfs.search.cuda_backend.set_weighting``); with both, every case is also run forward under the chunked
 order at several chunk/block sizes and must match the tiled order bitwise.

@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch._dynamo
 
-from scfs.search import check, feature_search
 from scfs.search import api as search_api
+from scfs.search import check, feature_search
 from scfs.search.reference import reference_search
 
 interp = pytest.mark.skipif(

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from scfs.eval.search_maps import eval_mode, resolve_backbones, sample_crop_boxes, search_batch
-from scfs.names import CONF_DIR, SEARCH_STAGES, WEIGHTINGS
+from scfs.names import CONF_DIR, SEARCH_STAGES, WEIGHTINGS, search_label
 from scfs.plotting import new_figure
 
 log = logging.getLogger("scfs.eval.precision")
@@ -389,7 +389,7 @@ def _label(path: str, raw: Mapping[str, Any] | None, used: set[str]) -> str:
     elif raw is not None and isinstance(raw.get("hyper_parameters"), Mapping):
         hp = raw["hyper_parameters"]
         method = (hp.get("method") or {}).get("name", "?")
-        base = method.upper() + (f" ({(hp.get('search') or {}).get('mode')})" if method == "scfs" else "")
+        base = method.upper() + (f" ({search_label(hp.get('search'))})" if method == "scfs" else "")
     else:
         base = Path(path).stem
     label, k = base, 2

@@ -42,6 +42,7 @@ def test_teacher_file_loads_in_every_loader(tiny_ckpt, tmp_path, eval_cfg):
     backbones, paths = load_backbones([f"T={path}", "random"])  # precision and docs_figures
     _assert_teacher_in_fp16_rounding(backbones["T"], tiny_ckpt)
     assert paths["T"] == str(path.resolve())
+    assert list(load_backbones([str(path)])[0]) == ["SCFS (soft)"]  # labelled from its hyper_parameters
     bb, info = load_eval_backbone(eval_cfg("knn", f"ckpt={path}"))  # knn and linear
     _assert_teacher_in_fp16_rounding(bb, tiny_ckpt)
     assert info.format == "scfs-lightning" and info.method == "scfs"

@@ -108,3 +108,32 @@ def test_photos_needs_a_folder(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["photos", f"SCFS={tmp_path / 'x.ckpt'}", "--folder", str(tmp_path / "none")])
     assert "photo folder not found" in capsys.readouterr().err
+
+
+def test_regions_centre_titles_say_centred(tmp_path, monkeypatch):
+    """`regions --centre` on a run folder's checkpoint: the shapes split of the run's saved config, every model's
+    block titled and captioned as the centred similarity."""
+    from matplotlib.figure import Figure
+    from omegaconf import OmegaConf
+
+    _, ckpt = _photos_and_checkpoint(tmp_path)
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / ".hydra").mkdir()
+    ckpt = ckpt.rename(run / "checkpoints" / "last.ckpt")
+    OmegaConf.save({"data": {"root": str(tmp_path / "shapes"), "image_size": 32, "n_train": 4, "n_val": 4},
+                    "crops": {"local_size": 16, "local_scale": [0.25, 0.5]}}, run / ".hydra" / "config.yaml")
+    saved = []
+    real_savefig = Figure.savefig
+
+    def savefig(fig, path, *args, **kwargs):
+        saved.append(fig)
+        return real_savefig(fig, path, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    out = main(["regions", f"SCFS={ckpt}", "--n-images", "2", "--centre", "--out", str(tmp_path / "r.png")])
+    assert out == tmp_path / "r.png" and out.stat().st_size > 5_000
+    (fig,) = saved
+    assert [sub.get_suptitle() for sub in fig.subfigs[:-1]] == [
+        f"{m} teacher: what the soft search picks (centred similarity)" for m in ("SCFS", "random init")]
+    assert "centred cosine similarity" in " ".join(t.get_text() for t in fig.subfigs[-1].texts)

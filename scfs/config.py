@@ -80,6 +80,8 @@ def validate_config(cfg: DictConfig) -> None:
            required=False)
     _check(cfg, "search.stages", lambda v: len(v) > 0 and all(s in STAGES for s in v),
            f"a non-empty list of stage names from {', '.join(STAGES)}")
+    _check(cfg, "search.centre", lambda v: isinstance(v, bool), "true or false (false: the published raw cosine; "
+           "true: centred on the image's mean feature)", required=False)
     _check(cfg, "search.topk", lambda v: 0 < v <= 1, "a fraction in (0, 1]", required=False)
     _check(cfg, "search.temperature", _pos, "a number > 0", required=False)
     _check(cfg, "search.roi_scale", _scale, "[lo, hi] with 0 < lo <= hi <= 1", required=False)

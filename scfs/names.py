@@ -38,7 +38,15 @@ def search_settings(search_cfg: Mapping[str, Any] | None) -> tuple[str, str]:
     return str(cfg.get("weighting", "soft")), str(cfg.get("local_target", "search"))
 
 
+def search_centred(search_cfg: Mapping[str, Any] | None) -> bool:
+    """Whether the search similarity is centred on the image's mean feature (`search.centre`; absent: raw)."""
+    return bool((search_cfg or {}).get("centre", False))
+
+
 def search_label(search_cfg: Mapping[str, Any] | None) -> str:
-    """One word for run names and summaries: the weighting when the local target is the search, else the target."""
+    """One word for run names and summaries: the weighting when the local target is the search (with `-centred`
+    when `search.centre` is on, e.g. `soft-centred`), else the target."""
     weighting, target = search_settings(search_cfg)
-    return weighting if target == "search" else target
+    if target != "search":
+        return target
+    return f"{weighting}-centred" if search_centred(search_cfg) else weighting

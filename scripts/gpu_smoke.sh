@@ -77,6 +77,8 @@ run cifar10-dino "$C method=dino" "$E $SHORT name=smoke-dino" &
 for m in hard softmax roi none; do  # the README's loop over the modes; soft is the default (row cifar10)
   run "search-$m" "$C search=\$m" "$E $SHORT name=smoke-search-$m eval.knn_at_start=false" &
 done
+# the centred search (search.centre=true) compiled as shipped: its kernel op plus the rank-one term in the loss graph
+run search-centred "$C search.centre=true" "$SHORT name=smoke-search-centred eval.knn_at_start=false" &
 run imagenet "python -m scfs.train +experiment=imagenet" \
   "data.root=data/imagenet-smoke global_batch_size=32 num_workers=4 $E $SHORT name=smoke-imagenet" &
 ( run resume-stop "$C" "$E $SHORT name=smoke-resume eval.knn_at_start=false" &&
@@ -99,6 +101,7 @@ run linear-fast "python -m scfs.eval.linear ckpt=<ckpt> fast=true" "probe.epochs
 run linear-full "python -m scfs.eval.linear ckpt=<ckpt>" "probe.epochs=1" &
 run detect "python -m scfs.eval.detect ckpt=<ckpt>" "schedule.max_iters=20" &
 run precision "python -m scfs.eval.precision SCFS=<scfs ckpt> DINO=<dino ckpt> random" "--limit 40" &
+run precision-centred "python -m scfs.eval.precision SCFS=<scfs ckpt> DINO=<dino ckpt> random --centre" "--limit 40" &
 run notebook-02 "" "env SCFS_NB_SMALL=1 SCFS_NB_STATIC=1 CKPT=$CK $PY scripts/run_notebook_cells.py notebooks/02_searched_regions.ipynb" &
 wait
 WALL=$(( $(date +%s) - T0 ))

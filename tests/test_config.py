@@ -48,6 +48,8 @@ BAD = [
     ("search.backend=opencl", "search.backend"),
     ("search.topk=1.5", "search.topk"),
     ("search.temperature=0", "search.temperature"),
+    ("search.centre=yes", "search.centre"),
+    ("search.centre=1", "search.centre"),
     ("crops.n_local=0", "crops.n_local"),
     ("crops.n_local=-1", "crops.n_local"),
     ("crops.global_scale=[0.0,1.0]", "crops.global_scale"),
@@ -123,6 +125,19 @@ def test_old_checkpoints_single_mode_key_still_reads():
     assert search_settings({"weighting": "softmax", "local_target": "none"}) == ("softmax", "none")
     assert search_label({"weighting": "softmax", "local_target": "search"}) == "softmax"
     assert search_label({"weighting": "soft", "local_target": "roi"}) == "roi"
+
+
+def test_centred_search_is_off_by_default_and_named_in_labels():
+    """Every preset keeps the published raw cosine; `search.centre=true` composes, validates and is named."""
+    from scfs.names import search_label
+
+    for preset in ("soft", "hard", "softmax", "roi", "none"):
+        assert compose_cfg([f"search={preset}"]).search.centre is False
+    cfg = compose_cfg(["search.centre=true"])
+    validate_config(cfg)
+    assert search_label(cfg.search) == "soft-centred"
+    assert search_label(compose_cfg(["search=hard", "search.centre=true"]).search) == "hard-centred"
+    assert search_label({"weighting": "soft", "local_target": "search"}) == "soft"  # checkpoints without the key
 
 
 def test_missing_cifar_root_names_the_prepare_command():

@@ -110,3 +110,22 @@ def test_notebook_runs(path, nb_env, tmp_path):
     if path.stem == "04_search_kernel_benchmarks" and list((REPO / "benchmarks" / "results").glob("*.json")):
         assert list(out.glob("*.png")) and (out / "bench.md").is_file()
     assert list(cwd.iterdir()) == [], f"{path.name} wrote into its working directory: {list(cwd.iterdir())}"
+
+
+@pytest.mark.slow
+def test_notebook_02_takes_centre_from_the_environment(nb_env, tmp_path, monkeypatch):
+    """`CENTRE=1` (like `CKPT=...`) makes notebook 02 search with the centred similarity: its precision report says
+    so."""
+    import json
+
+    from nbclient import NotebookClient
+
+    kernel, runs = nb_env
+    monkeypatch.setenv("CENTRE", "1")
+    path = REPO / "notebooks" / "02_searched_regions.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    NotebookClient(nb, kernel_name=kernel, timeout=300, resources={"metadata": {"path": str(cwd)}}).execute()
+    doc = json.loads((runs / path.stem / "precision" / "precision.json").read_text())
+    assert doc["settings"]["centre"] is True

@@ -30,6 +30,26 @@ def test_two_step_training_smoke(tmp_path, shapes_root, overrides):
     assert line.startswith("DINO done in" if "method=dino" in overrides else f"SCFS ({s['search']}) done in")
 
 
+def test_centred_search_trains_and_is_named(tmp_path, shapes_root, monkeypatch):
+    """`search.centre=true`: the local term and the end-of-run searched-regions figure search centred, and the
+    run's summary and line say soft-centred."""
+    import scfs.search
+
+    calls = []
+    real = scfs.search.feature_search
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("centre", False))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(scfs.search, "feature_search", spy)
+    s = run(compose_cfg(["search.centre=true", "eval.figure=true"], data_root=shapes_root), tmp_path)
+    assert s["steps"] == 2 and s["search"] == "soft-centred" and s["loss"] == s["loss"]
+    assert summary_line(s, 20).startswith("SCFS (soft-centred) done in")
+    assert calls and all(calls)  # every search of the run (training steps and the figure) was centred
+    assert (tmp_path / "searched_regions.png").is_file()
+
+
 def test_stage_terms_are_logged_for_scfs_only(tmp_path, shapes_root):
     cfg = compose_cfg(["method=scfs"], data_root=shapes_root)
     run(cfg, tmp_path / "scfs")

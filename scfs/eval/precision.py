@@ -15,6 +15,13 @@ CLI (writes precision.json, precision.md and precision.png into a run folder):
 
     python -m scfs.eval.precision runs/scfs-shapes/<time>/checkpoints/last.ckpt \\
         runs/dino-shapes/<time>/checkpoints/last.ckpt random [--modes soft hard softmax] [--n-val 1000]
+
+Several checkpoints per label (`SCFS=a.ckpt,b.ckpt,c.ckpt`, one per training seed; `--random-seeds 0 1 2` for
+random init) are also pooled over seeds: the mean, each seed's value and a 95 % Student-t interval over seeds
+beside each seed's within-seed interval (`scfs.eval.seeds`).
+
+`--centre` scores the search with the similarity centred on each image's mean feature (`feature_search(centre=
+True)`) instead of the published raw cosine.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from scfs.eval.search_maps import eval_mode, resolve_backbones, sample_crop_boxes, search_batch
-from scfs.names import CONF_DIR, SEARCH_STAGES, WEIGHTINGS
+from scfs.names import CONF_DIR, SEARCH_STAGES, WEIGHTINGS, search_label
 from scfs.plotting import new_figure
 
 log = logging.getLogger("scfs.eval.precision")
@@ -129,8 +136,9 @@ def precision_scores(backbone: nn.Module, images: np.ndarray, masks: np.ndarray,
                      stages: Sequence[str] = SEARCH_STAGES, modes: Sequence[str] = WEIGHTINGS, n_crops: int = 4,
                      local_size: int = 16, scale: Sequence[float] = (0.1, 0.35), seed: int = 0, topk: float = 0.25,
                      temperature: float = 0.1, batch_size: int = 128,
-                     query_backbone: nn.Module | None = None) -> PrecisionScores:
-    """Search precision of every (image, crop) pair, for several modes from one pass of the backbone."""
+                     query_backbone: nn.Module | None = None, centre: bool = False) -> PrecisionScores:
+    """Search precision of every (image, crop) pair, for several modes from one pass of the backbone; `centre`:
+    of the centred similarity (`feature_search(centre=True)`)."""
     images, masks = np.asarray(images), np.asarray(masks)
     if images.ndim != 4 or masks.shape != images.shape[:3]:
         raise ValueError(f"images (N,H,W,3) and masks (N,H,W) must match, got {images.shape} and {masks.shape}")
@@ -154,7 +162,7 @@ def precision_scores(backbone: nn.Module, images: np.ndarray, masks: np.ndarray,
         for i in range(0, n_img, batch_size):
             sl = slice(i, i + batch_size)
             _, weights, _ = search_batch(maps_bb, images[sl], boxes[sl], stages, modes, local_size, query_bb, topk,
-                                         temperature)
+                                         temperature, centre)
             ids = torch.as_tensor(obj[sl])
             obj_masks = torch.from_numpy(np.array(masks[sl])).long()[:, None] == ids[:, :, None, None]
             valid = (ids > 0).numpy()
@@ -195,6 +203,34 @@ class PrecisionReport:
     lift: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     lift_ci: dict[str, dict[str, dict[str, list[float]]]] = field(default_factory=dict)
     chance_interval: list[float] = field(default_factory=list)
+    seeds: dict[str, list[str]] = field(default_factory=dict)  # label -> the members that are its seeds
+
+    def pooled(self) -> dict[str, Any]:
+        """The seed groups pooled (`scfs.eval.seeds.pool_over_seeds`): mean, per-seed values, t-interval."""
+        from scfs.eval.seeds import pool_over_seeds
+
+        return pool_over_seeds(self.values, self.ci, self.seeds) if self.seeds else {}
+
+    def seeds_markdown(self) -> str:
+        """The table over seeds: per label, mode and stage the mean over seeds ± half its 95 % t-interval, the
+        seeds' values and the mean half-width of their within-seed intervals ('' without seed groups)."""
+        pools = self.pooled()
+        if not pools:
+            return ""
+        lines = ["| model (seeds) | mode | " + " | ".join(self.stages) + " |",
+                 "|---|---|" + "---:|" * len(self.stages)]
+        for label, pool in pools.items():
+            for m in self.modes:
+                cells = []
+                for s in self.stages:
+                    lo, hi = pool.ci[m][s]
+                    half = f" ± {100 * (hi - lo) / 2:.1f}" if lo == lo else ""
+                    within = [(b - a) / 2 for a, b in pool.within[m][s] if a == a and b == b]
+                    w = f"; within-seed ± {100 * float(np.mean(within)):.1f}" if within else ""
+                    seeds = " / ".join(f"{100 * v:.1f}" for v in pool.per_seed[m][s])
+                    cells.append(f"{100 * pool.mean[m][s]:.1f}{half} (seeds {seeds}{w})")
+                lines.append(f"| {label} ({len(pool.members)}) | {m} | " + " | ".join(cells) + " |")
+        return "\n".join(lines)
 
     def rows(self) -> list[dict[str, Any]]:
         return [{"model": mdl, "mode": m, **{s: v[s] for s in self.stages}}
@@ -231,7 +267,10 @@ class PrecisionReport:
                 "values": self.values, "ci95": self.ci, "lift_over_chance": self.lift, "lift_ci95": self.lift_ci,
                 "chance": self.chance, "chance_ci95": self.chance_interval, "n_pairs": self.n_pairs,
                 "n_images": self.n_images, "stages": list(self.stages), "modes": list(self.modes),
-                "settings": self.settings, "checkpoints": self.checkpoints}
+                "settings": self.settings, "checkpoints": self.checkpoints,
+                "over_seeds": {label: {"members": list(p.members), "mean": p.mean, "per_seed": p.per_seed,
+                                       "t_ci95": p.ci, "within_seed_ci95": p.within}
+                               for label, p in self.pooled().items()}}
 
     def figure(self, title: str | None = None):
         """One panel per mode on one shared y axis: precision (%) per stage, a line with 95 % error bars per
@@ -239,18 +278,29 @@ class PrecisionReport:
         fig = new_figure(3.4 * len(self.modes) + 0.6, 3.4)
         axes = fig.subplots(1, len(self.modes), squeeze=False, sharey=True)[0]
         x = np.arange(len(self.stages), dtype=float)
-        models = list(self.values)
+        pools = self.pooled()
+        pooled_members = {m for p in pools.values() for m in p.members}
+        lines: list[tuple[str, dict[str, dict[str, float]], dict[str, Any], Any]] = [
+            (mdl, per_mode, self.ci.get(mdl, {}), None) for mdl, per_mode in self.values.items()
+            if mdl not in pooled_members]
+        lines += [(f"{label} ({len(p.members)} seeds)", p.mean, p.ci, p) for label, p in pools.items()]
+        models = [ln[0] for ln in lines]
         offsets = (np.arange(len(models)) - (len(models) - 1) / 2) * 0.07
         for ax, m in zip(axes, self.modes):
-            for k, (mdl, per_mode) in enumerate(self.values.items()):
+            for k, (mdl, per_mode, cis, pool) in enumerate(lines):
                 y = np.array([100 * per_mode[m][s] for s in self.stages])
-                ci = self.ci.get(mdl, {}).get(m, {})
+                ci = cis.get(m, {})
                 err = None
                 if all(s in ci for s in self.stages):
                     lo = np.array([100 * ci[s][0] for s in self.stages])
                     hi = np.array([100 * ci[s][1] for s in self.stages])
                     err = np.nan_to_num(np.stack([y - lo, hi - y]))
-                ax.errorbar(x + offsets[k], y, yerr=err, marker="o", ms=4, capsize=3, lw=1.5, label=mdl)
+                bar = ax.errorbar(x + offsets[k], y, yerr=err, marker="o", ms=4, capsize=3, lw=1.5, label=mdl)
+                if pool is not None:  # each seed a dot beside its label's mean
+                    for j, s in enumerate(self.stages):
+                        vals = 100 * np.asarray(pool.per_seed[m][s])
+                        ax.scatter(np.full(len(vals), x[j] + offsets[k] + 0.03), vals, s=10, alpha=0.6,
+                                   color=bar.lines[0].get_color(), zorder=3)
             ax.axhline(100 * self.chance, color="grey", ls="--", lw=1, label="chance (uniform weights)")
             if len(self.chance_interval) == 2 and all(v == v for v in self.chance_interval):
                 ax.axhspan(100 * self.chance_interval[0], 100 * self.chance_interval[1], color="grey", alpha=0.15)
@@ -259,8 +309,10 @@ class PrecisionReport:
             ax.grid(alpha=0.3)
         axes[0].set_ylabel("weight mass on the crop's object (%)", fontsize=8)
         axes[0].legend(fontsize=7, loc="best")
-        fig.suptitle(title or f"Search precision on shapes val ({self.n_pairs} crop x image pairs, "
-                              f"{self.n_images} images; bars: 95 % CI)", fontsize=10)
+        similarity = "centred similarity, " if self.settings.get("centre") else ""
+        bars = "\nbars: 95 % CI (over seeds for pooled labels; dots: the seeds)" if pools else "bars: 95 % CI"
+        fig.suptitle(title or f"Search precision on shapes val ({similarity}{self.n_pairs} crop x image pairs, "
+                              f"{self.n_images} images{'' if pools else '; '}{bars})", fontsize=10)
         fig.tight_layout()
         return fig
 
@@ -273,8 +325,12 @@ class PrecisionReport:
         paths["json"].write_text(json.dumps(self.document(), indent=2))
         md = ["# Search precision", "", self.document()["metric"] + ".", "",
               f"{self.n_pairs} (image, crop) pairs on {self.n_images} images; settings: "
-              + ", ".join(f"{k}={v}" for k, v in self.settings.items()), "", self.markdown(), "",
-              "![search precision](precision.png)", ""]
+              + ", ".join(f"{k}={v}" for k, v in self.settings.items()), "", self.markdown(), ""]
+        if self.seeds:
+            md += ["## Over seeds", "", "Mean over seeds ± half its 95 % Student-t interval (n - 1 degrees of "
+                   "freedom), each seed's value, and the mean half-width of the seeds' within-seed intervals.", "",
+                   self.seeds_markdown(), ""]
+        md += ["![search precision](precision.png)", ""]
         md += [f"* {k}: `{v}`" for k, v in self.checkpoints.items()]
         paths["markdown"].write_text("\n".join(md) + "\n")
         self.figure().savefig(paths["figure"], dpi=110)
@@ -286,8 +342,11 @@ def precision_report(backbones: Mapping[str, nn.Module], images: np.ndarray, mas
                      stages: Sequence[str] = SEARCH_STAGES, modes: Sequence[str] = WEIGHTINGS, n_crops: int = 4,
                      local_size: int = 16, scale: Sequence[float] = (0.1, 0.35), seed: int = 0, topk: float = 0.25,
                      temperature: float = 0.1, batch_size: int = 128,
-                     checkpoints: Mapping[str, str] | None = None) -> PrecisionReport:
-    """`search_precision` of several backbones on the same crops, every mode, as one report."""
+                     checkpoints: Mapping[str, str] | None = None, centre: bool = False,
+                     seeds: Mapping[str, Sequence[str]] | None = None) -> PrecisionReport:
+    """`search_precision` of several backbones on the same crops, every mode, as one report (`centre`: of the
+    centred similarity). `seeds`: label -> the backbones (keys of `backbones`) that are its seeds, pooled in the
+    report beside each seed's own row."""
     images = np.asarray(images)
     if crops is None:
         crops = sample_crop_boxes(len(images), n_crops, images.shape[1], images.shape[2], scale, seed=seed)
@@ -298,7 +357,8 @@ def precision_report(backbones: Mapping[str, nn.Module], images: np.ndarray, mas
     scores = None
     for name, bb in backbones.items():
         scores = precision_scores(bb, images, masks, objects, crops, stages=stages, modes=modes,
-                                  local_size=local_size, topk=topk, temperature=temperature, batch_size=batch_size)
+                                  local_size=local_size, topk=topk, temperature=temperature, batch_size=batch_size,
+                                  centre=centre)
         values[name] = {m: scores.mean(m) for m in modes}
         ci[name], lift[name], lift_ci[name] = {}, {}, {}
         for m in modes:
@@ -310,9 +370,10 @@ def precision_report(backbones: Mapping[str, nn.Module], images: np.ndarray, mas
     if scores is None:
         raise ValueError("no backbones given")
     settings = {"local_size": local_size, "n_crops": int(crops.shape[1]), "crop_scale": list(scale), "seed": seed,
-                "topk": topk, "temperature": temperature, "image_size": int(images.shape[1])}
+                "topk": topk, "temperature": temperature, "image_size": int(images.shape[1]), "centre": bool(centre)}
     return PrecisionReport(values, scores.chance_mean, scores.n_used, len(images), tuple(stages), tuple(modes),
-                           settings, dict(checkpoints or {}), ci, lift, lift_ci, list(scores.chance_ci()[1:]))
+                           settings, dict(checkpoints or {}), ci, lift, lift_ci, list(scores.chance_ci()[1:]),
+                           {k: list(v) for k, v in (seeds or {}).items()})
 
 
 # ---- CLI --------------------------------------------------------------------------------------------------------
@@ -328,7 +389,7 @@ def _label(path: str, raw: Mapping[str, Any] | None, used: set[str]) -> str:
     elif raw is not None and isinstance(raw.get("hyper_parameters"), Mapping):
         hp = raw["hyper_parameters"]
         method = (hp.get("method") or {}).get("name", "?")
-        base = method.upper() + (f" ({(hp.get('search') or {}).get('mode')})" if method == "scfs" else "")
+        base = method.upper() + (f" ({search_label(hp.get('search'))})" if method == "scfs" else "")
     else:
         base = Path(path).stem
     label, k = base, 2
@@ -341,12 +402,12 @@ def _label(path: str, raw: Mapping[str, Any] | None, used: set[str]) -> str:
 def load_backbones(specs: Sequence[str], which: str = "teacher", backbone: str = "tiny",
                    seed: int = 0) -> tuple[dict[str, nn.Module], dict[str, str]]:
     """Backbones named on the command line: `PATH`, `LABEL=PATH`, or `random` (the random init, at `seed`, of the
-    first scfs checkpoint's backbone config, else of conf/backbone/<backbone>.yaml)."""
+    first scfs checkpoint's backbone config, else of conf/backbone/<backbone>.yaml; `random@K` at seed K)."""
     from scfs.models.backbone import load_backbone
     from scfs.models.checkpoint import backbone_config_from, is_lightning_checkpoint, safe_load
 
     parsed = [(s.split("=", 1) if "=" in s and not Path(s).exists() else (None, s)) for s in specs]
-    raws = {p: safe_load(p) for _, p in parsed if p != "random"}
+    raws = {p: safe_load(p) for _, p in parsed if p != "random" and not p.startswith("random@")}
     bcfg = next((backbone_config_from(r) for r in raws.values() if is_lightning_checkpoint(r)), None)
     bcfg = bcfg or _yaml(CONF_DIR / "backbone" / f"{backbone}.yaml")
     used: set[str] = set()
@@ -354,13 +415,40 @@ def load_backbones(specs: Sequence[str], which: str = "teacher", backbone: str =
     paths: dict[str, str] = {}
     for label, path in parsed:
         label = label or _label(path, raws.get(path), used)
-        if path == "random":
-            torch.manual_seed(seed)
+        if path == "random" or path.startswith("random@"):
+            at = int(path.split("@", 1)[1]) if "@" in path else seed
+            torch.manual_seed(at)
             out[label] = load_backbone("random", backbone_cfg=bcfg)
+            paths[label] = f"random ({bcfg.get('name')}, seed {at})"
         else:
             out[label] = load_backbone(path, which)
-        paths[label] = str(Path(path).resolve()) if path != "random" else f"random ({bcfg.get('name')}, seed {seed})"
+            paths[label] = str(Path(path).resolve())
     return out, paths
+
+
+def seed_groups(specs: Sequence[str], random_seeds: Sequence[int] = ()) -> tuple[list[str], dict[str, list[str]]]:
+    """Command-line specs with seed groups expanded: `LABEL=a.ckpt,b.ckpt,c.ckpt` (one checkpoint per training
+    seed) becomes the members `LABEL [1]=a.ckpt` ..., and with `random_seeds` `random` becomes `random init [seed
+    k]` for each; returns (member specs for `load_backbones`, {label: member labels})."""
+    out: list[str] = []
+    groups: dict[str, list[str]] = {}
+    for spec in specs:
+        if spec == "random" and len(random_seeds) > 1:
+            members = [f"random init [seed {k}]" for k in random_seeds]
+            out += [f"{m}=random@{k}" for m, k in zip(members, random_seeds)]
+            groups["random init"] = members
+            continue
+        label, _, paths = spec.partition("=") if "=" in spec and not Path(spec).exists() else ("", "", spec)
+        files = [p for p in paths.split(",") if p]
+        if label and len(files) > 1:
+            members = [f"{label} [{k + 1}]" for k in range(len(files))]
+            out += [f"{m}={f}" for m, f in zip(members, files)]
+            groups[label] = members
+        elif spec == "random" and random_seeds:
+            out.append(f"random init=random@{random_seeds[0]}")
+        else:
+            out.append(spec)
+    return out, groups
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -369,10 +457,16 @@ def _parser() -> argparse.ArgumentParser:
     doc = __doc__ or ""
     p = argparse.ArgumentParser(prog="python -m scfs.eval.precision", description=doc.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=doc.split("\n\n", 1)[-1])
-    p.add_argument("ckpts", nargs="+", metavar="CKPT", help="checkpoint file, LABEL=file, or 'random'")
+    p.add_argument("ckpts", nargs="+", metavar="CKPT",
+                   help="checkpoint file, LABEL=file, LABEL=a.ckpt,b.ckpt,c.ckpt (one per training seed, pooled over "
+                        "seeds), or 'random'")
+    p.add_argument("--random-seeds", type=int, nargs="+", default=[], metavar="SEED",
+                   help="random init at each of these seeds, pooled over seeds like a checkpoint list")
     p.add_argument("--which", default="teacher", choices=("teacher", "student"))
     p.add_argument("--modes", nargs="+", default=list(WEIGHTINGS), choices=WEIGHTINGS)
     p.add_argument("--stages", nargs="+", default=list(SEARCH_STAGES))
+    p.add_argument("--centre", action="store_true",
+                   help="search with the similarity centred on each image's mean feature (default: the raw cosine)")
     p.add_argument("--backbone", default="tiny", help="conf/backbone/<name>.yaml for 'random' without a scfs ckpt")
     g = p.add_argument_group("shapes data (defaults: conf/data/shapes.yaml)")
     g.add_argument("--data-root", default=str(data["root"]))
@@ -409,11 +503,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                       clutter=args.clutter, object_scale=tuple(args.object_scale))
     val = load_shapes(ensure_shapes(args.data_root, spec), "val")
     n = args.limit or len(val)
-    backbones, paths = load_backbones(args.ckpts, args.which, args.backbone, args.seed)
+    specs, groups = seed_groups(args.ckpts, args.random_seeds)
+    backbones, paths = load_backbones(specs, args.which, args.backbone, args.seed)
     report = precision_report(backbones, val.images[:n], val.masks[:n], val.objects[:n], stages=args.stages,
                               modes=args.modes, n_crops=args.n_crops, local_size=args.local_size,
                               scale=args.local_scale, seed=args.seed, topk=args.topk, temperature=args.temperature,
-                              checkpoints=paths)
+                              checkpoints=paths, centre=args.centre, seeds=groups)
     report.settings["command"] = "python -m scfs.eval.precision " + " ".join(
         sys.argv[1:] if argv is None else argv)
     out = args.out or Path("runs") / "eval" / f"precision-{time.strftime('%Y-%m-%d_%H-%M-%S')}"
@@ -429,6 +524,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             lo, hi = report.ci[mdl][m][b]
             print(f"{mdl} {m}: best stage {b} {100 * report.values[mdl][m][b]:.1f} % "
                   f"[{100 * lo:.1f}, {100 * hi:.1f}] (chance {100 * report.chance:.1f} %)")
+    for label, pool in report.pooled().items():
+        for m in report.modes:
+            b = max(report.stages, key=lambda s: pool.mean[m][s] if pool.mean[m][s] == pool.mean[m][s] else -1.0)
+            lo, hi = pool.ci[m][b]
+            print(f"{label} over {len(pool.members)} seeds {m}: best stage {b} {100 * pool.mean[m][b]:.1f} % "
+                  f"[{100 * lo:.1f}, {100 * hi:.1f}] (t-interval over seeds; seeds "
+                  + ", ".join(f"{100 * v:.1f}" for v in pool.per_seed[m][b]) + ")")
     print(f"search precision of {len(backbones)} backbone(s) on {n} shapes val images in {time.time() - t0:.1f}s | "
           f"report {files['markdown']}", flush=True)
     return {**report.document(), "files": files}

@@ -22,7 +22,7 @@ from torch import nn
 from torchvision.ops import roi_align
 
 from scfs.data.images import as_hwc_uint8, denormalize, normalize_images
-from scfs.names import SEARCH_STAGES, WEIGHTINGS, search_settings
+from scfs.names import SEARCH_STAGES, WEIGHTINGS, search_centred, search_settings
 
 
 # ---- backbones ------------------------------------------------------------------------------------------------
@@ -138,7 +138,8 @@ class SearchMaps:
 
     images (B,H,W,3) uint8 global views; boxes (B,N,4) crop boxes in their pixels; crops (B,N,s,s,3) uint8 local
     views; similarity[stage] (B,N,h,w); weights[mode][stage] (B,N,h,w) (soft = similarity, hard = similarity on
-    the top-k positions, softmax = H*W*softmax(sim/T)); names optional per-image captions.
+    the top-k positions, softmax = H*W*softmax(sim/T)); names optional per-image captions; centre: whether the
+    similarity was centred on each image's mean feature (`feature_search(centre=True)`).
     """
 
     images: np.ndarray
@@ -151,6 +152,7 @@ class SearchMaps:
     topk: float = 0.25
     temperature: float = 0.1
     names: list[str] = field(default_factory=list)
+    centre: bool = False
 
     def __len__(self) -> int:
         return len(self.images)
@@ -164,9 +166,11 @@ class SearchMaps:
 def search_batch(maps_backbone: nn.Module, images: np.ndarray | torch.Tensor, boxes: np.ndarray | torch.Tensor,
                  stages: Sequence[str] = SEARCH_STAGES, modes: Sequence[str] = WEIGHTINGS, local_size: int = 16,
                  query_backbone: nn.Module | None = None, topk: float = 0.25, temperature: float = 0.1,
+                 centre: bool = False,
                  ) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]], torch.Tensor]:
     """The search for one batch: similarity {stage: (B,N,h,w)}, weights {mode: {stage: (B,N,h,w)}} (CPU float32)
-    and the local views (N*B,3,s,s). Modules must already be in eval mode (see `eval_mode`)."""
+    and the local views (N*B,3,s,s); `centre`: the centred similarity. Modules must already be in eval mode (see
+    `eval_mode`)."""
     from scfs.search import feature_search
 
     query_backbone = query_backbone or maps_backbone
@@ -187,7 +191,7 @@ def search_batch(maps_backbone: nn.Module, images: np.ndarray | torch.Tensor, bo
         proj = torch.zeros(1, feats.shape[1], device=feats.device)
         for m in modes or ("soft",):
             out = feature_search(feats, queries, mode=m, weight=proj, topk=topk, temperature=temperature,
-                                 backend="reference")
+                                 backend="reference", centre=centre)
             sims[s] = out.similarity.transpose(0, 1).cpu()
             if m in weights:
                 weights[m][s] = out.weights.transpose(0, 1).cpu()
@@ -199,10 +203,13 @@ def compute_search_maps(model: nn.Module, images: np.ndarray | Sequence[Any], bo
                         n_crops: int = 4, scale: Sequence[float] = (0.1, 0.35), seed: int = 0,
                         masks: np.ndarray | None = None, query: str = "same", topk: float = 0.25,
                         temperature: float = 0.1, names: Sequence[str] | None = None,
-                        batch_size: int = 64) -> SearchMaps:
+                        batch_size: int = 64, centre: bool | None = None) -> SearchMaps:
     """Run the search of `model` (a method module or a Backbone) on `images` (uint8 (B,H,W,3), all one size; use
     `scfs.data.images.prepare_image` for photos) with crop `boxes` (B,N,4), or `n_crops` sampled ones
-    (object-covering crops first when `masks` are given)."""
+    (object-covering crops first when `masks` are given). `centre`: the centred similarity; None follows a method
+    module's `search.centre` (raw for a Backbone)."""
+    if centre is None:
+        centre = centre_of(model)
     imgs = np.stack([as_hwc_uint8(im) for im in images]) if not isinstance(images, np.ndarray) else images
     if imgs.ndim != 4 or imgs.shape[-1] != 3:
         raise ValueError(f"images must be (B,H,W,3) uint8, got {imgs.shape}")
@@ -222,7 +229,7 @@ def compute_search_maps(model: nn.Module, images: np.ndarray | Sequence[Any], bo
         for i in range(0, b, batch_size):
             sl = slice(i, i + batch_size)
             s_b, w_b, local = search_batch(maps_bb, imgs[sl], boxes[sl], stages, modes, local_size, query_bb, topk,
-                                           temperature)
+                                           temperature, centre)
             for s in stages:
                 sims[s].append(s_b[s])
                 for m in modes:
@@ -232,13 +239,20 @@ def compute_search_maps(model: nn.Module, images: np.ndarray | Sequence[Any], bo
                                                                            local_size, 3).transpose(1, 0, 2, 3, 4))
     return SearchMaps(imgs, boxes, np.concatenate(crops), {s: torch.cat(v).numpy() for s, v in sims.items()},
                       {m: {s: torch.cat(v).numpy() for s, v in d.items()} for m, d in weights.items()},
-                      tuple(stages), tuple(modes), topk, temperature, list(names or []))
+                      tuple(stages), tuple(modes), topk, temperature, list(names or []), bool(centre))
 
 
 def stages_of(model: nn.Module, default: Sequence[str] = SEARCH_STAGES) -> tuple[str, ...]:
     """The searched stages of a method module (its config), else `default`."""
     stages = tuple(getattr(model, "stages", ()) or ())
     return stages or tuple(default)
+
+
+def centre_of(model: nn.Module | Mapping[str, Any] | None) -> bool:
+    """Whether a method module (or its search config) searches with the centred similarity (`search.centre`);
+    False for anything without a search config."""
+    cfg = getattr(model, "search_cfg", None) if not isinstance(model, Mapping) else model
+    return search_centred(cfg)
 
 
 def mode_of(model: nn.Module | Mapping[str, Any] | None, default: str = "soft") -> str:

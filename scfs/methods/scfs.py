@@ -14,7 +14,7 @@ from torch.profiler import record_function
 from scfs.methods.dino import DINO
 from scfs.methods.losses import DINOLoss, sharpened_cross_entropy
 from scfs.methods.registry import register
-from scfs.names import LOCAL_TARGETS, WEIGHTINGS, search_settings
+from scfs.names import LOCAL_TARGETS, WEIGHTINGS, search_centred, search_settings
 
 
 @register("scfs")
@@ -113,6 +113,7 @@ class SCFS(DINO):
                     topk=self.search_cfg.get("topk", 0.25),
                     temperature=self.search_cfg.get("temperature", 0.1),
                     backend=self.search_cfg.get("backend", "auto"),
+                    centre=search_centred(self.search_cfg),
                 )
                 if diagnostics:  # only on the steps whose logs are written
                     sim = found.similarity

@@ -3,7 +3,9 @@
 
 Formats (detected from the keys, not the file name):
 * ours: a Lightning checkpoint, ``state_dict`` with ``teacher.backbone.body.*`` / ``student.backbone.body.*`` and
-  ``hyper_parameters.backbone`` (the Backbone config, so no config is needed to rebuild the network);
+  ``hyper_parameters.backbone`` (the Backbone config, so no config is needed to rebuild the network); also the
+  same stripped to a weights-only teacher file, ``{"state_dict": {teacher.backbone.*}, "hyper_parameters": ...}``
+  in any float dtype (fp16 to halve it; the weights load into the fp32 network);
 * the published SCFS / DINO ResNet-50 checkpoints: top-level ``teacher`` / ``student`` dicts whose keys carry
   ``module.`` (DDP), ``backbone.`` and torchextractor (``model.`` / ``_model.``) prefixes, plus head weights (the
   DINO ``head.*`` and, in SCFS, the per-stage ``layer2_head.*`` .. ``layer4_head.*``), which are dropped;
@@ -171,7 +173,10 @@ def select_state_dict(ckpt: Any, which: str = "teacher") -> dict[str, torch.Tens
     if prefixed:  # ours: one state_dict holding both networks
         tensors = {k.split(".", 1)[1]: v for k, v in tensors.items() if k.split(".", 1)[0] == which}
         if not tensors:
-            raise ValueError(f"the checkpoint has no {which!r} network")
+            held = sorted({k.split(".", 1)[0] for k in prefixed})
+            other = "teacher" if which == "student" else "student"
+            raise NotACheckpointError(f"the checkpoint has no {which!r} network (it holds only {', '.join(held)} "
+                                      f"weights, e.g. a weights-only teacher file): use which={other}")
     return tensors
 
 

@@ -8,6 +8,7 @@ from typing import NamedTuple
 import torch
 
 from scfs.names import SEARCH_BACKENDS, WEIGHTINGS
+from scfs.search.centre import add_mean_term, centre_inputs
 from scfs.search.custom_op import search_forward
 from scfs.search.kernel_fn import kernel_search
 from scfs.search.reference import reference_search
@@ -40,7 +41,10 @@ def _check(
     temperature: float,
     eps: float,
     backend: str,
+    centre: bool = False,
 ) -> None:
+    if not isinstance(centre, bool):
+        raise ValueError(f"centre must be True or False, got {centre!r}")
     if not isinstance(feats, torch.Tensor) or feats.dim() != 4:
         shape = tuple(feats.shape) if isinstance(feats, torch.Tensor) else type(feats).__name__
         raise ValueError(f"feats must be a (B, C, H, W) tensor, got {shape}")
@@ -151,21 +155,36 @@ def feature_search(
     temperature: float = 0.1,
     eps: float = 1e-6,
     backend: str = "auto",
+    centre: bool = False,
 ) -> SearchOutput:
     """Weight a teacher map by each query's cosine-similarity map (SCFS).
 
     feats (B,C,H,W), queries (N,B,C) -> features (N*B, C_out, H, W) n-major in feats' dtype and memory format,
-    similarity and weights (N,B,H,W) float32 (float64 for float64 feats). See docs/ARCHITECTURE.md.
+    similarity and weights (N,B,H,W) float32 (float64 for float64 feats). `centre=True`: the similarity is taken
+    after subtracting the image's mean feature over positions from the map and the queries (a Pearson
+    correlation), the weights still multiply the uncentred map. See docs/ARCHITECTURE.md.
     """
-    _check(feats, queries, mode, weight, topk, temperature, eps, backend)
+    _check(feats, queries, mode, weight, topk, temperature, eps, backend, centre)
+    args = (mode, weight, topk, temperature, eps)
     if torch.compiler.is_compiling() and backend == "auto" and _needs_grad(feats, queries, weight):
         # inside torch.compile only the no-grad kernel forward is an op of the graph (scfs.search.custom_op);
         # with gradients the reference is traced instead and inductor fuses it
-        return SearchOutput(*reference_search(feats, queries, mode, weight, topk, temperature, eps))
+        return SearchOutput(*reference_search(feats, queries, *args, centre=centre))
+    # chosen on the inputs as given (what a training step resolves eagerly before tracing), centred or not
     chosen = resolve_backend(backend, feats, queries)
     if chosen == "reference":
-        return SearchOutput(*reference_search(feats, queries, mode, weight, topk, temperature, eps))
+        return SearchOutput(*reference_search(feats, queries, *args, centre=centre))
+    if not centre:
+        return SearchOutput(*_kernel(chosen, feats, queries, *args))
+    centred, q_centred, mu = centre_inputs(feats, queries)
+    out, sim, a = _kernel(chosen, centred, q_centred, *args)
+    return SearchOutput(add_mean_term(out, a, mu, weight), sim, a)
+
+
+def _kernel(chosen: str, feats: torch.Tensor, queries: torch.Tensor, mode: str, weight: torch.Tensor | None,
+            topk: float, temperature: float, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A kernel backend's (features, similarity, weights): the registered op when traced without gradients."""
     if torch.compiler.is_compiling() and not _needs_grad(feats, queries, weight):
         # traced by torch.compile: the kernel is one opaque op of the graph (its no-grad forward is registered)
-        return SearchOutput(*search_forward(feats, queries, weight, mode, topk, temperature, eps, chosen))
-    return SearchOutput(*kernel_search(chosen, feats, queries, mode, weight, topk, temperature, eps))
+        return search_forward(feats, queries, weight, mode, topk, temperature, eps, chosen)
+    return kernel_search(chosen, feats, queries, mode, weight, topk, temperature, eps)

@@ -1,7 +1,7 @@
 """Correctness harness: every available backend against a float64 reference, forward and all gradients.
 
-Fresh random inputs per run (seed printed), shapes/dtypes/modes swept, outputs NaN-poisoned before each call,
-bitwise-identical reruns, batch invariance, zero-norm pixels/queries, NaN propagation.
+Fresh random inputs per run (seed printed), shapes/dtypes/modes swept, raw and centred (``centre=True``), outputs
+NaN-poisoned before each call, bitwise-identical reruns, batch invariance, zero-norm pixels/queries, NaN propagation.
 The CUDA backend runs under each weighting-pass order asked for (``--weighting tiled|chunked|both``, default
 both; see ``scfs.search.cuda_backend.set_weighting``); with both, every case is also run forward under the chunked
 order at several chunk/block sizes and must match the tiled order bitwise.
@@ -42,11 +42,13 @@ class Case:
     mode: str = "soft"
     proj: int = 0
     channels_last: bool = False
+    centre: bool = False
 
     def __str__(self) -> str:
         dt = str(self.dtype).replace("torch.", "")
         cl = ",cl" if self.channels_last else ""
-        return f"N{self.n} B{self.b} C{self.c} {self.h}x{self.w} {dt} {self.mode} proj{self.proj}{cl}"
+        centred = " centred" if self.centre else ""
+        return f"N{self.n} B{self.b} C{self.c} {self.h}x{self.w} {dt} {self.mode} proj{self.proj}{cl}{centred}"
 
 
 def gpu_cases() -> list[Case]:
@@ -70,6 +72,10 @@ def gpu_cases() -> list[Case]:
         cases.append(Case(*s, proj=64))
         cases.append(Case(*s, dtype=torch.bfloat16, proj=256, mode="hard"))
         cases.append(Case(*s, channels_last=True, dtype=torch.bfloat16))
+        for mode in ("soft", "hard", "softmax"):
+            cases.append(Case(*s, mode=mode, centre=True))
+        cases.append(Case(*s, dtype=torch.bfloat16, proj=64, centre=True))
+        cases.append(Case(*s, dtype=torch.float16, channels_last=True, centre=True))
     return cases
 
 
@@ -82,6 +88,10 @@ def cpu_cases() -> list[Case]:
         Case(2, 2, 33, 3, 5, mode="softmax", channels_last=True),
         Case(3, 2, 40, 5, 7, dtype=torch.bfloat16),
         Case(17, 1, 20, 2, 3, dtype=torch.float16, proj=8),
+        Case(3, 2, 40, 5, 7, centre=True),
+        Case(3, 2, 40, 5, 7, mode="hard", proj=24, centre=True),
+        Case(2, 2, 33, 3, 5, mode="softmax", channels_last=True, centre=True),
+        Case(3, 2, 40, 5, 7, dtype=torch.bfloat16, proj=8, centre=True),
     ]
 
 
@@ -90,7 +100,10 @@ def make_inputs(case: Case, device: torch.device, gen: torch.Generator):
         return torch.randn(*shape, generator=gen, device=device)
 
     fmt = torch.channels_last if case.channels_last else torch.contiguous_format
-    feats = rnd(case.b, case.c, case.h, case.w).to(case.dtype).contiguous(memory_format=fmt)
+    feats = rnd(case.b, case.c, case.h, case.w)
+    if case.centre:  # post-ReLU-like: a shared positive mean direction, what centring is for
+        feats = feats.relu() + 2.0
+    feats = feats.to(case.dtype).contiguous(memory_format=fmt)
     queries = rnd(case.n, case.b, case.c).to(case.dtype)
     weight = (rnd(case.proj, case.c) / case.c**0.5).to(case.dtype) if case.proj else None
     return feats, queries, weight
@@ -102,14 +115,14 @@ def _relerr(got: torch.Tensor, ref: torch.Tensor) -> float:
     return ((got.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
-def _run(backend, feats, queries, weight, mode, grads, mask=None):
+def _run(backend, feats, queries, weight, mode, grads, mask=None, centre=False):
     """Outputs and input gradients of one call; backend "reference" (float64 inputs) may take a hard `mask`."""
     ins = [t.detach().requires_grad_(True) if t is not None else None for t in (feats, queries, weight)]
     if backend == "reference":
-        out = reference_search(ins[0], ins[1], mode, ins[2], TOPK, TEMPERATURE, EPS, mask)
+        out = reference_search(ins[0], ins[1], mode, ins[2], TOPK, TEMPERATURE, EPS, mask, centre=centre)
     else:
         out = feature_search(ins[0], ins[1], mode=mode, weight=ins[2], topk=TOPK, temperature=TEMPERATURE,
-                             backend=backend)
+                             backend=backend, centre=centre)
     live = [t for t in ins if t is not None]
     loss = sum((o.double() * g).sum() for o, g in zip(out, grads))
     return out, torch.autograd.grad(loss, live)
@@ -140,20 +153,20 @@ def check_case(backend: str, case: Case, device: torch.device, gen: torch.Genera
     ref_in = [t.double() if t is not None else None for t in (feats, queries, weight)]
     if case.channels_last:
         ref_in[0] = ref_in[0].contiguous(memory_format=torch.channels_last)
-    probe = reference_search(ref_in[0], ref_in[1], case.mode, ref_in[2], TOPK, TEMPERATURE, EPS)
+    probe = reference_search(ref_in[0], ref_in[1], case.mode, ref_in[2], TOPK, TEMPERATURE, EPS, centre=case.centre)
     grads = [torch.randn(t.shape, generator=gen, device=device, dtype=torch.float64) for t in probe]
     grads[0] = grads[0].to(case.dtype).double()
     buffers.POISON = True
     try:
-        out, out_g = _run(backend, feats, queries, weight, case.mode, grads)
-        out2, out2_g = _run(backend, feats, queries, weight, case.mode, grads)
+        out, out_g = _run(backend, feats, queries, weight, case.mode, grads, centre=case.centre)
+        out2, out2_g = _run(backend, feats, queries, weight, case.mode, grads, centre=case.centre)
     finally:
         buffers.POISON = False
     mask = None
     if case.mode == "hard":  # scored on the positions the kernel kept, once that choice is checked
         mask = out.weights.detach() != 0
         fails += hard_selection_problems(probe[1], mask, TOPK)
-    ref, ref_g = _run("reference", *ref_in, case.mode, grads, mask)
+    ref, ref_g = _run("reference", *ref_in, case.mode, grads, mask, centre=case.centre)
     names = ("features", "similarity", "weights")
     for name, got, want in zip(names, out, ref):
         err = _relerr(got, want)
@@ -179,15 +192,18 @@ def check_case(backend: str, case: Case, device: torch.device, gen: torch.Genera
             weight,
             case.mode,
             [grads[0].view(case.n, case.b, *grads[0].shape[1:])[:, 1], grads[1][:, 1:2], grads[2][:, 1:2]],
+            centre=case.centre,
         )
         full = out.features.view(case.n, case.b, *out.features.shape[1:])[:, 1]
-        # batched cuBLAS may pick another algorithm for B=1, so projections get a tolerance, not bitwise
-        same = _relerr(one.features, full.double()) <= tol if case.proj else torch.equal(one.features, full)
+        # batched cuBLAS may pick another algorithm for B=1, and torch's mean over positions (centring) may
+        # vectorise differently with B, so those get a tolerance, not bitwise
+        loose = bool(case.proj) or case.centre
+        same = _relerr(one.features, full.double()) <= tol if loose else torch.equal(one.features, full)
         if not same:
             fails.append("batch invariance: features of image 1 differ when run alone")
         # kernels reduce in a B-independent order (bitwise); torch's row reductions (softmax backward) and
         # batched cuBLAS (projection) may vectorise differently with B, so those get fp32-rounding tolerance
-        if case.proj:
+        if loose:
             g_same = _relerr(one_g[0], out_g[0][1:2].double()) <= tol
         elif case.mode == "softmax":
             g_same = _relerr(one_g[0], out_g[0][1:2].double()) <= 1e-6
@@ -208,10 +224,16 @@ def check_special(backend: str, device: torch.device, gen: torch.Generator) -> l
         f = feats.clone().requires_grad_(True)
         q = queries.clone().requires_grad_(True)
         for mode in ("soft", "hard", "softmax"):
-            out = feature_search(f, q, mode=mode, backend=backend)
-            g = torch.autograd.grad(out.features.float().sum() + out.similarity.sum(), (f, q))
-            if not all(torch.isfinite(t).all() for t in (*out, *g)):
-                fails.append(f"{dtype} {mode}: zero-norm inputs gave non-finite values")
+            for centre in (False, True):
+                out = feature_search(f, q, mode=mode, backend=backend, centre=centre)
+                g = torch.autograd.grad(out.features.float().sum() + out.similarity.sum(), (f, q))
+                if not all(torch.isfinite(t).all() for t in (*out, *g)):
+                    fails.append(f"{dtype} {mode} centre={centre}: zero-norm inputs gave non-finite values")
+        flat = torch.ones_like(f[:1]).requires_grad_(True)  # every position equals the mean: centred norm 0
+        out = feature_search(flat, q[:, :1], backend=backend, centre=True)
+        g = torch.autograd.grad(out.features.float().sum() + out.similarity.sum(), (flat,))
+        if not all(torch.isfinite(t).all() for t in (*out, *g)):
+            fails.append(f"{dtype}: a map equal to its mean gave non-finite centred values")
         f2 = feats.clone()
         f2[1, 3, 2, 4] = float("nan")
         out = feature_search(f2, queries, backend=backend)
@@ -302,8 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     gen = torch.Generator(device=device).manual_seed(seed)
     backends = args.backends.split(",") if args.backends else available(device)
     cases = gpu_cases() if device.type == "cuda" else cpu_cases()
-    if args.quick:
-        cases = cases[:6]
+    if args.quick:  # the first few raw cases and the first few centred ones
+        cases = [c for c in cases if not c.centre][:6] + [c for c in cases if c.centre][:4]
     if args.special_only:
         cases = []
     orders = ("tiled", "chunked") if args.weighting == "both" else (args.weighting,)

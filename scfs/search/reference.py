@@ -61,14 +61,25 @@ def reference_search(
     temperature: float,
     eps: float,
     mask: torch.Tensor | None = None,
+    centre: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Vectorised search, no loop over crops. Returns (features, similarity, weights); `mask`: see `apply_mode`."""
+    """Vectorised search, no loop over crops. Returns (features, similarity, weights); `mask`: see `apply_mode`.
+
+    `centre`: the similarity is a Pearson correlation over channels: the image's mean feature over positions,
+    mu[b] = mean_hw feats[b], is subtracted from the map and from the queries before normalising; the weights still
+    multiply the uncentred map (or its projection)."""
     n, b = queries.shape[:2]
     _, c, h, w = feats.shape
     cd = compute_dtype(feats.dtype)
     f = feats.to(cd)
-    fn = safe_normalize(f, 1, eps)
-    qn = safe_normalize(queries.to(cd), -1, eps)
+    q = queries.to(cd)
+    if centre:
+        mu = f.mean(dim=(2, 3))
+        fn = safe_normalize(f - mu[:, :, None, None], 1, eps)
+        qn = safe_normalize(q - mu.unsqueeze(0), -1, eps)
+    else:
+        fn = safe_normalize(f, 1, eps)
+        qn = safe_normalize(q, -1, eps)
     sim = torch.einsum("nbc,bchw->nbhw", qn, fn)
     a = apply_mode(sim, mode, topk, temperature, mask)
     g = f if weight is None else torch.einsum("oc,bchw->bohw", weight.to(cd), f)

@@ -17,7 +17,7 @@ _EXPORTS = {
     "draw_outline": "draw",
     "caption": "figures", "default_selections": "figures", "explore": "figures", "search_modes_figure": "figures",
     "row_range": "figures", "row_scales": "figures",
-    "searched_regions_figure": "figures", "searched_regions_stack": "figures",
+    "searched_regions_figure": "figures", "searched_regions_stack": "figures", "searched_regions_by_image": "figures",
     "save_training_figure": "training",
     "load_bench_results": "bench", "bench_figure": "bench", "bench_table": "bench",
 }

@@ -37,12 +37,20 @@ MODE_TEXT = {
 }
 
 
+def similarity_word(maps: SearchMaps) -> str:
+    """What the heat panels show: "similarity", or "centred similarity" for a centred search."""
+    return "centred similarity" if maps.centre else "similarity"
+
+
 def caption(maps: SearchMaps, modes: Sequence[str]) -> str:
     """The plain-language explanation printed under every searched-regions figure."""
     mode_lines = "; ".join(MODE_TEXT[m].format(topk=maps.topk, temperature=maps.temperature) for m in modes)
+    heat = ("centred cosine similarity (the image's mean feature over positions subtracted from the map and from the "
+            "query first: a Pearson correlation; the weights still multiply the uncentred map)" if maps.centre
+            else "cosine similarity")
     return ("The local crop (yellow box) is the query: its pooled feature is compared with every position of the "
             "teacher's feature map of the whole image (the global view; the object the crop covers is outlined in "
-            "magenta). Heat = cosine similarity of each teacher feature position to it; weights = what the search "
+            f"magenta). Heat = {heat} of each teacher feature position to it; weights = what the search "
             f"keeps for the crop's training target ({mode_lines}). One colour scale per row (colour bar on the "
             "right), shared by every model compared on that image; blocks are feature-map cells. 'x % on the "
             "crop's object' = share of the positive weight mass inside the outline; chance = what uniform weights "
@@ -243,6 +251,7 @@ def _regions_block(maps: SearchMaps, *, crop: int, mode: str, stages: Sequence[s
                    scales: Sequence[tuple[tuple[float, float], tuple[float, float]]]) -> _Block:
     """The panels of `searched_regions_figure` for one model, coloured on the given per-row `scales`."""
     soft = mode == "soft"
+    word = similarity_word(maps)
     rows, bars = [], []
     for i in range(len(maps)):
         name = (row_labels[i] if row_labels else (maps.names[i] if maps.names else f"image {i}"))
@@ -254,14 +263,14 @@ def _regions_block(maps: SearchMaps, *, crop: int, mode: str, stages: Sequence[s
             w = maps.weights[mode][s][i, crop]
             sim_panel = map_panel(maps, i, crop, sim, SIM_CMAP, vmin=lo, vmax=hi)
             if soft:
-                row.append((sim_panel, f"{s} similarity\n= soft weight" + _in_object(masks, maps, i, crop, w)))
+                row.append((sim_panel, f"{s} {word}\n= soft weight" + _in_object(masks, maps, i, crop, w)))
                 continue
-            row.append((sim_panel, f"{s} similarity"))
+            row.append((sim_panel, f"{s} {word}"))
             row.append((map_panel(maps, i, crop, np.clip(w, 0, None), WEIGHT_CMAP, vmin=wlo, vmax=whi),
                         f"{s} {mode} weights" + (f"\n[{wlo:.2g}, {whi:.2g}]" if mode == "softmax" else "")
                         + _in_object(masks, maps, i, crop, w)))
         rows.append(row)
-        bars.append((SIM_CMAP, lo, hi, "similarity") if mode in ("soft", "hard")
+        bars.append((SIM_CMAP, lo, hi, word) if mode in ("soft", "hard")
                     else (WEIGHT_CMAP, wlo, whi, f"{mode} weight"))
     return _Block(title, rows, bars)
 
@@ -275,6 +284,8 @@ def _check_regions(maps: SearchMaps, mode: str, shared_with: Sequence[SearchMaps
     for other in shared_with:
         if other.images.shape != maps.images.shape or not np.array_equal(other.boxes, maps.boxes):
             raise ValueError("shared_with maps must be of the same images and crop boxes")
+        if other.centre != maps.centre:
+            raise ValueError("shared_with maps must all be raw or all centred: one colour scale cannot compare both")
 
 
 def searched_regions_figure(model_or_maps: nn.Module | SearchMaps, images: np.ndarray | None = None,
@@ -335,6 +346,45 @@ def searched_regions_stack(maps_by_model: Mapping[str, SearchMaps], *, crop: int
             sub.add_artist(Line2D([0.01, 0.99], [0.995, 0.995], transform=sub.transSubfigure, color="#aaaaaa", lw=0.8))
     _put_caption(subs[-1], lines)
     return fig
+
+
+def searched_regions_by_image(maps_by_model: Mapping[str, SearchMaps], *, crop: int = 0, mode: str = "soft",
+                              stages: Sequence[str] = SEARCH_STAGES, title: str | None = None):
+    """The models side by side on each image: one row per image (global view with the crops, the query crop),
+    then one column group per model (the mapping's order) with a panel per stage, all the row's panels on one
+    colour scale (colour bar on the right), so equal colours mean equal values across the models of that image.
+    Soft: the similarity (= the soft weight); hard: the similarity on the kept positions; softmax: its weights.
+    The maps must be of the same images and crops, all raw or all centred."""
+    models = list(maps_by_model.values())
+    if not models:
+        raise ValueError("no maps to draw")
+    first = models[0]
+    _check_regions(first, mode, models[1:])
+    stages = [s for s in stages if s in first.stages]
+    scales = row_scales(models, crop, stages, mode)
+    word = similarity_word(first)
+    rows, bars = [], []
+    for i in range(len(first)):
+        name = first.names[i] if first.names else f"image {i}"
+        row = [(global_panel(first, i, crop), f"{name}\nglobal view + crops"),
+               (crop_panel(first, i, crop), f"local crop {crop}\n(the query)")]
+        (lo, hi), (wlo, whi) = scales[i]
+        for label, maps in maps_by_model.items():
+            for s in stages:
+                if mode == "soft":
+                    heat, cmap, vmin, vmax, what = maps.similarity[s][i, crop], SIM_CMAP, lo, hi, word
+                elif mode == "hard":  # the similarity on the kept positions, 0 elsewhere: the similarity's scale
+                    heat, cmap, vmin, vmax, what = maps.weights[mode][s][i, crop], SIM_CMAP, lo, hi, f"hard ({word})"
+                else:
+                    heat = np.clip(maps.weights[mode][s][i, crop], 0, None)
+                    cmap, vmin, vmax, what = WEIGHT_CMAP, wlo, whi, f"{mode} weights"
+                row.append((map_panel(maps, i, crop, heat, cmap, vmin=vmin, vmax=vmax), f"{label} {s}\n{what}"))
+        rows.append(row)
+        bars.append((SIM_CMAP, lo, hi, word) if mode in ("soft", "hard") else (WEIGHT_CMAP, wlo, whi,
+                                                                                f"{mode} weight"))
+    block = _Block(title or f"What the {mode} search picks, models side by side ({', '.join(maps_by_model)}; "
+                   f"{word}, one colour scale per row)", rows, bars)
+    return _single(block, caption(first, (mode,)))
 
 
 def search_modes_figure(maps: SearchMaps, selections: Sequence[tuple[int, int, str]],

@@ -6,9 +6,12 @@
 
 `regions`: the searched-regions figure of each checkpoint's teacher and of the same network at random init, on the
 same shapes validation images and crops, one colour scale per image row shared by the three (soft search: the
-weights are the similarity). `photos`: the same on a folder of real photos. `knn`: kNN top-1 of the trained
-teachers against random init per method, each seed a dot, mean with its range, one shared y axis, chance
-(1 / classes) dashed.
+weights are the similarity). `photos`: on a folder of real photos, one row per photo with the models (the
+checkpoints' teachers, then random init) side by side as column groups, one colour scale per row. `--centre`
+draws the centred similarity instead of the raw cosine (`feature_search(centre=True)`) and writes to `--out`
+with `_centred` before the suffix unless `--out` is given; `--both` writes the raw figure to `--out` and the
+centred one beside it (`<stem>_centred.png`), in one call. `knn`: kNN top-1 of the trained teachers against random
+init per method, each seed a dot, mean with its range, one shared y axis, chance (1 / classes) dashed.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ import numpy as np
 from scfs.plotting import new_figure
 
 
-def regions(ckpts: Sequence[str], out: Path, n_images: int = 2, n_crops: int = 4, mode: str = "soft") -> Path:
+def regions(ckpts: Sequence[str], out: Path, n_images: int = 2, n_crops: int = 4, mode: str = "soft",
+            centre: bool = False) -> Path:
     """The checkpoints' teachers and random init on the first shapes validation images (their crop's object
     outlined, its share of the weight next to its chance level)."""
     from omegaconf import OmegaConf
@@ -36,35 +40,59 @@ def regions(ckpts: Sequence[str], out: Path, n_images: int = 2, n_crops: int = 4
     backbones, _ = load_backbones([*ckpts, "random"])
     first = next(c.split("=", 1)[-1] for c in ckpts)
     data = wb.checkpoint_cfg(first, "data") or wb.compose_train_cfg([]).data
-    crops = wb.checkpoint_cfg(first, "crops") or wb.compose_train_cfg([]).crops
+    crops = wb.checkpoint_cfg(first, "crops") or _saved_crops(first) or wb.compose_train_cfg([]).crops
     crops = OmegaConf.to_container(crops, resolve=True) if not isinstance(crops, dict) else crops
     val = wb.shapes_split(data, "val")
     names = [val.classes[y] for y in val.labels[:n_images]]
     return _side_by_side(backbones, val.images[:n_images], names, out, masks=val.masks[:n_images], n_crops=n_crops,
-                         local_size=int(crops["local_size"]), scale=tuple(crops["local_scale"]), mode=mode)
+                         local_size=int(crops["local_size"]), scale=tuple(crops["local_scale"]), mode=mode,
+                         centre=centre)
+
+
+def _saved_crops(ckpt: str) -> dict[str, Any] | None:
+    """The crop settings in a checkpoint's hyper_parameters (a weights-only teacher file keeps them; it has no run
+    folder beside it), or None."""
+    from scfs.models.checkpoint import is_lightning_checkpoint, safe_load
+
+    raw = safe_load(ckpt)
+    crops = raw["hyper_parameters"].get("crops") if is_lightning_checkpoint(raw) else None
+    return dict(crops) if crops else None
 
 
 def photos(ckpts: Sequence[str], folder: Path, out: Path, n_images: int = 3, size: int = 64, n_crops: int = 4,
-           scale: tuple[float, float] = (0.1, 0.3), mode: str = "soft") -> Path:
-    """The same figure on real photos (any folder, resized to `size`): no object masks, so no precision; the
-    crops are the same for every model, each row one colour scale shared by all of them."""
+           scale: tuple[float, float] = (0.1, 0.3), mode: str = "soft", centre: bool = False) -> Path:
+    """Real photos (any folder, resized to `size`), one row per photo with the models side by side: no object
+    masks, so no precision; the crops are the same for every model, each row one colour scale shared by all of
+    them. `centre`: the centred similarity."""
     from scfs.data.images import load_image_folder
     from scfs.eval.precision import load_backbones
-    from scfs.eval.search_maps import sample_crop_boxes
 
     backbones, _ = load_backbones([*ckpts, "random"])
     images, names = load_image_folder(folder, size, limit=n_images)
+    return photos_figure(backbones, images, names, out, n_crops=n_crops, scale=scale, mode=mode, centre=centre)
+
+
+def photos_figure(backbones: dict[str, Any], images: np.ndarray, names: Sequence[str], out: Path, *,
+                  n_crops: int = 4, scale: tuple[float, float] = (0.1, 0.3), mode: str = "soft",
+                  centre: bool = False, dpi: int = 80) -> Path:
+    """The photos figure of already loaded backbones: crop 0 (the one each row shows) is a centred square, where
+    a photo's subject usually is; the other crops are sampled like training local crops."""
+    from scfs.eval.search_maps import compute_search_maps, sample_crop_boxes
+    from scfs.viz.figures import searched_regions_by_image
+
+    size = images.shape[1]
     boxes = sample_crop_boxes(len(images), n_crops, size, size, scale)
-    side = round(size * (scale[1] ** 0.5))  # crop 0, the one each row shows: centred, where a photo's subject is
+    side = round(size * (scale[1] ** 0.5))
     lo = (size - side) // 2
     boxes[:, 0] = (lo, lo, lo + side, lo + side)
-    return _side_by_side(backbones, images, names, out, masks=None, n_crops=n_crops, local_size=max(size // 2, 8),
-                         scale=scale, mode=mode, boxes=boxes)
+    maps = {name: compute_search_maps(bb, images, boxes, local_size=max(size // 2, 8), names=list(names),
+                                      modes=(mode,), centre=centre) for name, bb in backbones.items()}
+    return _save(searched_regions_by_image(maps, mode=mode), out, dpi)
 
 
 def _side_by_side(backbones: dict[str, Any], images: np.ndarray, names: Sequence[str], out: Path, *,
                   masks: np.ndarray | None, n_crops: int, local_size: int, scale: tuple[float, ...],
-                  mode: str, boxes: np.ndarray | None = None, dpi: int = 80) -> Path:
+                  mode: str, boxes: np.ndarray | None = None, dpi: int = 80, centre: bool = False) -> Path:
     """Every model's searched-regions block on the same images and crops, stacked in one figure (one colour
     scale per image row over all the models), saved once as a small PNG."""
     from scfs.eval.search_maps import compute_search_maps
@@ -73,13 +101,22 @@ def _side_by_side(backbones: dict[str, Any], images: np.ndarray, names: Sequence
     maps: dict[str, Any] = {}
     for name, bb in backbones.items():
         maps[name] = compute_search_maps(bb, images, n_crops=n_crops, masks=masks, local_size=local_size,
-                                         scale=scale, names=list(names), modes=(mode,),
+                                         scale=scale, names=list(names), modes=(mode,), centre=centre,
                                          boxes=next(iter(maps.values())).boxes if maps else boxes)
-    fig = searched_regions_stack(maps, mode=mode, masks=masks)
+    title = "{model} teacher: what the {mode} search picks" + (" (centred similarity)" if centre else "")
+    return _save(searched_regions_stack(maps, mode=mode, masks=masks, title=title), out, dpi)
+
+
+def _save(fig: Any, out: Path, dpi: int) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=dpi)
     _shrink(out)
     return out
+
+
+def centred_path(out: Path) -> Path:
+    """Where the centred figure goes beside the raw one: `<stem>_centred<suffix>`."""
+    return out.with_name(f"{out.stem}_centred{out.suffix}")
 
 
 def _shrink(path: Path) -> None:
@@ -116,31 +153,53 @@ def knn(records: Sequence[Path], out: Path) -> Path:
     return out
 
 
+REGIONS_OUT = {"regions": "docs/searched_regions_default.png", "photos": "docs/searched_regions_photos.png"}
+
+
+def _similarity_options(parser: argparse.ArgumentParser) -> None:
+    """`--centre` (the centred similarity) and `--both` (raw and centred, two figures from one call)."""
+    g = parser.add_mutually_exclusive_group()
+    g.add_argument("--centre", dest="similarity", action="store_const", const="centred", default="raw",
+                   help="the similarity centred on each image's mean feature (default: the raw cosine)")
+    g.add_argument("--both", dest="similarity", action="store_const", const="both",
+                   help="two figures: raw to --out, centred to <stem>_centred.png beside it")
+
+
 def main(argv: Sequence[str] | None = None) -> Path:
     p = argparse.ArgumentParser(prog="python -m scfs.workbench.docs_figures", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="what", required=True)
     r = sub.add_parser("regions", help="searched regions: the checkpoints' teachers and random init")
     r.add_argument("ckpts", nargs="+", help="LABEL=checkpoint (e.g. SCFS=runs/.../last.ckpt)")
-    r.add_argument("--out", type=Path, default=Path("docs/searched_regions_default.png"))
+    r.add_argument("--out", type=Path, help=f"PNG to write (default {REGIONS_OUT['regions']})")
     r.add_argument("--n-images", type=int, default=2)
+    _similarity_options(r)
     ph = sub.add_parser("photos", help="searched regions on real photos: the checkpoints' teachers and random init")
     ph.add_argument("ckpts", nargs="+", help="LABEL=checkpoint (e.g. SCFS=runs/.../last.ckpt)")
     ph.add_argument("--folder", type=Path, default=Path("data/imagenet-samples"), help="a folder of photos")
     ph.add_argument("--size", type=int, default=64, help="photos resized to this (pixels)")
     ph.add_argument("--n-images", type=int, default=3)
-    ph.add_argument("--out", type=Path, default=Path("docs/searched_regions_photos.png"))
+    ph.add_argument("--out", type=Path, help=f"PNG to write (default {REGIONS_OUT['photos']})")
+    _similarity_options(ph)
     k = sub.add_parser("knn", help="kNN per seed from a scfs.bench.cpu_default record")
     k.add_argument("records", type=Path, nargs="+", help="records whose runs are pooled (e.g. one per method)")
     k.add_argument("--out", type=Path, default=Path("docs/knn_default.png"))
     a = p.parse_args(argv)
+    if a.what in ("regions", "photos"):
+        a.out_given = a.out is not None
+        a.out = a.out or Path(REGIONS_OUT[a.what])
     if a.what in ("regions", "photos"):
         missing = [c for c in a.ckpts if not Path(c.split("=", 1)[-1]).is_file()]
         if missing:
             p.error(f"checkpoint file not found: {', '.join(missing)}")
         if a.what == "photos" and not a.folder.is_dir():
             p.error(f"photo folder not found: {a.folder} (python -m scfs.data.prepare imagenet-samples makes one)")
-        path = (regions(a.ckpts, a.out, a.n_images) if a.what == "regions"
-                else photos(a.ckpts, a.folder, a.out, a.n_images, a.size))
+        jobs = {"raw": [(a.out, False)], "centred": [(a.out if a.out_given else centred_path(a.out), True)],
+                "both": [(a.out, False), (centred_path(a.out), True)]}[a.similarity]
+        for out, centre in jobs:
+            path = (regions(a.ckpts, out, a.n_images, centre=centre) if a.what == "regions"
+                    else photos(a.ckpts, a.folder, out, a.n_images, a.size, centre=centre))
+            if len(jobs) > 1 and not centre:
+                print(path)
     else:
         missing = [str(r) for r in a.records if not r.is_file()]
         if missing:

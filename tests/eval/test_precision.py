@@ -1,5 +1,6 @@
 """Search precision on hand-made masks and a hand-made 'backbone' whose answer is known."""
 
+import json
 import math
 
 import numpy as np
@@ -101,6 +102,16 @@ def test_precision_cli_random_init(tmp_path, capsys):
     assert set(doc["values"]) == {"random init"} and set(doc["values"]["random init"]) == {"soft", "hard"}
     assert (tmp_path / "run" / "precision.json").is_file() and (tmp_path / "run" / "precision.png").is_file()
     assert "uniform weights (chance, per crop)" in capsys.readouterr().out
+
+
+def test_precision_cli_centre_scores_the_centred_search(tmp_path):
+    args = ["random", "--data-root", str(tmp_path / "shapes"), "--n-train", "4", "--n-val", "6", "--n-crops", "2",
+            "--modes", "soft"]
+    raw = main([*args, "--out", str(tmp_path / "raw")])
+    centred = main([*args, "--centre", "--out", str(tmp_path / "centred")])
+    assert raw["settings"]["centre"] is False and centred["settings"]["centre"] is True
+    assert raw["values"]["random init"]["soft"] != centred["values"]["random init"]["soft"]
+    assert json.loads((tmp_path / "centred" / "precision.json").read_text())["settings"]["centre"] is True
 
 
 def test_mean_ci_uses_per_image_means_and_report_carries_intervals():

@@ -97,3 +97,26 @@ def test_eval_mode_restores_flags_after_errors(backbone):
         assert not backbone.training
         raise RuntimeError("boom")
     assert backbone.training and not backbone.body.layer1.training
+
+
+def test_compute_search_maps_follows_a_modules_search_centre(backbone):
+    """A method module's `search.centre` decides the similarity unless `centre=` says otherwise; a Backbone is raw."""
+    from torch import nn
+
+    from scfs.eval.search_maps import centre_of
+
+    class Module(nn.Module):  # the two attributes of a scfs.methods module that the search maps read
+        def __init__(self, centre: bool) -> None:
+            super().__init__()
+            self.teacher = nn.ModuleDict({"backbone": backbone})
+            self.search_cfg = {"weighting": "soft", "local_target": "search", "centre": centre}
+
+    images = np.random.default_rng(0).integers(0, 255, (2, 32, 32, 3)).astype(np.uint8)
+    raw = compute_search_maps(backbone, images, n_crops=2, local_size=16, modes=("soft",))
+    centred = compute_search_maps(Module(True), images, raw.boxes, local_size=16, modes=("soft",))
+    assert not raw.centre and centred.centre and centre_of(Module(True)) and not centre_of(backbone)
+    assert not np.allclose(raw.similarity["layer4"], centred.similarity["layer4"])
+    assert not compute_search_maps(Module(True), images, raw.boxes, local_size=16, modes=("soft",),
+                                   centre=False).centre
+    same = compute_search_maps(Module(False), images, raw.boxes, local_size=16, modes=("soft",))
+    np.testing.assert_array_equal(same.similarity["layer4"], raw.similarity["layer4"])

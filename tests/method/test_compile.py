@@ -130,10 +130,12 @@ def _method_and_outputs(overrides: list[str]):
     return method, st, te
 
 
-PRESETS = [["method=dino"], ["search=soft"], ["search=hard"], ["search=softmax"], ["search=roi"], ["search=none"]]
+PRESETS = [["method=dino"], ["search=soft"], ["search=hard"], ["search=softmax"], ["search=roi"], ["search=none"],
+           ["search.centre=true"], ["search.centre=true", "search.backend=triton"]]
+IDS = [" ".join(o) for o in PRESETS]
 
 
-@pytest.mark.parametrize("overrides", PRESETS, ids=lambda o: o[0])
+@pytest.mark.parametrize("overrides", PRESETS, ids=IDS)
 def test_losses_trace_as_one_graph(overrides):
     """`compile=true` compiles a step's losses (DINO's, and SCFS's stage terms with the searched targets) as one
     graph, on logging steps (search diagnostics) and the others: a break would bring back the host-bound eager
@@ -148,7 +150,9 @@ def test_losses_trace_as_one_graph(overrides):
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("overrides", [["method=dino"], ["search=soft"], ["search=hard"]], ids=lambda o: o[0])
+@pytest.mark.parametrize("overrides", [["method=dino"], ["search=soft"], ["search=hard"],
+                                       ["search=hard", "search.centre=true", "search.backend=triton"]],
+                         ids=lambda o: " ".join(o))
 def test_compiled_losses_match_eager(overrides):
     """The traced losses (temperature as a device tensor, the centre update functionalised) give the eager loss,
     logged terms, gradients into the student's outputs and centre buffers."""

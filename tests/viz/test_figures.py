@@ -10,10 +10,15 @@ from scfs.viz import explore, search_modes_figure, searched_regions_figure
 from scfs.viz.figures import default_selections
 
 
+def maps_backbone() -> Backbone:
+    """A tiny random-init backbone, the same weights on every call."""
+    torch.manual_seed(0)
+    return Backbone("resnet18", stages=("layer4",), cifar_stem=True, layers=(1, 1, 1, 1), channels=(8, 8, 8, 8))
+
+
 @pytest.fixture(scope="module")
 def maps():
-    torch.manual_seed(0)
-    bb = Backbone("resnet18", stages=("layer4",), cifar_stem=True, layers=(1, 1, 1, 1), channels=(8, 8, 8, 8))
+    bb = maps_backbone()
     images = np.random.default_rng(0).integers(0, 255, (3, 32, 32, 3)).astype(np.uint8)
     return compute_search_maps(bb, images, n_crops=2, local_size=16)
 
@@ -147,6 +152,47 @@ def test_stacked_figure_shares_each_rows_colour_limits_across_models(maps):
     assert softmax[0][0] == scales[0][0] and softmax[0][1] != softmax[0][0]  # weights: their own scale
     with pytest.raises(ValueError, match="same images"):
         searched_regions_stack({"A": maps, "B": replace(maps, boxes=maps.boxes + 1)})
+
+
+@pytest.mark.parametrize("mode", ["soft", "hard", "softmax"])
+def test_by_image_figure_puts_the_models_side_by_side_on_one_scale_per_row(maps, mode):
+    """One row per image: global view, query crop, then one column group per model (in order) with a panel per
+    stage; one colour bar per row whose limits span every model's panels of that row."""
+    from dataclasses import replace
+
+    from scfs.viz import searched_regions_by_image
+    from scfs.viz.figures import row_scales
+
+    full = maps
+    other = _in_range(full, 0.3, 0.9)
+    fig = searched_regions_by_image({"A": full, "B": other, "C": full}, mode=mode)
+    n_stages = len(full.stages)
+    panels = [ax for ax in fig.axes if ax.get_title()]
+    assert len(panels) == len(full) * (2 + 3 * n_stages) and len(_bars(fig)) == len(full)
+    for i in range(len(full)):
+        row = panels[i * (2 + 3 * n_stages):(i + 1) * (2 + 3 * n_stages)]
+        assert [t.get_title().split()[0] for t in row[2:]] == [m for m in "ABC" for _ in range(n_stages)]
+    sim, weights = zip(*row_scales([full, other, full], 0, full.stages, mode))
+    want = weights if mode == "softmax" else sim
+    assert [b.get_ylim() for b in _bars(fig)] == [pytest.approx(w) for w in want]
+    assert _overlapping(fig) == []
+    with pytest.raises(ValueError, match="raw or all centred"):
+        searched_regions_by_image({"A": full, "B": replace(full, centre=True)}, mode=mode)
+
+
+def test_centred_maps_say_so_in_titles_caption_and_colour_bar():
+    from scfs.viz import searched_regions_by_image
+
+    images = np.random.default_rng(1).integers(0, 255, (2, 32, 32, 3)).astype(np.uint8)
+    centred = compute_search_maps(maps_backbone(), images, n_crops=2, local_size=16, centre=True)
+    raw = compute_search_maps(maps_backbone(), images, centred.boxes, local_size=16)
+    assert centred.centre and not raw.centre
+    assert not np.allclose(centred.similarity["layer4"], raw.similarity["layer4"])
+    texts = " ".join(_texts(searched_regions_by_image({"M": centred})))
+    assert "centred cosine similarity" in texts and "layer4\ncentred similarity" in texts
+    texts = " ".join(_texts(searched_regions_figure(centred)))
+    assert "centred cosine similarity" in texts and "layer4 centred similarity" in texts
+    assert "centred" not in " ".join(_texts(searched_regions_by_image({"M": raw})))
 
 
 def _overlapping(fig):

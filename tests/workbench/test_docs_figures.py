@@ -58,8 +58,10 @@ def test_photos_figure_from_any_checkpoint_and_folder(tmp_path):
     assert out.stat().st_size > 5_000
 
 
-def test_side_by_side_is_one_figure_saved_once(tmp_path, monkeypatch):
-    """The models' blocks are SubFigures of one Figure, saved once to --out: no PNG is written and read back."""
+def test_photos_is_one_row_per_photo_with_the_models_side_by_side(tmp_path, monkeypatch):
+    """One Figure saved once to --out (no PNG written and read back): per photo row the global view, the query
+    crop, then the models (SCFS, then random init) as column groups of one panel per stage, one colour bar per
+    row; `--both` adds the centred figure beside it in the same call, and says so in its panels."""
     import matplotlib.image
     from matplotlib.figure import Figure
 
@@ -78,14 +80,27 @@ def test_side_by_side_is_one_figure_saved_once(tmp_path, monkeypatch):
     monkeypatch.setattr(matplotlib.image, "imread", no_imread)
     before = set(tmp_path.rglob("*"))
     out = main(["photos", f"SCFS={ckpt}", "--folder", str(folder), "--size", "32", "--n-images", "2",
-                "--out", str(tmp_path / "p.png")])
-    assert [p for _, p in saved] == [out] and set(tmp_path.rglob("*")) - before == {out}
-    fig = saved[0][0]
-    assert [sub.get_suptitle() for sub in fig.subfigs[:-1]] == [
-        "SCFS teacher: what the soft search picks", "random init teacher: what the soft search picks"]
-    bars = [[c for ax in sub.axes for c in ax.child_axes] for sub in fig.subfigs[:-1]]
-    assert [len(b) for b in bars] == [2, 2]  # a colour bar per photo row and model, the same limits per row
-    assert all(a.get_ylim() == b.get_ylim() for a, b in zip(*bars))
+                "--out", str(tmp_path / "p.png"), "--both"])
+    centred = tmp_path / "p_centred.png"
+    assert [p for _, p in saved] == [tmp_path / "p.png", centred] and out == centred
+    assert set(tmp_path.rglob("*")) - before == {tmp_path / "p.png", centred}
+    for fig, path in saved:
+        assert not fig.subfigs
+        panels = [ax.get_title() for ax in fig.axes if ax.get_title()]
+        per_row = 2 + 2 * 3  # global view, query crop, 2 models x 3 stages
+        assert len(panels) == 2 * per_row and len([c for ax in fig.axes for c in ax.child_axes]) == 2
+        models = [t.split(" layer")[0] for t in panels[2:per_row]]
+        assert models == ["SCFS"] * 3 + ["random init"] * 3
+        word = "centred similarity" if path == centred else "similarity"
+        assert all(t.endswith("\n" + word) for t in panels[2:per_row])
+
+
+def test_centre_alone_writes_the_centred_figure(tmp_path):
+    folder, ckpt = _photos_and_checkpoint(tmp_path)
+    out = main(["photos", f"SCFS={ckpt}", "--folder", str(folder), "--size", "32", "--n-images", "1",
+                "--out", str(tmp_path / "c.png"), "--centre"])
+    assert out == tmp_path / "c.png" and out.stat().st_size > 5_000
+    assert not (tmp_path / "c_centred.png").exists()
 
 
 def test_photos_needs_a_folder(tmp_path, capsys):
@@ -93,3 +108,32 @@ def test_photos_needs_a_folder(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["photos", f"SCFS={tmp_path / 'x.ckpt'}", "--folder", str(tmp_path / "none")])
     assert "photo folder not found" in capsys.readouterr().err
+
+
+def test_regions_centre_titles_say_centred(tmp_path, monkeypatch):
+    """`regions --centre` on a run folder's checkpoint: the shapes split of the run's saved config, every model's
+    block titled and captioned as the centred similarity."""
+    from matplotlib.figure import Figure
+    from omegaconf import OmegaConf
+
+    _, ckpt = _photos_and_checkpoint(tmp_path)
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / ".hydra").mkdir()
+    ckpt = ckpt.rename(run / "checkpoints" / "last.ckpt")
+    OmegaConf.save({"data": {"root": str(tmp_path / "shapes"), "image_size": 32, "n_train": 4, "n_val": 4},
+                    "crops": {"local_size": 16, "local_scale": [0.25, 0.5]}}, run / ".hydra" / "config.yaml")
+    saved = []
+    real_savefig = Figure.savefig
+
+    def savefig(fig, path, *args, **kwargs):
+        saved.append(fig)
+        return real_savefig(fig, path, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    out = main(["regions", f"SCFS={ckpt}", "--n-images", "2", "--centre", "--out", str(tmp_path / "r.png")])
+    assert out == tmp_path / "r.png" and out.stat().st_size > 5_000
+    (fig,) = saved
+    assert [sub.get_suptitle() for sub in fig.subfigs[:-1]] == [
+        f"{m} teacher: what the soft search picks (centred similarity)" for m in ("SCFS", "random init")]
+    assert "centred cosine similarity" in " ".join(t.get_text() for t in fig.subfigs[-1].texts)

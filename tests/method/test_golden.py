@@ -1,6 +1,7 @@
 """Golden training steps: 5 CPU steps of `method=scfs` and `method=dino` on a fixed, fully explicit config and
 synthetic images must give the losses and weights recorded before the methods became classes (bit for bit on the
-CPU capability they were recorded on; within float32 rounding on another, whose kernels may sum in another order).
+processor model and CPU capability they were recorded on; within float32 rounding on another, whose kernels may sum
+in another order).
 
 Re-record only for an intended change of the numbers: `python tests/method/test_golden.py --record`.
 """
@@ -61,10 +62,24 @@ def train_golden(method: str) -> dict:
     trainer = L.Trainer(**kw, callbacks=[Record()])
     trainer.fit(model, SyntheticData(size=32, n=8 * STEPS, batch=8, seed=0))
     state = model.state_dict()
-    return {"losses": losses, "capability": torch.backends.cpu.get_cpu_capability(),
+    return {"losses": losses, "capability": torch.backends.cpu.get_cpu_capability(), "cpu": _cpu_model(),
             "tensors": {k: {"sha256": hashlib.sha256(v.detach().contiguous().numpy().tobytes()).hexdigest(),
                             "sum": float(v.double().sum()), "abs_sum": float(v.double().abs().sum())}
                         for k, v in state.items() if v.is_floating_point()}}
+
+
+def _cpu_model() -> str:
+    """The processor's model name: two machines of one CPU capability (say AVX512) can still pick different
+    oneDNN kernels and sum in another order, so bit-for-bit holds only on the same model."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or "unknown"
 
 
 def _method_keys() -> list[str]:
@@ -76,7 +91,7 @@ def test_five_steps_match_the_golden_record(method):
     want = json.loads((GOLDEN / f"{method}.json").read_text())
     got = train_golden(method)
     assert set(got["tensors"]) == set(want["tensors"]), set(got["tensors"]) ^ set(want["tensors"])
-    if got["capability"] == want["capability"]:
+    if got["capability"] == want["capability"] and got["cpu"] == want.get("cpu"):
         assert got["losses"] == want["losses"]
         diff = [k for k, v in want["tensors"].items() if got["tensors"][k]["sha256"] != v["sha256"]]
         assert not diff, f"{len(diff)} tensors differ bit-wise from the golden record, e.g. {diff[:5]}"

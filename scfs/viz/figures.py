@@ -42,19 +42,23 @@ def similarity_word(maps: SearchMaps) -> str:
     return "centred similarity" if maps.centre else "similarity"
 
 
-def caption(maps: SearchMaps, modes: Sequence[str]) -> str:
-    """The plain-language explanation printed under every searched-regions figure."""
+def caption(maps: SearchMaps, modes: Sequence[str], masks: bool = True) -> str:
+    """The plain-language explanation printed under every searched-regions figure; `masks=False` (real photos:
+    no object masks) leaves out the object's outline and its share of the weights."""
     mode_lines = "; ".join(MODE_TEXT[m].format(topk=maps.topk, temperature=maps.temperature) for m in modes)
     heat = ("centred cosine similarity (the image's mean feature over positions subtracted from the map and from the "
             "query first: a Pearson correlation; the weights still multiply the uncentred map)" if maps.centre
             else "cosine similarity")
-    return ("The local crop (yellow box) is the query: its pooled feature is compared with every position of the "
-            "teacher's feature map of the whole image (the global view; the object the crop covers is outlined in "
-            f"magenta). Heat = {heat} of each teacher feature position to it; weights = what the search "
-            f"keeps for the crop's training target ({mode_lines}). One colour scale per row (colour bar on the "
-            "right), shared by every model compared on that image; blocks are feature-map cells. 'x % on the "
-            "crop's object' = share of the positive weight mass inside the outline; chance = what uniform weights "
-            "would score (the object's share of the image).")
+    where = "the global view; the object the crop covers is outlined in magenta" if masks else "the global view"
+    text = ("The local crop (yellow box) is the query: its pooled feature is compared with every position of the "
+            f"teacher's feature map of the whole image ({where}). Heat = {heat} of each teacher feature position "
+            f"to it; weights = what the search keeps for the crop's training target ({mode_lines}). One colour "
+            "scale per row (colour bar on the right), shared by every model compared on that image; blocks are "
+            "feature-map cells.")
+    if masks:
+        text += (" 'x % on the crop's object' = share of the positive weight mass inside the outline; chance = what "
+                 "uniform weights would score (the object's share of the image).")
+    return text
 
 
 def _target(maps: SearchMaps) -> int:
@@ -384,7 +388,7 @@ def searched_regions_by_image(maps_by_model: Mapping[str, SearchMaps], *, crop: 
                                                                                 f"{mode} weight"))
     block = _Block(title or f"What the {mode} search picks, models side by side ({', '.join(maps_by_model)}; "
                    f"{word}, one colour scale per row)", rows, bars)
-    return _single(block, caption(first, (mode,)))
+    return _single(block, caption(first, (mode,), masks=False))
 
 
 def search_modes_figure(maps: SearchMaps, selections: Sequence[tuple[int, int, str]],

@@ -176,6 +176,9 @@ def test_by_image_figure_puts_the_models_side_by_side_on_one_scale_per_row(maps,
     want = weights if mode == "softmax" else sim
     assert [b.get_ylim() for b in _bars(fig)] == [pytest.approx(w) for w in want]
     assert _overlapping(fig) == []
+    # photos have no object masks: the caption promises no outline and no share on the object
+    caption = " ".join(t.get_text() for t in fig.texts)
+    assert "yellow box" in caption and "magenta" not in caption and "on the crop's object" not in caption
     with pytest.raises(ValueError, match="raw or all centred"):
         searched_regions_by_image({"A": full, "B": replace(full, centre=True)}, mode=mode)
 

@@ -1,0 +1,109 @@
+"""timm Vision Transformer backbone with named block maps, so SCFS can search a ViT's patch tokens as it searches a
+ResNet's stage maps.
+
+A stage of a ViT is a block: `block1` .. `block<depth>` (1-based), or `last`. Its map is the block's patch tokens
+as an NCHW map (C = embed dim, H x W = the patch grid) from timm's `forward_intermediates`, after the final norm:
+DINO's `get_intermediate_layers` normalises every block it returns the same way, and the raw residual stream has a
+few channels of large magnitude that would dominate the cosine similarity of the search. The image representation
+(kNN, linear probe, DINO head) is the CLS token of the last block after the final norm, DINO's protocol.
+
+Views of any size go through the same network (`dynamic_img_size=True`: position embeddings interpolated to the
+grid), so 2 global + N local views of different sizes work as with the CNN.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import timm
+import torch
+from torch import nn
+
+from scfs.models.checkpoint import load_into, safe_load, select_state_dict
+from scfs.names import VIT_LAST_STAGE, VIT_STAGE_PATTERN
+
+CLS_KEY = "cls"  # the representation in the dict `ViTBackbone.forward` returns, beside the block maps
+
+
+def block_index(name: str, depth: int) -> int:
+    """0-based block index of stage `blockN` (1-based N) or `last` in a ViT of `depth` blocks."""
+    if name == VIT_LAST_STAGE:
+        return depth - 1
+    match = re.fullmatch(VIT_STAGE_PATTERN, str(name))
+    if match is None:
+        raise ValueError(f"unknown ViT stage {name!r}: allowed are block1..block{depth} or {VIT_LAST_STAGE}")
+    idx = int(match.group(1)) - 1
+    if not 0 <= idx < depth:
+        raise ValueError(f"ViT stage {name!r} out of range: this ViT has {depth} blocks (block1..block{depth}, "
+                         f"or {VIT_LAST_STAGE})")
+    return idx
+
+
+class ViTBackbone(nn.Module):
+    """A timm ViT (any by name, never pretrained from the internet) returning `{stage: NCHW patch map, "cls": CLS}`.
+
+    `patch_size`, `drop_path_rate` and `init_values` (layer scale) are timm's arguments, here from
+    conf/backbone/vit_*.yaml; `img_size` is the size the position embeddings are laid out for (views of other sizes
+    interpolate them). `.channels` maps each stage to the embed dim (what SCFS's stage heads take), `.embed_dim` is
+    the width of the representation, `.body` the timm model (checkpoints load into it).
+    """
+
+    def __init__(
+        self,
+        name: str = "vit_small_patch16_224",
+        stages: Sequence[str] = (VIT_LAST_STAGE,),
+        pretrained_path: str | None = None,
+        **timm_kwargs,
+    ) -> None:
+        super().__init__()
+        timm_kwargs.pop("arch", None)
+        timm_kwargs.pop("cifar_stem", None)
+        try:
+            self.body = timm.create_model(name, pretrained=False, num_classes=0, dynamic_img_size=True,
+                                          **timm_kwargs)
+        except RuntimeError as err:
+            from scfs.config import ConfigError
+
+            raise ConfigError(f"config key backbone.name={name!r} is invalid: not a timm model ({err}); pick a ViT "
+                              "from timm.list_models('vit_*'), e.g. vit_small_patch16_224") from err
+        if not hasattr(self.body, "blocks") or not hasattr(self.body, "forward_intermediates"):
+            from scfs.config import ConfigError
+
+            raise ConfigError(f"config key backbone.name={name!r} is invalid with backbone.arch=vit: not a timm "
+                              "VisionTransformer; use a vit_* model, or arch=cnn for a CNN")
+        depth = len(self.body.blocks)
+        self.depth = depth
+        self.stage_names = tuple(dict.fromkeys(str(s) for s in stages)) or (VIT_LAST_STAGE,)
+        self.block_of = {s: block_index(s, depth) for s in self.stage_names}
+        self.embed_dim = int(self.body.embed_dim)
+        self.patch_size = int(self.body.patch_embed.patch_size[0])
+        self.channels = {s: self.embed_dim for s in self.stage_names}
+        if pretrained_path:
+            load_into(self.body, select_state_dict(safe_load(pretrained_path), "teacher"),
+                      source=f"checkpoint {pretrained_path} (teacher)")
+
+    def maps_at(self, x: torch.Tensor, stages: Sequence[str]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """`{stage: (B, C, H/p, W/p)}` for any blocks (also ones this backbone was not built to return) and the CLS
+        token after the final norm (B, C): one pass through the blocks."""
+        idx = sorted({block_index(s, self.depth) for s in stages})
+        final, inter = self.body.forward_intermediates(x, indices=idx, norm=True, output_fmt="NCHW")
+        by_block = dict(zip(idx, inter))
+        return {s: by_block[block_index(s, self.depth)] for s in stages}, final[:, 0]
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        maps, cls = self.maps_at(x, self.stage_names)
+        return {**maps, CLS_KEY: cls}
+
+    @staticmethod
+    def pool(maps: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The image representation: the CLS token of the last block after the final norm."""
+        return maps[CLS_KEY]
+
+    def pooled(self, x: torch.Tensor) -> torch.Tensor:
+        return self.pool(self(x))
+
+    def no_weight_decay_names(self) -> set[str]:
+        """Parameter names (relative to this module) that take no weight decay: timm's `no_weight_decay()` set
+        (position embedding, CLS and register tokens), the convention of timm's and DeiT's optimisers."""
+        return {f"body.{n}" for n in self.body.no_weight_decay()}

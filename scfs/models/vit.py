@@ -67,6 +67,11 @@ class ViTBackbone(nn.Module):
 
             raise ConfigError(f"config key backbone.name={name!r} is invalid: not a timm model ({err}); pick a ViT "
                               "from timm.list_models('vit_*'), e.g. vit_small_patch16_224") from err
+        except TypeError as err:  # a CNN's constructor refuses the ViT arguments (dynamic_img_size, patch_size ...)
+            from scfs.config import ConfigError
+
+            raise ConfigError(f"config key backbone.name={name!r} is invalid with backbone.arch=vit: not a timm "
+                              f"VisionTransformer ({err}); use a vit_* model, or backbone.arch=cnn") from err
         if not hasattr(self.body, "blocks") or not hasattr(self.body, "forward_intermediates"):
             from scfs.config import ConfigError
 

@@ -93,6 +93,10 @@ def validate_config(cfg: DictConfig) -> None:
     if backbone_arch(_get(cfg, "backbone")) == "vit":
         _check(cfg, "search.stages", lambda v: len(v) > 0 and all(is_vit_stage(s) for s in v),
                f"a non-empty list of ViT blocks (block1..block<depth>, or {VIT_LAST_STAGE}) with backbone.arch=vit")
+        patch = _get(cfg, "backbone.patch_size")
+        for key in ("crops.global_size", "crops.local_size"):  # a view is cut into whole patches
+            if _pos_int(patch) and _pos_int(_get(cfg, key)):
+                _check(cfg, key, lambda v: v % patch == 0, f"a multiple of backbone.patch_size={patch} (pixels)")
     else:
         _check(cfg, "search.stages", lambda v: len(v) > 0 and all(s in STAGES for s in v),
                f"a non-empty list of stage names from {', '.join(STAGES)}")

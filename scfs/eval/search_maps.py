@@ -59,6 +59,8 @@ def stage_maps(backbone: nn.Module, x: torch.Tensor, stages: Sequence[str]) -> d
     """`{stage: map}` for any stage of a scfs `Backbone`, even ones it was not built to return (a checkpoint's
     eval backbone keeps only layer4): the timm features body is run module by module and the named outputs kept."""
     names = tuple(getattr(backbone, "stage_names", ()))
+    if hasattr(backbone, "maps_at"):  # a ViTBackbone: any block in one pass
+        return backbone.maps_at(x, stages)[0]
     if names and all(s in names for s in stages):
         out = backbone(x)
         return {s: out[s] for s in stages}

@@ -108,6 +108,29 @@ class ViTBackbone(nn.Module):
     def pooled(self, x: torch.Tensor) -> torch.Tensor:
         return self.pool(self(x))
 
+    @torch.no_grad()
+    def last_self_attention(self, x: torch.Tensor) -> torch.Tensor:
+        """The last block's self-attention weights (B, heads, T, T) over all T tokens (prefix tokens first: CLS,
+        registers), as DINO's `get_last_selfattention`: timm's fused attention never forms them, so the last
+        block's attention is recomputed here from its own qkv projection, norms and scale."""
+        body = self.body
+        t = body.norm_pre(body.patch_drop(body._pos_embed(body.patch_embed(x))))
+        for blk in body.blocks[:-1]:
+            t = blk(t)
+        last = body.blocks[-1]
+        attn = last.attn
+        b, n, _ = t.shape
+        qkv = attn.qkv(last.norm1(t)).reshape(b, n, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
+        q, k = attn.q_norm(qkv[0]), attn.k_norm(qkv[1])
+        return ((q * attn.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+
+    def cls_attention(self, x: torch.Tensor) -> torch.Tensor:
+        """Per head, the CLS token's attention to the patch tokens in the last block, as maps (B, heads, H, W)
+        over the patch grid (DINO's attention figures)."""
+        a = self.last_self_attention(x)
+        gh, gw = self.body.patch_embed.dynamic_feat_size(x.shape[-2:])
+        return a[:, :, 0, self.body.num_prefix_tokens:].reshape(x.shape[0], a.shape[1], gh, gw)
+
     def no_weight_decay_names(self) -> set[str]:
         """Parameter names (relative to this module) that take no weight decay: timm's `no_weight_decay()` set
         (position embedding, CLS and register tokens), the convention of timm's and DeiT's optimisers."""

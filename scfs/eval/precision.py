@@ -363,6 +363,22 @@ def load_backbones(specs: Sequence[str], which: str = "teacher", backbone: str =
     return out, paths
 
 
+def default_stages(backbones: dict[str, nn.Module]) -> list[str]:
+    """The stages one report compares: the published layer2..4 for CNNs, the middle and the last block for ViTs
+    (of one depth); CNNs and ViTs have no stage in common, so they are refused together."""
+    from scfs.models.vit import ViTBackbone, default_search_stages
+
+    depths = {bb.depth for bb in backbones.values() if isinstance(bb, ViTBackbone)}
+    if not depths:
+        return list(SEARCH_STAGES)
+    if len(depths) > 1 or not all(isinstance(b, ViTBackbone) for b in backbones.values()):
+        from scfs.config import ConfigError
+
+        raise ConfigError("CNN and ViT backbones (or ViTs of different depths) have no stages in common: run "
+                          "python -m scfs.eval.precision once per kind, or name common ones with --stages")
+    return list(default_search_stages(depths.pop()))
+
+
 def _parser() -> argparse.ArgumentParser:
     data = _yaml(CONF_DIR / "data" / "shapes.yaml")
     crops = _yaml(CONF_DIR / "crops" / "shapes.yaml")
@@ -372,7 +388,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("ckpts", nargs="+", metavar="CKPT", help="checkpoint file, LABEL=file, or 'random'")
     p.add_argument("--which", default="teacher", choices=("teacher", "student"))
     p.add_argument("--modes", nargs="+", default=list(WEIGHTINGS), choices=WEIGHTINGS)
-    p.add_argument("--stages", nargs="+", default=list(SEARCH_STAGES))
+    p.add_argument("--stages", nargs="+", default=None,
+                   help=f"default: {' '.join(SEARCH_STAGES)} (CNNs); the middle and the last block (ViTs)")
     p.add_argument("--backbone", default="tiny", help="conf/backbone/<name>.yaml for 'random' without a scfs ckpt")
     g = p.add_argument_group("shapes data (defaults: conf/data/shapes.yaml)")
     g.add_argument("--data-root", default=str(data["root"]))
@@ -410,6 +427,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     val = load_shapes(ensure_shapes(args.data_root, spec), "val")
     n = args.limit or len(val)
     backbones, paths = load_backbones(args.ckpts, args.which, args.backbone, args.seed)
+    args.stages = args.stages or default_stages(backbones)
     report = precision_report(backbones, val.images[:n], val.masks[:n], val.objects[:n], stages=args.stages,
                               modes=args.modes, n_crops=args.n_crops, local_size=args.local_size,
                               scale=args.local_scale, seed=args.seed, topk=args.topk, temperature=args.temperature,

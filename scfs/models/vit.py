@@ -40,6 +40,12 @@ def block_index(name: str, depth: int) -> int:
     return idx
 
 
+def default_search_stages(depth: int) -> tuple[str, ...]:
+    """The middle block and the last one (a lower and the top level of the same network): what the figures and
+    the precision report search on a ViT unless told otherwise."""
+    return (f"block{(depth + 1) // 2}", VIT_LAST_STAGE) if depth > 1 else (VIT_LAST_STAGE,)
+
+
 class ViTBackbone(nn.Module):
     """A timm ViT (any by name, never pretrained from the internet) returning `{stage: NCHW patch map, "cls": CLS}`.
 

@@ -15,8 +15,7 @@ import torch
 
 from scfs.data.images import normalize_images
 from scfs.eval.search_maps import compute_search_maps, eval_mode, module_device
-from scfs.models.vit import ViTBackbone
-from scfs.names import VIT_LAST_STAGE
+from scfs.models.vit import ViTBackbone, default_search_stages
 from scfs.viz.draw import display_factor, overlay_map, upscale
 from scfs.viz.figures import (
     SIM_CMAP,
@@ -35,12 +34,6 @@ CAPTION = ("Top row of each image: the self-attention of the last block's CLS to
            "Bottom row: the SCFS search on the same image: the local crop (yellow box) is the query, its mean patch "
            "token is compared with every patch token of the whole image at each block (heat = cosine similarity = "
            "the soft search's weight). One colour scale per row (colour bar on the right); blocks are patch cells.")
-
-
-def default_stages(backbone: ViTBackbone) -> tuple[str, ...]:
-    """The middle block and the last one: a low and a high level of the same network."""
-    mid = f"block{(backbone.depth + 1) // 2}"
-    return (mid, VIT_LAST_STAGE) if backbone.depth > 1 else (VIT_LAST_STAGE,)
 
 
 @torch.no_grad()
@@ -65,7 +58,7 @@ def attention_figure(backbone: ViTBackbone, images: np.ndarray, names: Sequence[
     if not isinstance(backbone, ViTBackbone):
         raise TypeError(f"the attention figure needs a ViT backbone (backbone.arch=vit), got {type(backbone).__name__}")
     imgs = np.asarray(images)
-    stages = tuple(stages or default_stages(backbone))
+    stages = tuple(stages or default_search_stages(backbone.depth))
     size = imgs.shape[1]
     p = backbone.patch_size
     local = local_size or max(p, size * 3 // 7 // p * p)  # a crop of about 0.2 of the image, whole patches

@@ -1,0 +1,64 @@
+"""Detection on a ViT checkpoint: ViTDet's simple feature pyramid over the last block (strides patch/4 .. 4 x patch,
+the pyramid width everywhere), the detector's trunk is the checkpoint's ViT tensor by tensor, and the shapes pipeline
+fine-tunes and evaluates it (COCOeval)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from scfs.eval.common import compose_eval_cfg, load_eval_backbone
+from scfs.eval.detect import run_detect
+from scfs.eval.detection_model import build_detector, trunk_state
+from scfs.eval.vit_pyramid import SimpleFeaturePyramid
+from scfs.models.backbone import build_backbone
+from scfs.models.checkpoint import safe_load
+from tests.eval.test_detect import DET_TINY
+from tests.method.test_vit import vit_cfg
+
+MICRO = {"arch": "vit", "name": "vit_tiny_patch16_224", "patch_size": 8, "img_size": 32, "embed_dim": 64, "depth": 2,
+         "num_heads": 2}
+
+
+@pytest.fixture(scope="module")
+def vit_ckpt(shapes_root, tmp_path_factory):
+    from scfs.train import run
+
+    out = tmp_path_factory.mktemp("vit-pretrain")
+    run(vit_cfg(["eval.knn_at_start=false"], shapes_root), out)
+    return out / "checkpoints" / "last.ckpt"
+
+
+def test_pyramid_levels_and_gradients():
+    torch.manual_seed(0)
+    vit = build_backbone(MICRO).body
+    fp = SimpleFeaturePyramid(vit, out_channels=32)
+    out = fp(torch.randn(2, 3, 64, 96))
+    assert list(out) == ["0", "1", "2", "3", "pool"]
+    strides = {k: 64 // v.shape[-2] for k, v in out.items()}
+    assert strides == {"0": 2, "1": 4, "2": 8, "3": 16, "pool": 32}  # patch 8: patch/4 .. 4 x patch
+    assert all(v.shape[1] == 32 and v.shape[-1] * 64 == v.shape[-2] * 96 for v in out.values())
+    sum(v.square().mean() for v in out.values()).backward()
+    assert vit.pos_embed.grad is not None and vit.blocks[-1].mlp.fc2.weight.grad.abs().sum() > 0
+    frozen = SimpleFeaturePyramid(build_backbone(MICRO).body, 32, trainable=False)
+    assert not any(p.requires_grad for p in frozen.body.parameters())
+
+
+def test_detector_trunk_is_the_checkpoints_vit(vit_ckpt, shapes_root):
+    cfg = compose_eval_cfg("detect", [f"data.root={shapes_root}", f"ckpt={vit_ckpt}", *DET_TINY])
+    backbone, _ = load_eval_backbone(cfg)
+    trunk = trunk_state(build_detector(backbone.body, 10, dict(cfg.model)))
+    prefix = "teacher.backbone.body."
+    ref = {k[len(prefix):]: v for k, v in safe_load(vit_ckpt)["state_dict"].items() if k.startswith(prefix)}
+    assert trunk.keys() == ref.keys()
+    for k, v in ref.items():
+        torch.testing.assert_close(trunk[k], v, rtol=0, atol=0, msg=k)
+
+
+def test_a_vit_checkpoint_fine_tunes_and_evaluates(vit_ckpt, shapes_root, tmp_path):
+    cfg = compose_eval_cfg("detect", [f"data.root={shapes_root}", f"ckpt={vit_ckpt}", *DET_TINY, "logger.wandb=false"])
+    doc = run_detect(cfg, tmp_path)
+    assert math.isfinite(doc["train"]["final_loss"]) and doc["train"]["iters"] == 3
+    assert doc["metrics"]["bbox/AP"] is not None and 0.0 <= doc["metrics"]["bbox/AP"] <= 100.0

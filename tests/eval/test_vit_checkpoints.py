@@ -1,6 +1,6 @@
-"""Detection on a ViT checkpoint: ViTDet's simple feature pyramid over the last block (strides patch/4 .. 4 x patch,
-the pyramid width everywhere), the detector's trunk is the checkpoint's ViT tensor by tensor, and the shapes pipeline
-fine-tunes and evaluates it (COCOeval)."""
+"""Evaluation of ViT checkpoints: kNN and the linear probe read the CLS token of the checkpoint's ViT, search
+precision runs on its blocks, and detection puts ViTDet's simple feature pyramid over the last block (strides
+patch/4 .. 4 x patch, the pyramid width everywhere) with the checkpoint's ViT, tensor by tensor, as the trunk."""
 
 from __future__ import annotations
 
@@ -62,3 +62,35 @@ def test_a_vit_checkpoint_fine_tunes_and_evaluates(vit_ckpt, shapes_root, tmp_pa
     doc = run_detect(cfg, tmp_path)
     assert math.isfinite(doc["train"]["final_loss"]) and doc["train"]["iters"] == 3
     assert doc["metrics"]["bbox/AP"] is not None and 0.0 <= doc["metrics"]["bbox/AP"] <= 100.0
+
+
+def test_knn_and_linear_read_the_vits_cls_token(vit_ckpt, eval_cfg, tmp_path):
+    from scfs.eval.knn import run_knn
+    from scfs.eval.linear import run_linear
+    from scfs.models import ViTBackbone
+
+    backbone, info = load_eval_backbone(eval_cfg("knn", f"ckpt={vit_ckpt}"))
+    assert isinstance(backbone, ViTBackbone) and info.backbone["arch"] == "vit"
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(backbone.pooled(x), backbone(x)["cls"], rtol=0, atol=0)
+    knn = run_knn(eval_cfg("knn", f"ckpt={vit_ckpt}"), tmp_path / "knn")
+    assert 0.0 <= knn["metrics"]["top1_k20"] <= 100.0
+    for extra in (["fast=true", "probe.epochs=2"], ["probe.epochs=1", "probe.batch_size=16"]):
+        lin = run_linear(eval_cfg("linear", f"ckpt={vit_ckpt}", *extra), tmp_path / extra[0])
+        assert 0.0 <= lin["metrics"]["top1"] <= 100.0
+
+
+def test_precision_searches_the_vits_blocks(vit_ckpt, shapes_root, tmp_path):
+    from scfs.config import ConfigError
+    from scfs.eval.precision import main
+
+    common = ["--data-root", str(shapes_root), "--n-train", "48", "--n-val", "24", "--image-size", "32", "--limit", "8"]
+    doc = main([f"SCFS={vit_ckpt}", "random", *common, "--out", str(tmp_path / "p")])
+    assert doc["stages"] == ["block1", "last"]
+    from scfs.eval.precision import default_stages
+    from scfs.models import Backbone
+
+    cnn = Backbone("resnet18", layers=[1, 1, 1, 1], channels=[8, 8, 8, 8])
+    assert default_stages({"cnn": cnn}) == ["layer2", "layer3", "layer4"]
+    with pytest.raises(ConfigError, match="no stages in common"):
+        default_stages({"cnn": cnn, "vit": build_backbone(MICRO)})

@@ -16,7 +16,7 @@ from scfs.eval.vit_pyramid import SimpleFeaturePyramid
 from scfs.models.backbone import build_backbone
 from scfs.models.checkpoint import safe_load
 from tests.eval.test_detect import DET_TINY
-from tests.method.test_vit import vit_cfg
+from tests.method.test_vit_methods import vit_cfg
 
 MICRO = {"arch": "vit", "name": "vit_tiny_patch16_224", "patch_size": 8, "img_size": 32, "embed_dim": 64, "depth": 2,
          "num_heads": 2}

@@ -87,7 +87,7 @@ def test_attention_of_a_cnn_checkpoint_is_one_clear_line(tmp_path):
 def test_attention_figure_of_our_vit_checkpoint(tmp_path, shapes_root):
     """A ViT trained here (2 steps): its checkpoint carries its config, no --backbone needed."""
     from scfs.train import run
-    from tests.method.test_vit import vit_cfg
+    from tests.method.test_vit_methods import vit_cfg
 
     run(vit_cfg(["method=scfs"], shapes_root), tmp_path / "run")
     out = main(["attention", str(tmp_path / "run" / "checkpoints" / "last.ckpt"), "--folder",

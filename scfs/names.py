@@ -14,7 +14,7 @@ from typing import Any
 REPO_DIR = Path(__file__).resolve().parent.parent
 CONF_DIR = REPO_DIR / "conf"
 
-STAGES = ("layer1", "layer2", "layer3", "layer4")  # ResNet stages a stage head can sit on
+STAGES = ("layer1", "layer2", "layer3", "layer4")  # ResNet stages a stage head can sit on (ViTs: blocks, below)
 SEARCH_STAGES = ("layer2", "layer3", "layer4")  # the published choice, and what the figures show by default
 VIT_STAGE_PATTERN = r"block([1-9][0-9]*)"  # ViT stages: block1..block<depth> (1-based), or VIT_LAST_STAGE
 VIT_LAST_STAGE = "last"

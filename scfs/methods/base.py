@@ -197,8 +197,9 @@ class SelfDistillation(L.LightningModule):
         decay, no_decay = [], []
         backbone = self.student["backbone"]
         # norms and biases take no weight decay (DINO); a ViT's position embedding and CLS token neither (timm's
-        # `no_weight_decay()`, as DeiT and timm train ViTs)
-        tokens = {f"backbone.{n}" for n in getattr(backbone, "no_weight_decay_names", set)()}
+        # `no_weight_decay()`, as DeiT and timm train ViTs), unless `optim.decay_tokens` (DINO's own code decays them)
+        tokens = set() if self.optim_cfg.get("decay_tokens", False) else {
+            f"backbone.{n}" for n in getattr(backbone, "no_weight_decay_names", set)()}
         for name, p in self.student.named_parameters():
             if not p.requires_grad:
                 continue

@@ -113,6 +113,11 @@ def test_no_weight_decay_on_norms_biases_position_embedding_and_cls_token(shapes
               "backbone.body.blocks.0.attn.qkv.weight"):
         assert n in decay, n
     assert len(decay) + len(no_decay) == sum(1 for p in method.student.parameters() if p.requires_grad)
+    _, dino_rule = build(vit_cfg(["method=scfs", "optim=adamw", "optim.decay_tokens=true"], shapes_root))
+    groups = dino_rule.configure_optimizers().param_groups
+    names = {id(p): n for n, p in dino_rule.student.named_parameters()}
+    decay = {names[id(p)] for g in groups if g["apply_wd"] for p in g["params"]}
+    assert {"backbone.body.pos_embed", "backbone.body.cls_token"} <= decay  # DINO's get_params_groups
 
 
 @pytest.mark.parametrize(("stages", "match"), [("[layer2,layer4]", "ViT blocks"), ("[block0]", "ViT blocks")])

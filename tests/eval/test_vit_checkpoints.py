@@ -94,3 +94,26 @@ def test_precision_searches_the_vits_blocks(vit_ckpt, shapes_root, tmp_path):
     assert default_stages({"cnn": cnn}) == ["layer2", "layer3", "layer4"]
     with pytest.raises(ConfigError, match="no stages in common"):
         default_stages({"cnn": cnn, "vit": build_backbone(MICRO)})
+
+
+def test_a_published_dino_vit_file_evaluates_with_its_backbone_config(vit_ckpt, shapes_root, tmp_path):
+    """`dino_deitsmall16_pretrain.pth`'s layout (the teacher's flat timm state dict) with `backbone=vit_*`."""
+    from scfs.eval.knn import run_knn
+    from scfs.models import ViTBackbone
+    from tests.eval.conftest import TINY_EVAL
+
+    def eval_cfg(kind: str, *overrides: str):
+        tiny = [o for o in TINY_EVAL if not o.startswith("backbone.")]  # the CNN's width keys
+        return compose_eval_cfg(kind, [f"data.root={shapes_root}", *tiny, "logger.wandb=false",
+                                       f"feature_cache={tmp_path / 'cache'}", *overrides])
+
+    prefix = "teacher.backbone.body."
+    flat = {k[len(prefix):]: v for k, v in safe_load(vit_ckpt)["state_dict"].items() if k.startswith(prefix)}
+    path = tmp_path / "dino_deitsmall16_pretrain.pth"
+    torch.save(flat, path)
+    backbone, info = load_eval_backbone(eval_cfg("knn", f"ckpt={path}", "backbone=vit_micro"))
+    assert isinstance(backbone, ViTBackbone) and info.format == "state-dict"
+    for k, v in flat.items():
+        torch.testing.assert_close(backbone.body.state_dict()[k], v, rtol=0, atol=0, msg=k)
+    doc = run_knn(eval_cfg("knn", f"ckpt={path}", "backbone=vit_micro"), tmp_path / "knn")
+    assert 0.0 <= doc["metrics"]["top1_k20"] <= 100.0

@@ -238,9 +238,15 @@ def compute_search_maps(model: nn.Module, images: np.ndarray | Sequence[Any], bo
 
 
 def stages_of(model: nn.Module, default: Sequence[str] = SEARCH_STAGES) -> tuple[str, ...]:
-    """The searched stages of a method module (its config), else `default`."""
+    """The searched stages of a method module (its config), else `default` (a ViT's: its middle and last block)."""
     stages = tuple(getattr(model, "stages", ()) or ())
-    return stages or tuple(default)
+    if stages:
+        return stages
+    from scfs.models.vit import ViTBackbone, default_search_stages
+
+    teacher = getattr(model, "teacher", None)
+    backbone = teacher["backbone"] if isinstance(teacher, nn.ModuleDict) and "backbone" in teacher else model
+    return default_search_stages(backbone.depth) if isinstance(backbone, ViTBackbone) else tuple(default)
 
 
 def mode_of(model: nn.Module | Mapping[str, Any] | None, default: str = "soft") -> str:

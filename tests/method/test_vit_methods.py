@@ -34,9 +34,11 @@ def test_a_tiny_vit_trains_and_evaluates_as_a_vit(tmp_path, shapes_root, method)
     from scfs.train import run
 
     cfg = vit_cfg([f"method={method}", "optim=adamw", "optim.weight_decay=0.04", "optim.weight_decay_end=0.4",
-                   "trainer.gradient_clip_val=3.0", "method.freeze_last_layer_epochs=1"], shapes_root)
+                   "trainer.gradient_clip_val=3.0", "method.freeze_last_layer_epochs=1", "eval.figure=true"],
+                  shapes_root)
     s = run(cfg, tmp_path)
     assert s["steps"] == 2 and s["loss"] == s["loss"]
+    assert s["figure"] and (tmp_path / "searched_regions.png").is_file()  # the search on the ViT's blocks
     assert 0 <= s["knn"]["top1_k20"] <= 100
     ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
     keys = ckpt["state_dict"]

@@ -8,7 +8,9 @@ few channels of large magnitude that would dominate the cosine similarity of the
 (kNN, linear probe, DINO head) is the CLS token of the last block after the final norm, DINO's protocol.
 
 Views of any size go through the same network (`dynamic_img_size=True`: position embeddings interpolated to the
-grid), so 2 global + N local views of different sizes work as with the CNN.
+grid), so 2 global + N local views of different sizes work as with the CNN. (A timm ViT built without a CLS token
+has its final norm in `fc_norm` after pooling: its block maps are then the unnormalised tokens, its representation
+timm's pooled one.)
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from torch import nn
 from scfs.models.checkpoint import load_into, safe_load, select_state_dict
 from scfs.names import VIT_LAST_STAGE, VIT_STAGE_PATTERN
 
-CLS_KEY = "cls"  # the representation in the dict `ViTBackbone.forward` returns, beside the block maps
+CLS_KEY = "cls"  # the representation (the CLS token) in the dict `ViTBackbone.forward` returns, beside the maps
 
 
 def block_index(name: str, depth: int) -> int:
@@ -100,7 +102,9 @@ class ViTBackbone(nn.Module):
         idx = sorted({block_index(s, self.depth) for s in stages})
         final, inter = self.body.forward_intermediates(x, indices=idx, norm=True, output_fmt="NCHW")
         by_block = dict(zip(idx, inter))
-        return {s: by_block[block_index(s, self.depth)] for s in stages}, final[:, 0]
+        # timm's own pooling of the final tokens: the CLS token for DINO's ViTs (global_pool='token'), the model's
+        # global_pool / fc_norm for ViTs built without one
+        return {s: by_block[block_index(s, self.depth)] for s in stages}, self.body.forward_head(final, pre_logits=True)
 
     def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         maps, cls = self.maps_at(x, self.stage_names)
@@ -133,6 +137,9 @@ class ViTBackbone(nn.Module):
     def cls_attention(self, x: torch.Tensor) -> torch.Tensor:
         """Per head, the CLS token's attention to the patch tokens in the last block, as maps (B, heads, H, W)
         over the patch grid (DINO's attention figures)."""
+        if getattr(self.body, "cls_token", None) is None:
+            raise ValueError(f"{type(self.body).__name__} has no CLS token (class_token=False): its attention maps "
+                             "have no CLS row to show; use a ViT with a class token (DINO's, timm's vit_* default)")
         a = self.last_self_attention(x)
         gh, gw = self.body.patch_embed.dynamic_feat_size(x.shape[-2:])
         return a[:, :, 0, self.body.num_prefix_tokens:].reshape(x.shape[0], a.shape[1], gh, gw)

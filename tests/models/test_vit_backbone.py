@@ -146,3 +146,13 @@ def test_timm_vits_by_name_build_offline():
     for name in ("vit_tiny_patch16_224", "vit_small_patch16_224"):
         bb = build_backbone({"arch": "vit", "name": name, "img_size": 64})
         assert bb.embed_dim == timm.create_model(name, pretrained=False, img_size=64).embed_dim
+
+
+def test_a_vit_without_a_class_token_is_represented_by_timms_pooling():
+    bb = _micro(class_token=False, global_pool="avg")
+    x = torch.randn(2, 3, 32, 32)
+    ref = _tokens_by_hand(bb, x)[-1]
+    torch.testing.assert_close(bb.pooled(x), bb.body.fc_norm(ref.mean(dim=1)), rtol=1e-5, atol=1e-5)  # timm's
+    assert bb(x)["last"].shape == (2, 64, 4, 4)
+    with pytest.raises(ValueError, match="no CLS token"):
+        bb.cls_attention(x)

@@ -9,7 +9,17 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from scfs.names import LOCAL_TARGETS, RETIRED_KEYS, SEARCH_BACKENDS, STAGES, WEIGHTINGS
+from scfs.names import (
+    BACKBONE_ARCHS,
+    LOCAL_TARGETS,
+    RETIRED_KEYS,
+    SEARCH_BACKENDS,
+    STAGES,
+    VIT_LAST_STAGE,
+    WEIGHTINGS,
+    backbone_arch,
+    is_vit_stage,
+)
 from scfs.optim import FP16_SCALED, OPTIMIZERS, FusedOptimizerError, use_fused_optimizer
 
 DATASETS = ("shapes", "folder", "cifar10", "imagenet")
@@ -78,8 +88,18 @@ def validate_config(cfg: DictConfig) -> None:
     _check(cfg, "search.local_target", lambda v: v in LOCAL_TARGETS, f"one of {', '.join(LOCAL_TARGETS)}")
     _check(cfg, "search.backend", lambda v: v in SEARCH_BACKENDS, f"one of {', '.join(SEARCH_BACKENDS)}",
            required=False)
-    _check(cfg, "search.stages", lambda v: len(v) > 0 and all(s in STAGES for s in v),
-           f"a non-empty list of stage names from {', '.join(STAGES)}")
+    _check(cfg, "backbone.arch", lambda v: v in BACKBONE_ARCHS, f"one of {', '.join(BACKBONE_ARCHS)}",
+           required=False)
+    if backbone_arch(_get(cfg, "backbone")) == "vit":
+        _check(cfg, "search.stages", lambda v: len(v) > 0 and all(is_vit_stage(s) for s in v),
+               f"a non-empty list of ViT blocks (block1..block<depth>, or {VIT_LAST_STAGE}) with backbone.arch=vit")
+        patch = _get(cfg, "backbone.patch_size")
+        for key in ("crops.global_size", "crops.local_size"):  # a view is cut into whole patches
+            if _pos_int(patch) and _pos_int(_get(cfg, key)):
+                _check(cfg, key, lambda v: v % patch == 0, f"a multiple of backbone.patch_size={patch} (pixels)")
+    else:
+        _check(cfg, "search.stages", lambda v: len(v) > 0 and all(s in STAGES for s in v),
+               f"a non-empty list of stage names from {', '.join(STAGES)}")
     _check(cfg, "search.centre", lambda v: isinstance(v, bool), "true or false (false: the published raw cosine; "
            "true: centred on the image's mean feature)", required=False)
     _check(cfg, "search.topk", lambda v: 0 < v <= 1, "a fraction in (0, 1]", required=False)

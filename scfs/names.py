@@ -6,6 +6,7 @@ figures all read the same tuples.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -13,8 +14,11 @@ from typing import Any
 REPO_DIR = Path(__file__).resolve().parent.parent
 CONF_DIR = REPO_DIR / "conf"
 
-STAGES = ("layer1", "layer2", "layer3", "layer4")  # ResNet stages a stage head can sit on
+STAGES = ("layer1", "layer2", "layer3", "layer4")  # ResNet stages a stage head can sit on (ViTs: blocks, below)
 SEARCH_STAGES = ("layer2", "layer3", "layer4")  # the published choice, and what the figures show by default
+VIT_STAGE_PATTERN = r"block([1-9][0-9]*)"  # ViT stages: block1..block<depth> (1-based), or VIT_LAST_STAGE
+VIT_LAST_STAGE = "last"
+BACKBONE_ARCHS = ("cnn", "vit")  # backbone.arch: a timm CNN (features_only stages) or a timm ViT (block stages)
 WEIGHTINGS = ("soft", "hard", "softmax")  # search.weighting: how the similarity map weights the teacher map
 LOCAL_TARGETS = ("search", "roi", "none")  # search.local_target: the local term's teacher target
 SEARCH_BACKENDS = ("auto", "reference", "triton", "cuda")
@@ -50,3 +54,13 @@ def search_label(search_cfg: Mapping[str, Any] | None) -> str:
     if target != "search":
         return target
     return f"{weighting}-centred" if search_centred(search_cfg) else weighting
+
+
+def is_vit_stage(name: Any) -> bool:
+    """Whether `name` spells a ViT stage (`block<N>` or `last`); its range is checked against the ViT's depth."""
+    return isinstance(name, str) and (name == VIT_LAST_STAGE or re.fullmatch(VIT_STAGE_PATTERN, name) is not None)
+
+
+def backbone_arch(backbone_cfg: Mapping[str, Any] | None) -> str:
+    """`cnn` or `vit` from a backbone config (`arch`; configs and checkpoints without the key are CNNs)."""
+    return str((backbone_cfg or {}).get("arch", "cnn"))

@@ -85,6 +85,12 @@ run imagenet "python -m scfs.train +experiment=imagenet" \
   run resume-auto "python -m scfs.train resume=auto" \
     "+experiment=cifar10 $E name=smoke-resume trainer.max_epochs=2 +trainer.limit_train_batches=4 eval.knn_at_start=false" ) &
 run search-check "python -m scfs.search.check --quick" "" &
+V="python -m scfs.train +experiment=cifar10_vit"  # the ViT rows: compiled as written, DINO eager, ViT-S/16 eager
+run cifar10-vit "$V" "$SHORT name=smoke-vit" &
+run cifar10-vit-dino "$V method=dino" "$E $SHORT name=smoke-vit-dino" &
+run imagenet-vit "python -m scfs.train +experiment=imagenet_vit" \
+  "data.root=data/imagenet-smoke batch_size=16 num_workers=4 $E $SHORT name=smoke-imagenet-vit" &
+run search-check-vit "python -m scfs.search.check --shapes vit" "" &
 run bench-step "python -m scfs.bench.step --quick" "--out $OUT/step --steps 10 --warmup 3" &
 if [ "$NGPU" -ge 2 ]; then  # DDP next to one GPU at the same global batch: time per epoch and kNN side by side
   run ddp-2gpu "python -m scfs.train +experiment=cifar10 trainer=ddp trainer.devices=2 sync_bn=true" \
@@ -103,6 +109,10 @@ run detect "python -m scfs.eval.detect ckpt=<ckpt>" "schedule.max_iters=20" &
 run precision "python -m scfs.eval.precision SCFS=<scfs ckpt> DINO=<dino ckpt> random" "--limit 40" &
 run precision-centred "python -m scfs.eval.precision SCFS=<scfs ckpt> DINO=<dino ckpt> random --centre" "--limit 40" &
 run notebook-02 "" "env SCFS_NB_SMALL=1 SCFS_NB_STATIC=1 CKPT=$CK $PY scripts/run_notebook_cells.py notebooks/02_searched_regions.ipynb" &
+VK=$(last_ckpt smoke-vit)
+CK=$VK run attention "python -m scfs.workbench.docs_figures attention <ckpt> --folder data/imagenet-samples" \
+  "--size 32 --out $OUT/attention.png" &
+CK=$VK run knn-vit "python -m scfs.eval.knn ckpt=<ckpt>" "" &
 wait
 WALL=$(( $(date +%s) - T0 ))
 

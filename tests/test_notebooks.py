@@ -24,7 +24,8 @@ EXPECTED = ["01_quickstart", "02_searched_regions", "03_linear_eval_report", "04
 FIGURES = {
     "01_quickstart": ["summary.png", "summary.md"],
     "02_searched_regions": ["searched_regions_scfs.png", "searched_regions_dino.png", "search_modes_scfs.png",
-                            "precision/precision.png", "precision/precision.json", "explore_static.png"],
+                            "precision/precision.png", "precision/precision.json", "explore_static.png",
+                            "attention_vit.png"],
     "03_linear_eval_report": ["accuracy_vs_k.png", "per_class_knn.png", "report.md"],
     "04_search_kernel_benchmarks": [],
 }

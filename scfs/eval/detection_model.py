@@ -37,6 +37,7 @@ from torchvision.ops.feature_pyramid_network import LastLevelMaxPool
 from torchvision.ops.misc import FrozenBatchNorm2d
 
 from scfs.data.multicrop import IMAGENET_MEAN, IMAGENET_STD
+from scfs.eval.vit_pyramid import SimpleFeaturePyramid, is_vit
 
 ARCHS = ("faster_rcnn", "mask_rcnn")
 NORMS = ("frozen", "sync", "bn")
@@ -136,25 +137,32 @@ def _levels(values: Any, n_levels: int, what: str) -> tuple[tuple[Any, ...], ...
 def build_detector(body: nn.Module, num_classes: int, model_cfg: Mapping[str, Any]) -> GeneralizedRCNN:
     """Faster / Mask R-CNN (``model_cfg['arch']``) over `body` (a ResNet trunk with loaded weights), for
     `num_classes` object classes (+ torchvision's background class 0). `body` becomes the detector's
-    ``backbone.body`` (same modules, shared weights); see conf/eval/detect.yaml `model` for the keys."""
+    ``backbone.body`` (same modules, shared weights); see conf/eval/detect.yaml `model` for the keys. A ViT trunk
+    gets ViTDet's simple feature pyramid instead of the FPN (`scfs.eval.vit_pyramid`; `returned_layers` and `norm`
+    are the CNN's and do not apply; `trainable_layers=0` freezes the ViT, any other value trains all of it)."""
     cfg = dict(model_cfg)
     arch = cfg.get("arch", "faster_rcnn")
     if arch not in ARCHS:
         raise ValueError(f"model.arch={arch!r}: allowed are {', '.join(ARCHS)}")
-    prepare_trunk(body, int(cfg.get("trainable_layers", 3)), str(cfg.get("norm", "frozen")))
-    returned = [int(k) for k in cfg.get("returned_layers", [1, 2, 3, 4])]
-    if not returned or sorted(set(returned)) != returned or not all(1 <= k <= 4 for k in returned):
-        raise ValueError(f"model.returned_layers={returned}: increasing stage numbers in 1..4")
-    stages = [f"layer{k}" for k in returned]
     fpn_ch = int(cfg.get("fpn_channels", 256))
-    trunk = BackboneWithFPN(body, {s: str(i) for i, s in enumerate(stages)}, stage_channels(body, stages), fpn_ch,
-                            extra_blocks=LastLevelMaxPool())
-    n_levels = len(stages) + 1
+    trunk: nn.Module
+    if is_vit(body):  # ViTDet: the pyramid from the last block's map; the whole ViT trains unless 0 is asked for
+        trunk = SimpleFeaturePyramid(body, fpn_ch, trainable=int(cfg.get("trainable_layers", 3)) > 0)
+        n_levels = len(trunk.stages) + 1
+    else:
+        prepare_trunk(body, int(cfg.get("trainable_layers", 3)), str(cfg.get("norm", "frozen")))
+        returned = [int(k) for k in cfg.get("returned_layers", [1, 2, 3, 4])]
+        if not returned or sorted(set(returned)) != returned or not all(1 <= k <= 4 for k in returned):
+            raise ValueError(f"model.returned_layers={returned}: increasing stage numbers in 1..4")
+        stages = [f"layer{k}" for k in returned]
+        trunk = BackboneWithFPN(body, {s: str(i) for i, s in enumerate(stages)}, stage_channels(body, stages),
+                                fpn_ch, extra_blocks=LastLevelMaxPool())
+        n_levels = len(stages) + 1
     sizes = _levels(cfg.get("anchor_sizes", [32, 64, 128, 256, 512][-n_levels:]), n_levels, "anchor_sizes")
     ratios = cfg.get("aspect_ratios", [0.5, 1.0, 2.0])
     ratios = _levels(ratios, n_levels, "aspect_ratios") if isinstance(ratios[0], (list, tuple)) \
         else (tuple(float(r) for r in ratios),) * n_levels
-    names = [str(i) for i in range(len(stages))]
+    names = [str(i) for i in range(n_levels - 1)]
     # RoIAlign samples per bin: 0 = adaptive, ceil(RoI size / output size) (detectron2's default); torchvision's
     # detectors use 2. On the CPU the RoIAlign backward is the most expensive op of a small detector.
     ratio = int(cfg.get("roi_sampling_ratio", 2))

@@ -451,6 +451,22 @@ def seed_groups(specs: Sequence[str], random_seeds: Sequence[int] = ()) -> tuple
     return out, groups
 
 
+def default_stages(backbones: dict[str, nn.Module]) -> list[str]:
+    """The stages one report compares: the published layer2..4 for CNNs, the middle and the last block for ViTs
+    (of one depth); CNNs and ViTs have no stage in common, so they are refused together."""
+    from scfs.models.vit import ViTBackbone, default_search_stages
+
+    depths = {bb.depth for bb in backbones.values() if isinstance(bb, ViTBackbone)}
+    if not depths:
+        return list(SEARCH_STAGES)
+    if len(depths) > 1 or not all(isinstance(b, ViTBackbone) for b in backbones.values()):
+        from scfs.config import ConfigError
+
+        raise ConfigError("CNN and ViT backbones (or ViTs of different depths) have no stages in common: run "
+                          "python -m scfs.eval.precision once per kind, or name common ones with --stages")
+    return list(default_search_stages(depths.pop()))
+
+
 def _parser() -> argparse.ArgumentParser:
     data = _yaml(CONF_DIR / "data" / "shapes.yaml")
     crops = _yaml(CONF_DIR / "crops" / "shapes.yaml")
@@ -464,7 +480,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="random init at each of these seeds, pooled over seeds like a checkpoint list")
     p.add_argument("--which", default="teacher", choices=("teacher", "student"))
     p.add_argument("--modes", nargs="+", default=list(WEIGHTINGS), choices=WEIGHTINGS)
-    p.add_argument("--stages", nargs="+", default=list(SEARCH_STAGES))
+    p.add_argument("--stages", nargs="+", default=None,
+                   help=f"default: {' '.join(SEARCH_STAGES)} (CNNs); the middle and the last block (ViTs)")
     p.add_argument("--centre", action="store_true",
                    help="search with the similarity centred on each image's mean feature (default: the raw cosine)")
     p.add_argument("--backbone", default="tiny", help="conf/backbone/<name>.yaml for 'random' without a scfs ckpt")
@@ -505,6 +522,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     n = args.limit or len(val)
     specs, groups = seed_groups(args.ckpts, args.random_seeds)
     backbones, paths = load_backbones(specs, args.which, args.backbone, args.seed)
+    args.stages = args.stages or default_stages(backbones)
     report = precision_report(backbones, val.images[:n], val.masks[:n], val.objects[:n], stages=args.stages,
                               modes=args.modes, n_crops=args.n_crops, local_size=args.local_size,
                               scale=args.local_scale, seed=args.seed, topk=args.topk, temperature=args.temperature,

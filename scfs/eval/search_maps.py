@@ -59,6 +59,8 @@ def stage_maps(backbone: nn.Module, x: torch.Tensor, stages: Sequence[str]) -> d
     """`{stage: map}` for any stage of a scfs `Backbone`, even ones it was not built to return (a checkpoint's
     eval backbone keeps only layer4): the timm features body is run module by module and the named outputs kept."""
     names = tuple(getattr(backbone, "stage_names", ()))
+    if hasattr(backbone, "maps_at"):  # a ViTBackbone: any block in one pass
+        return backbone.maps_at(x, stages)[0]
     if names and all(s in names for s in stages):
         out = backbone(x)
         return {s: out[s] for s in stages}
@@ -243,9 +245,15 @@ def compute_search_maps(model: nn.Module, images: np.ndarray | Sequence[Any], bo
 
 
 def stages_of(model: nn.Module, default: Sequence[str] = SEARCH_STAGES) -> tuple[str, ...]:
-    """The searched stages of a method module (its config), else `default`."""
+    """The searched stages of a method module (its config), else `default` (a ViT's: its middle and last block)."""
     stages = tuple(getattr(model, "stages", ()) or ())
-    return stages or tuple(default)
+    if stages:
+        return stages
+    from scfs.models.vit import ViTBackbone, default_search_stages
+
+    teacher = getattr(model, "teacher", None)
+    backbone = teacher["backbone"] if isinstance(teacher, nn.ModuleDict) and "backbone" in teacher else model
+    return default_search_stages(backbone.depth) if isinstance(backbone, ViTBackbone) else tuple(default)
 
 
 def centre_of(model: nn.Module | Mapping[str, Any] | None) -> bool:

@@ -195,10 +195,15 @@ class SelfDistillation(L.LightningModule):
     # ---- optimisation ----------------------------------------------------------------------------------
     def configure_optimizers(self):
         decay, no_decay = [], []
+        backbone = self.student["backbone"]
+        # norms and biases take no weight decay (DINO); a ViT's position embedding and CLS token neither (timm's
+        # `no_weight_decay()`, as DeiT and timm train ViTs), unless `optim.decay_tokens` (DINO's own code decays them)
+        tokens = set() if self.optim_cfg.get("decay_tokens", False) else {
+            f"backbone.{n}" for n in getattr(backbone, "no_weight_decay_names", set)()}
         for name, p in self.student.named_parameters():
             if not p.requires_grad:
                 continue
-            (no_decay if p.ndim <= 1 or name.endswith(".bias") else decay).append(p)
+            (no_decay if p.ndim <= 1 or name.endswith(".bias") or name in tokens else decay).append(p)
         groups = [{"params": decay, "apply_wd": True}, {"params": no_decay, "apply_wd": False, "weight_decay": 0.0}]
         trainer = self._trainer
         fused = use_fused_optimizer(

@@ -12,7 +12,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from scfs.models import Backbone, DINOHead, StageHead
+from scfs.models import DINOHead, StageHead
+from scfs.models.backbone import make_backbone
+from scfs.names import VIT_LAST_STAGE, backbone_arch
 
 # Graphs one code object may get per stage head: the stage heads of student and teacher share `StageHead.forward`,
 # which can see the teacher's global maps (no grad) and the student's global and local maps. The compiled step
@@ -43,7 +45,8 @@ def build_network(
     bcfg = dict(backbone_cfg)
     name = bcfg.pop("name")
     bcfg.pop("channels_last", None)
-    backbone = Backbone(name, stages=stages or ("layer4",), **bcfg)
+    last = VIT_LAST_STAGE if backbone_arch(bcfg) == "vit" else "layer4"
+    backbone = make_backbone(name, stages=stages or (last,), **bcfg)
     mlp = {"nlayers": method_cfg.get("head_layers", 3), "use_bn": method_cfg.get("head_bn", False),
            "norm_last_layer": method_cfg.get("norm_last_layer", True),
            "bottleneck_bn": method_cfg.get("bottleneck_bn", False)}  # the projection MLP settings both heads share
@@ -82,11 +85,12 @@ def student_forward(student: nn.ModuleDict, g: torch.Tensor, loc: torch.Tensor |
     (global views, then local), the stage heads' logits on the global and local maps, and per stage the detached
     pooled local feature (the search queries) and the local map size."""
     s_g = student["backbone"](g)
-    pooled_g = Backbone.pool(s_g)
+    pool = student["backbone"].pool  # the representation: GAP of layer4 (CNN), the CLS token (ViT)
+    pooled_g = pool(s_g)
     outs = [student["head"](pooled_g)]
     s_l = student["backbone"](loc) if loc is not None else {}
     if s_l:
-        outs.append(student["head"](Backbone.pool(s_l)))
+        outs.append(student["head"](pool(s_l)))
     heads = student["stage_heads"]
     return {
         "pooled_global": pooled_g,
@@ -104,5 +108,5 @@ def teacher_forward(teacher: nn.ModuleDict, g: torch.Tensor, stages: Sequence[st
     under `compile=true` for the reason given in `student_forward`."""
     maps = teacher["backbone"](g)
     heads = teacher["stage_heads"]
-    return {"maps": maps, "logits": teacher["head"](Backbone.pool(maps)),
+    return {"maps": maps, "logits": teacher["head"](teacher["backbone"].pool(maps)),
             "stage_global": {s: heads[s](maps[s]) for s in stages}}

@@ -2,5 +2,6 @@
 
 from scfs.models.backbone import STAGE_NAMES, Backbone
 from scfs.models.heads import DINOHead, StageHead
+from scfs.models.vit import ViTBackbone
 
-__all__ = ["STAGE_NAMES", "Backbone", "DINOHead", "StageHead"]
+__all__ = ["STAGE_NAMES", "Backbone", "DINOHead", "StageHead", "ViTBackbone"]

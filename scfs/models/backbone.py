@@ -19,6 +19,8 @@ from scfs.models.checkpoint import (
     safe_load,
     select_state_dict,
 )
+from scfs.models.vit import ViTBackbone
+from scfs.names import VIT_LAST_STAGE, backbone_arch
 
 log = logging.getLogger("scfs.checkpoint")  # the loader's messages, under one name wherever they come from
 STAGE_NAMES = ("layer1", "layer2", "layer3", "layer4")
@@ -101,23 +103,31 @@ class Backbone(nn.Module):
 def load_state_dict_file(module: nn.Module, path: str | os.PathLike, which: str = "teacher") -> None:
     """Load the weights in `path` (any supported format) into `module` (a `Backbone`, or a bare timm ResNet)."""
     state = select_state_dict(safe_load(path), which)
-    body = module.body if isinstance(module, Backbone) else module
+    body = module.body if isinstance(module, (Backbone, ViTBackbone)) else module
     load_into(body, state, source=f"checkpoint {path} ({which})")
     log.info("loaded %s weights from %s", which, path)
 
 
-def build_backbone(backbone_cfg: Mapping[str, Any]) -> Backbone:
-    """A `Backbone` from a config dict (as in conf/backbone/*.yaml); only the last stage is needed for eval."""
+def make_backbone(name: str, stages: Sequence[str], **cfg: Any) -> Backbone | ViTBackbone:
+    """The backbone of `backbone.arch`: a CNN `Backbone` (stages layer1..4) or a `ViTBackbone` (blocks)."""
+    if cfg.pop("arch", "cnn") == "vit":
+        return ViTBackbone(name, stages=stages, **cfg)
+    return Backbone(name, stages=stages, **cfg)
+
+
+def build_backbone(backbone_cfg: Mapping[str, Any]) -> Backbone | ViTBackbone:
+    """A backbone from a config dict (as in conf/backbone/*.yaml); only the last stage is needed for eval."""
     cfg = {k: (tuple(v) if isinstance(v, list) else v) for k, v in dict(backbone_cfg).items()}
     cfg.pop("channels_last", None)
     cfg.pop("stages", None)
     cfg.pop("pretrained_path", None)  # the init of the run: its weights are replaced by the checkpoint's anyway
     name = cfg.pop("name", "resnet50")
-    return Backbone(name, stages=("layer4",), **cfg)
+    last = VIT_LAST_STAGE if backbone_arch(cfg) == "vit" else "layer4"
+    return make_backbone(name, stages=(last,), **cfg)
 
 
 def load_backbone(path: str | os.PathLike, which: str = "teacher",
-                  backbone_cfg: Mapping[str, Any] | None = None) -> Backbone:
+                  backbone_cfg: Mapping[str, Any] | None = None) -> Backbone | ViTBackbone:
     """A `Backbone` with the weights of `path` loaded, in eval mode.
 
     Ours rebuild the network from the checkpoint's own config (`backbone_cfg` overrides it). Published and

@@ -5,8 +5,8 @@ NaN-poisoned before each call, bitwise-identical reruns, batch invariance, zero-
 The CUDA backend runs under each weighting-pass order asked for (``--weighting tiled|chunked|both``, default
 both; see ``scfs.search.cuda_backend.set_weighting``); with both, every case is also run forward under the chunked
 order at several chunk/block sizes and must match the tiled order bitwise.
-Usage: ``python -m scfs.search.check [--quick] [--backends cuda,triton] [--weighting both]``; exits non-zero on
-any failure.
+Usage: ``python -m scfs.search.check [--quick] [--backends cuda,triton] [--weighting both] [--shapes vit]``;
+exits non-zero on any failure.
 """
 
 from __future__ import annotations
@@ -93,6 +93,20 @@ def cpu_cases() -> list[Case]:
         Case(2, 2, 33, 3, 5, mode="softmax", channels_last=True, centre=True),
         Case(3, 2, 40, 5, 7, dtype=torch.bfloat16, proj=8, centre=True),
     ]
+
+
+def vit_cases(device_type: str) -> list[Case]:
+    """ViT token maps as the search gets them: C = 192 / 384 / 768 (ViT-Ti / S / B), patch grids 7x7 to 14x14
+    (224 px at patch 32 / 16, 32 px at patch 4), N = 10 local views (DINO's ViT recipe) on the GPU. The CPU set
+    keeps the widths and grids with fewer views, for the Triton interpreter."""
+    if device_type != "cuda":
+        return [Case(2, 1, 192, 8, 8), Case(2, 1, 384, 14, 14, dtype=torch.bfloat16),
+                Case(2, 1, 768, 7, 7, mode="hard", proj=32), Case(3, 1, 384, 14, 14, mode="softmax", proj=16)]
+    cases = []
+    for s in ((10, 4, 192, 8, 8), (10, 4, 384, 14, 14), (10, 4, 768, 14, 14), (10, 4, 384, 7, 7), (6, 2, 384, 11, 9)):
+        cases += [Case(*s), Case(*s, dtype=torch.bfloat16), Case(*s, mode="hard", proj=96),
+                  Case(*s, dtype=torch.bfloat16, mode="softmax", proj=384)]
+    return cases
 
 
 def make_inputs(case: Case, device: torch.device, gen: torch.Generator):
@@ -314,6 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="first few cases only")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--special-only", action="store_true", help="only the zero-norm / NaN checks")
+    ap.add_argument("--shapes", choices=("default", "vit", "all"), default="default",
+                    help="default: the CNN sweep; vit: ViT token maps (C 192-768, 7x7-14x14 grids); all: both")
     from scfs.search import cuda_backend
 
     cuda_backend.add_weighting_argument(
@@ -324,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     gen = torch.Generator(device=device).manual_seed(seed)
     backends = args.backends.split(",") if args.backends else available(device)
     cases = gpu_cases() if device.type == "cuda" else cpu_cases()
+    cases = {"default": cases, "vit": vit_cases(device.type), "all": cases + vit_cases(device.type)}[args.shapes]
     if args.quick:  # the first few raw cases and the first few centred ones
         cases = [c for c in cases if not c.centre][:6] + [c for c in cases if c.centre][:4]
     if args.special_only:

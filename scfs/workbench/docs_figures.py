@@ -3,6 +3,7 @@
     python -m scfs.workbench.docs_figures regions SCFS=<ckpt> DINO=<ckpt> [--out docs/searched_regions_default.png]
     python -m scfs.workbench.docs_figures photos SCFS=<ckpt> DINO=<ckpt> --folder data/imagenet-samples --size 64
     python -m scfs.workbench.docs_figures knn benchmarks/results/shapes-cpu-default-{scfs,dino}-2026-12-01.json
+    python -m scfs.workbench.docs_figures attention <ckpt> --folder data/imagenet-samples [--backbone vit_small]
 
 `regions`: the searched-regions figure of each checkpoint's teacher and of the same network at random init, on the
 same shapes validation images and crops, one colour scale per image row shared by the three (soft search: the
@@ -12,6 +13,8 @@ draws the centred similarity instead of the raw cosine (`feature_search(centre=T
 with `_centred` before the suffix unless `--out` is given; `--both` writes the raw figure to `--out` and the
 centred one beside it (`<stem>_centred.png`), in one call. `knn`: kNN top-1 of the trained teachers against random
 init per method, each seed a dot, mean with its range, one shared y axis, chance (1 / classes) dashed.
+`attention`: for a ViT (our checkpoint, a published DINO ViT file, or `random`), the last block's CLS attention per
+head on photos beside the SCFS search on the same images (`scfs.viz.attention`).
 """
 
 from __future__ import annotations
@@ -126,6 +129,55 @@ def _shrink(path: Path) -> None:
     Image.open(path).convert("RGB").quantize(128).save(path, optimize=True)
 
 
+def load_vit(ckpt: str, backbone: str = "vit_small", which: str = "teacher", seed: int = 0) -> Any:
+    """The ViT of `ckpt`: ours carry their config; a published DINO ViT file or a plain state dict is read with
+    conf/backbone/<backbone>.yaml (weights only); `random` is that config's random init at `seed`."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from scfs.models.backbone import load_backbone
+    from scfs.models.checkpoint import is_lightning_checkpoint, safe_load
+    from scfs.models.vit import ViTBackbone
+    from scfs.names import CONF_DIR
+
+    conf = CONF_DIR / "backbone" / f"{backbone}.yaml"
+    if not conf.is_file():
+        raise SystemExit(f"--backbone {backbone}: no conf/backbone/{backbone}.yaml (ViTs there: "
+                         f"{', '.join(sorted(p.stem for p in conf.parent.glob('vit_*.yaml')))})")
+    bcfg = OmegaConf.to_container(OmegaConf.load(conf))
+    if ckpt == "random":
+        torch.manual_seed(seed)
+        net = load_backbone("random", backbone_cfg=bcfg)
+    else:
+        net = load_backbone(ckpt, which, None if is_lightning_checkpoint(safe_load(ckpt)) else bcfg)
+    if not isinstance(net, ViTBackbone):
+        raise SystemExit(f"{ckpt} is a {net.body.__class__.__name__}, not a ViT: the attention figure needs a ViT "
+                         "checkpoint (trained with backbone=vit_*), a published DINO ViT file, or random")
+    return net
+
+
+def attention(ckpt: str, folder: Path, out: Path, n_images: int = 3, size: int = 224, backbone: str = "vit_small",
+              scale: tuple[float, float] = (0.1, 0.3)) -> Path:
+    """The CLS attention per head and the search, on the first `n_images` photos of `folder` (centred crop 0)."""
+    from scfs.data.images import load_image_folder
+    from scfs.eval.search_maps import sample_crop_boxes
+    from scfs.viz.attention import attention_figure
+
+    net = load_vit(ckpt, backbone)
+    images, names = load_image_folder(folder, size, limit=n_images)
+    boxes = sample_crop_boxes(len(images), 4, size, size, scale)
+    side = round(size * (scale[1] ** 0.5))
+    lo = (size - side) // 2
+    boxes[:, 0] = (lo, lo, lo + side, lo + side)
+    label = "random init" if ckpt == "random" else Path(ckpt).name
+    fig = attention_figure(net, images, names, boxes=boxes,
+                           title=f"{label} ({net.body.__class__.__name__} {net.embed_dim}x{net.depth})")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=80)
+    _shrink(out)
+    return out
+
+
 def knn(records: Sequence[Path], out: Path) -> Path:
     runs = [r for rec in records for r in json.loads(Path(rec).read_text())["runs"]]
     methods = list(dict.fromkeys(r["method"] for r in runs))
@@ -183,11 +235,25 @@ def main(argv: Sequence[str] | None = None) -> Path:
     k = sub.add_parser("knn", help="kNN per seed from a scfs.bench.cpu_default record")
     k.add_argument("records", type=Path, nargs="+", help="records whose runs are pooled (e.g. one per method)")
     k.add_argument("--out", type=Path, default=Path("docs/knn_default.png"))
+    at = sub.add_parser("attention", help="a ViT's CLS attention per head beside the SCFS search, on photos")
+    at.add_argument("ckpt", help="a ViT checkpoint (ours or a published DINO ViT file) or random")
+    at.add_argument("--folder", type=Path, default=Path("data/imagenet-samples"), help="a folder of photos")
+    at.add_argument("--backbone", default="vit_small",
+                    help="conf/backbone/<name>.yaml for files without a config (published DINO ViTs) and random")
+    at.add_argument("--size", type=int, default=224, help="photos resized to this (pixels)")
+    at.add_argument("--n-images", type=int, default=3)
+    at.add_argument("--out", type=Path, default=Path("docs/attention_photos.png"))
     a = p.parse_args(argv)
     if a.what in ("regions", "photos"):
         a.out_given = a.out is not None
         a.out = a.out or Path(REGIONS_OUT[a.what])
-    if a.what in ("regions", "photos"):
+    if a.what == "attention":
+        if a.ckpt != "random" and not Path(a.ckpt).is_file():
+            p.error(f"checkpoint file not found: {a.ckpt} (or pass random)")
+        if not a.folder.is_dir():
+            p.error(f"photo folder not found: {a.folder} (python -m scfs.data.prepare imagenet-samples makes one)")
+        path = attention(a.ckpt, a.folder, a.out, a.n_images, a.size, a.backbone)
+    elif a.what in ("regions", "photos"):
         missing = [c for c in a.ckpts if not Path(c.split("=", 1)[-1]).is_file()]
         if missing:
             p.error(f"checkpoint file not found: {', '.join(missing)}")

@@ -39,7 +39,7 @@ EXPLICIT = [  # every key that shapes the numbers, so a changed default elsewher
 ]
 
 
-def train_golden(method: str) -> dict:
+def train_golden(method: str, explicit: list[str] = EXPLICIT) -> dict:
     """Losses per step and a digest of every tensor of the state after STEPS steps (module built as train does)."""
     import lightning as L
 
@@ -48,7 +48,7 @@ def train_golden(method: str) -> dict:
     from tests.helpers import compose_cfg
 
     torch.set_num_threads(1)  # one summation order on any machine with the same CPU capability
-    cfg = compose_cfg([*EXPLICIT, f"method={method}", *(_method_keys())])
+    cfg = compose_cfg([*explicit, f"method={method}", *(_method_keys(explicit))])
     L.seed_everything(0, verbose=False)
     _, model = build(cfg)
     losses: list[float] = []
@@ -82,8 +82,8 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def _method_keys() -> list[str]:
-    return [k for k in EXPLICIT if k.lstrip("+").startswith("method.")]  # again after `method=`, which resets it
+def _method_keys(explicit: list[str] = EXPLICIT) -> list[str]:
+    return [k for k in explicit if k.lstrip("+").startswith("method.")]  # again after `method=`, which resets it
 
 
 @pytest.mark.parametrize("method", ["scfs", "dino"])

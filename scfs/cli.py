@@ -85,3 +85,7 @@ def cli_with_one_line_errors(prog: str, hydra_main: Any) -> None:
         if full:
             raise
         _fail(2, "config error", err, prog)
+    except ReportedError as err:  # a multirun whose jobs failed (each said why in its own line already)
+        if full:
+            raise
+        _fail(1, "error", err, prog)

@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from scfs.cli import cli_with_one_line_errors, run_reporting_errors
 from scfs.names import CONF_DIR
 from scfs.reliability import find_secrets, scrub_files
+from scfs.study import resume_checkpoint_after_requeue
 from scfs.training.fit import fit
 from scfs.training.loggers import finish_logger, start_logger
 from scfs.training.setup import (
@@ -72,6 +73,9 @@ def main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     out = HydraConfig.get().runtime.output_dir
+    requeued = resume_checkpoint_after_requeue(Path(out)) if cfg.get("resume") is None else None
+    if requeued is not None:  # a preempted SLURM job started again: it continues in its own folder
+        cfg.resume = str(requeued)
     secrets = find_secrets(OmegaConf.to_container(cfg, resolve=False))
     if secrets:  # Hydra has already saved them under <out>/.hydra: take them out before refusing the run
         scrub_files(out, [v for _, v in secrets])

@@ -110,5 +110,7 @@ def resume_checkpoint_after_requeue(run_dir: Path) -> Path | None:
 
 def distinguishing(jobs: list[list[str]]) -> list[list[str]]:
     """Each job's overrides without those every job has: what to print so a line tells the jobs apart."""
-    common = set.intersection(*(set(j) for j in jobs)) if len(jobs) > 1 else set()
+    if not jobs:
+        return []
+    common = set.intersection(*(set(j) for j in jobs))
     return [[o for o in j if o not in common] for j in jobs]

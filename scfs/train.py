@@ -69,7 +69,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
-def main(cfg: DictConfig) -> None:
+def main(cfg: DictConfig) -> dict[str, Any] | None:
     from hydra.core.hydra_config import HydraConfig
 
     out = HydraConfig.get().runtime.output_dir
@@ -79,7 +79,7 @@ def main(cfg: DictConfig) -> None:
     secrets = find_secrets(OmegaConf.to_container(cfg, resolve=False))
     if secrets:  # Hydra has already saved them under <out>/.hydra: take them out before refusing the run
         scrub_files(out, [v for _, v in secrets])
-    run_reporting_errors("scfs.train", run, cfg, out)
+    return run_reporting_errors("scfs.train", run, cfg, out)  # a multirun's launcher hands it to the sweeper
 
 
 def cli() -> None:

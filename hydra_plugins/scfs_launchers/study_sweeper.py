@@ -63,6 +63,16 @@ class StudySweeper(BasicSweeper):
             cfg.hydra.job.id = num
         return str(cfg.hydra.sweep.subdir)
 
+    @staticmethod
+    def _print_summaries(results: list[Any]) -> None:
+        from scfs.train import summary_line
+
+        for r in results:
+            value = r._return_value
+            if r.status == JobStatus.COMPLETED and isinstance(value, dict) and "knn" in value:
+                print(f"[study] {r.working_dir}: {summary_line(value, int(next(iter(value['knn'])).split('k')[-1]))}",
+                      flush=True)
+
     def sweep(self, arguments: list[str]) -> Any:
         from scfs.errors import ReportedError
         from scfs.study import PreviousJobs, config_hash, distinguishing
@@ -80,9 +90,9 @@ class StudySweeper(BasicSweeper):
             h = config_hash(cfg)
             if h in previous.finished:
                 reused.append((cfg, previous.finished[h]))
-                print(f"[study] done before: {' '.join(label)} -> {previous.finished[h]}", flush=True)
+                print(f"[study] done before: {' '.join(label) or 'the job'} -> {previous.finished[h]}", flush=True)
             elif h in previous.resumable:
-                print(f"[study] resumes {' '.join(label)} from {previous.resumable[h]}", flush=True)
+                print(f"[study] resumes {' '.join(label) or 'the job'} from {previous.resumable[h]}", flush=True)
                 to_run.append([*overrides, f"resume='{previous.resumable[h].resolve()}'"])
             else:
                 to_run.append(list(overrides))
@@ -94,6 +104,8 @@ class StudySweeper(BasicSweeper):
             if not link.exists():
                 link.symlink_to(job_dir.resolve(), target_is_directory=True)
         results = list(self.launcher.launch(to_run, initial_job_idx=0)) if to_run else []
+        if "submitit" in str(self.config.hydra.launcher.get("_target_", "")):  # their output is in job logs
+            self._print_summaries(results)
         failed = [r for r in results if r.status == JobStatus.FAILED]
         if failed:
             labels = dict(zip(map(tuple, to_run), distinguishing(to_run)))

@@ -32,11 +32,11 @@ def test_smoke_runs_every_readme_command_and_reports_failures(tmp_path):
     by_id = {r[0]: r for r in rows}
     expected = {"cifar10", "cifar10-eager", "cifar10-dino", "search-hard", "search-softmax", "search-roi",
                 "search-none", "imagenet", "resume-stop", "resume-auto", "search-check", "bench-step", "knn",
-                "linear-fast", "linear-full", "detect", "precision", "notebook-02"}
+                "linear-fast", "linear-full", "detect", "precision", "notebook-02", "study-local-gpus", "study-table"}
     assert set(by_id) == expected
     assert by_id["detect"][1] == "FAIL" and "detect went wrong" in by_id["detect"][5]
     # PASS = the README still holds the command (else "not in README.md") and the stand-in ran it
     assert all(r[1] == "PASS" for i, r in by_id.items() if i != "detect"), [r for r in rows if r[1] != "PASS"]
     record = next((tmp_path / "rec").glob("gpu-smoke-*.md")).read_text()
-    assert "17 of 18 PASS" in record and "Commit `test`" in record
+    assert "19 of 20 PASS" in record and "Commit `test`" in record
 

@@ -134,13 +134,13 @@ def _linear_top1(job_dir: Path) -> float | None:
 
 def study_jobs(sweep_dir: str | Path) -> list[dict[str, Any]]:
     """Every job folder of a multirun (linked ones, reused from an earlier multirun, too): its overrides, summary
-    (None while running or after a failure), kNN curve and linear probe top-1."""
-    from scfs.study import job_overrides
+    (None while running, after a failure or when stopped by its chunk budget), kNN curve and linear probe top-1."""
+    from scfs.study import is_finished, job_overrides
 
     jobs = []
     for d in sorted((p for p in Path(sweep_dir).iterdir() if p.is_dir() and (p / ".hydra").is_dir()),
                     key=lambda p: (len(p.name), p.name)):
-        summary = json.loads((d / "summary.json").read_text()) if (d / "summary.json").is_file() else None
+        summary = json.loads((d / "summary.json").read_text()) if is_finished(d) else None  # not a chunk's end
         curve = json.loads((d / "knn_curve.json").read_text()) if (d / "knn_curve.json").is_file() else []
         jobs.append({"dir": str(d), "overrides": job_overrides(d), "summary": summary, "knn_curve": curve,
                      "linear_top1": _linear_top1(d)})

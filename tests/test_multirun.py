@@ -224,6 +224,24 @@ def test_submitit_local_runs_the_jobs(tmp_path):
     assert len(_summary_lines(res.stdout)) == 2
 
 
+@pytest.mark.slow
+def test_the_readme_study_command_on_the_cpu_and_its_table(tmp_path, capsys):
+    """The README's local-GPU study line as written (on the CPU: per_gpu jobs at a time), cut to seed 0 and tiny
+    runs, then the README's table command on its folder."""
+    from scfs.eval.compare import main as compare_main
+
+    line = next(ln for ln in (REPO / "README.md").read_text().splitlines()
+                if ln.startswith("python -m scfs.train -m +study=shapes_default_seeds hydra/launcher=local_gpus"))
+    readme_args = line.split("#")[0].split()[4:]  # after `python -m scfs.train -m`
+    res = _multirun(tmp_path, "readme", *readme_args, "hydra.sweeper.params.seed=0")
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "2 at a time on the CPU" in res.stdout and len(_summary_lines(res.stdout)) == 2
+    table = compare_main([str(tmp_path / "runs" / "readme"), "--no-figure"])
+    rows = [r for r in table.splitlines() if r.startswith("| method=")]
+    assert [r.split(" | ")[0] for r in rows] == ["| method=scfs", "| method=dino"]
+    assert all(" | 0 | " in r and "(one seed)" in r for r in rows)
+
+
 # ---- the study configs -------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("study, params, data, epochs", [
     ("cifar10_seeds", {"method": "scfs,dino", "seed": "0,1,2"}, "cifar10", 100),

@@ -24,9 +24,11 @@ def _env() -> dict[str, str]:
             "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
 
 
-def _multirun(tmp_path: Path, sweep: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    """`python -m scfs.train -m <tiny jobs> args` with its sweep folder and earlier runs under tmp_path."""
-    cmd = [sys.executable, "-m", "scfs.train", "-m", *FAST, f"data.root={tmp_path / 'shapes'}",
+def _multirun(tmp_path: Path, sweep: str, *args: str, data_root: Path | None = None,
+              timeout: int = 300) -> subprocess.CompletedProcess:
+    """`python -m scfs.train -m <tiny jobs> args` with its sweep folder and earlier runs under tmp_path (the shapes
+    data in `data_root`, the session's generated copy, when given)."""
+    cmd = [sys.executable, "-m", "scfs.train", "-m", *FAST, f"data.root={data_root or tmp_path / 'shapes'}",
            f"hydra.sweep.dir={tmp_path / 'runs' / sweep}", f"hydra.sweeper.runs_root={tmp_path / 'runs'}", *args]
     return subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=timeout)
 
@@ -35,24 +37,32 @@ def _summary_lines(out: str) -> list[str]:
     return [ln for ln in out.splitlines() if " done in " in ln and "kNN top-1" in ln]
 
 
-def test_multirun_runs_each_job_in_its_folder_and_a_rerun_reuses_them(tmp_path):
-    """Two tiny CPU jobs through Hydra's basic launcher: one run folder each with its summary and one-line summary;
-    the same command again trains nothing and links the finished folders into the new sweep folder."""
-    res = _multirun(tmp_path, "first", "method=scfs,dino")
+def test_multirun_runs_each_job_in_its_own_folder(tmp_path, shapes_root):
+    """Two tiny CPU jobs through Hydra's basic launcher: one run folder each with its summary and one-line summary."""
+    res = _multirun(tmp_path, "first", "method=scfs,dino", data_root=shapes_root)
     assert res.returncode == 0, res.stderr[-2000:]
     first = tmp_path / "runs" / "first"
     summaries = [json.loads((first / str(i) / "summary.json").read_text()) for i in (0, 1)]
     assert [s["method"] for s in summaries] == ["scfs", "dino"] and all(s["steps"] == 2 for s in summaries)
-    assert (first / "multirun.yaml").is_file()
+    assert (first / "multirun.yaml").is_file() and (first / "0" / ".hydra" / "overrides.yaml").is_file()
     assert len(_summary_lines(res.stdout)) == 2
 
-    again = _multirun(tmp_path, "second", "method=scfs,dino")
+
+@pytest.mark.slow
+def test_a_rerun_reuses_the_finished_jobs(tmp_path, shapes_root):
+    """The same multirun again trains nothing and links the finished folders into the new sweep folder; a third
+    run with reuse=false trains again."""
+    assert _multirun(tmp_path, "first", "method=scfs,dino", data_root=shapes_root).returncode == 0
+    first = tmp_path / "runs" / "first"
+    again = _multirun(tmp_path, "second", "method=scfs,dino", data_root=shapes_root)
     assert again.returncode == 0, again.stderr[-2000:]
     assert _summary_lines(again.stdout) == [], "finished jobs must not train again"
     assert again.stdout.count("[study] done before") == 2
     second = tmp_path / "runs" / "second"
     linked = sorted(p.resolve() for p in second.iterdir() if p.is_dir())
     assert linked == [(first / "0").resolve(), (first / "1").resolve()]
+    fresh = _multirun(tmp_path, "third", "method=dino", "hydra.sweeper.reuse=false", data_root=shapes_root)
+    assert fresh.returncode == 0 and len(_summary_lines(fresh.stdout)) == 1
 
 
 @pytest.mark.parametrize("bad, message", [
@@ -149,15 +159,15 @@ def test_launcher_slots():
 
 # ---- skip-if-done and resume ---------------------------------------------------------------------------------------
 @pytest.mark.slow
-def test_a_rerun_resumes_the_job_cut_short_through_local_gpus(tmp_path):
+def test_a_rerun_resumes_the_job_cut_short_through_local_gpus(tmp_path, shapes_root):
     """A job stopped by its chunk budget (summary with stopped_by_chunk_budget, last.ckpt at step 20) is continued
     by the same multirun without the budget: resume= its last.ckpt, ending at the full 30 steps."""
     common = ["trainer.max_epochs=15", "method=dino"]
-    cut = _multirun(tmp_path, "cut", *common, "chunk_minutes=0.0001")
+    cut = _multirun(tmp_path, "cut", *common, "chunk_minutes=0.0001", data_root=shapes_root)
     assert cut.returncode == 0, cut.stderr[-2000:]
     first = json.loads((tmp_path / "runs" / "cut" / "0" / "summary.json").read_text())
     assert first["stopped_by_chunk_budget"] and first["steps"] == 20
-    again = _multirun(tmp_path, "again", *common, "hydra/launcher=local_gpus")
+    again = _multirun(tmp_path, "again", *common, "hydra/launcher=local_gpus", data_root=shapes_root)
     assert again.returncode == 0, again.stderr[-2000:]
     assert "[study] resumes" in again.stdout
     job = tmp_path / "runs" / "again" / "0"
@@ -213,11 +223,12 @@ def test_a_requeued_slurm_job_resumes_from_its_newest_checkpoint(tmp_path, monke
 
 
 @pytest.mark.slow
-def test_submitit_local_runs_the_jobs(tmp_path):
+def test_submitit_local_runs_the_jobs(tmp_path, shapes_root):
     """`hydra/launcher=submitit_local`: the path of `hydra/launcher=slurm` without a cluster (submitit starts each job
     in its own process); the sweeper prints each job's summary line."""
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
-    res = _multirun(tmp_path, "sub", "method=scfs,dino", "hydra/launcher=submitit_local", "hydra.sweeper.reuse=false")
+    res = _multirun(tmp_path, "sub", "method=scfs,dino", "hydra/launcher=submitit_local", "hydra.sweeper.reuse=false",
+                    data_root=shapes_root)
     assert res.returncode == 0, res.stderr[-2000:]
     for i, method in enumerate(["scfs", "dino"]):
         assert json.loads((tmp_path / "runs" / "sub" / str(i) / "summary.json").read_text())["method"] == method
@@ -225,7 +236,7 @@ def test_submitit_local_runs_the_jobs(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_readme_study_command_on_the_cpu_and_its_table(tmp_path, capsys):
+def test_the_readme_study_command_on_the_cpu_and_its_table(tmp_path, shapes_root):
     """The README's local-GPU study line as written (on the CPU: per_gpu jobs at a time), cut to seed 0 and tiny
     runs, then the README's table command on its folder."""
     from scfs.eval.compare import main as compare_main
@@ -233,7 +244,7 @@ def test_the_readme_study_command_on_the_cpu_and_its_table(tmp_path, capsys):
     line = next(ln for ln in (REPO / "README.md").read_text().splitlines()
                 if ln.startswith("python -m scfs.train -m +study=shapes_default_seeds hydra/launcher=local_gpus"))
     readme_args = line.split("#")[0].split()[4:]  # after `python -m scfs.train -m`
-    res = _multirun(tmp_path, "readme", *readme_args, "hydra.sweeper.params.seed=0")
+    res = _multirun(tmp_path, "readme", *readme_args, "hydra.sweeper.params.seed=0", data_root=shapes_root)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     assert "2 at a time on the CPU" in res.stdout and len(_summary_lines(res.stdout)) == 2
     table = compare_main([str(tmp_path / "runs" / "readme"), "--no-figure"])
@@ -271,3 +282,17 @@ def test_slurm_launcher_config():
     assert launcher._target_.endswith("SlurmLauncher")
     assert launcher.tasks_per_node == 8 and launcher.timeout_min > 0
     assert launcher.additional_parameters.signal == f"USR1@{launcher.signal_delay_s}"
+
+
+def test_the_readme_slurm_command_composes_a_valid_ddp_run():
+    """The README's SLURM line: the seeds study, one DDP process per GPU of the allocation."""
+    from hydra import compose, initialize_config_dir
+
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    line = next(ln for ln in (REPO / "README.md").read_text().splitlines()
+                if ln.startswith("python -m scfs.train -m") and "hydra/launcher=slurm" in ln)
+    overrides = line.split("#")[0].split()[4:]
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        cfg = compose("config", overrides=overrides, return_hydra_config=True)
+    assert cfg.trainer.strategy == "ddp" and cfg.trainer.devices == cfg.hydra.launcher.tasks_per_node
+    assert cfg.hydra.sweeper.params.seed == "0,1,2" and cfg.data.name == "cifar10"

@@ -78,6 +78,20 @@ def test_a_bad_override_in_a_sweep_fails_once_before_any_job(tmp_path, bad, mess
     assert not list((tmp_path / "runs").glob("bad/*/.hydra")), "no job may start"
 
 
+@pytest.mark.slow
+def test_a_failed_job_of_a_local_gpus_multirun_is_named_in_one_line(tmp_path, shapes_root):
+    """A job that fails at start (its resume file is missing): the job's own one-line error, then the sweep's one
+    line naming the job, exit status 1, and no traceback."""
+    res = _multirun(tmp_path, "failing", f"resume={tmp_path / 'missing.ckpt'}", "hydra/launcher=local_gpus",
+                    data_root=shapes_root)
+    assert res.returncode == 1
+    assert "[local_gpus] #0 FAILED: scfs.train: error: resume=" in res.stdout
+    err = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert err[-1].startswith("scfs.train: error: 1 of 1 jobs failed (job 0: exit status 1: ")
+    assert "does not exist" in err[-1]
+    assert "Traceback" not in res.stderr + (tmp_path / "runs" / "failing" / "0" / "stdout.log").read_text()
+
+
 # ---- the local_gpus launcher, on a stand-in app (no training: each job records what it was given) ----------------
 APP = '''
 import json, os, time
@@ -131,7 +145,7 @@ def test_local_gpus_without_gpus_runs_per_gpu_jobs_at_a_time_and_names_failures(
     done = [json.loads(p.read_text()) for p in sorted((tmp_path / "sweep").glob("*/job.json"))]
     assert [j["x"] for j in done] == [1, 3] and all(j["cuda"] is None for j in done)
     assert all(j["threads"] == str(max(1, (os.cpu_count() or 1) // 2)) for j in done)
-    assert "#1 +x=fail FAILED: stand-in: this job fails" in res.stdout
+    assert "[local_gpus] #1 +x=fail FAILED: stand-in: this job fails" in res.stdout
 
 
 def test_a_terminated_local_gpus_multirun_stops_its_jobs(tmp_path):

@@ -108,7 +108,7 @@ class LocalGpusLauncher(Launcher):
 
         pending = [self._job(list(o), initial_job_idx + i, sweep_dir) for i, o in enumerate(job_overrides)]
         for job, label in zip(pending, distinguishing([j["overrides"] for j in pending])):
-            job["label"] = " ".join(label)
+            job["label"] = f"#{job['idx']}" + "".join(f" {o}" for o in label)
         slots = self._slots()
         threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // len(slots)))
         where = f"{len(slots) // self.per_gpu} GPU(s) x {self.per_gpu}" if slots[0] is not None else \
@@ -126,13 +126,15 @@ class LocalGpusLauncher(Launcher):
                     job, slot = pending.pop(0), free.pop(0)
                     job["dir"].mkdir(parents=True, exist_ok=True)
                     env = {**os.environ, "OMP_NUM_THREADS": threads}
+                    if not os.environ.get("SCFS_TRACEBACK"):  # set by scfs.cli for this process only: the jobs'
+                        env.pop("HYDRA_FULL_ERROR", None)     # errors stay one line unless a traceback was asked for
                     if slots[slot] is not None:
                         env["CUDA_VISIBLE_DEVICES"] = slots[slot]
                     log_file = open(job["dir"] / "stdout.log", "w")  # noqa: SIM115 - closed when the job ends
                     proc = subprocess.Popen(job["cmd"], env=env, stdout=log_file, stderr=subprocess.STDOUT)
                     running.append((job, slot, proc, log_file))
-                    print(f"[local_gpus] #{job['idx']} start{'' if slots[slot] is None else ' on GPU ' + slots[slot]}"
-                          f": {job['label']}", flush=True)
+                    print(f"[local_gpus] {job['label']} start{'' if slots[slot] is None else ' on GPU ' + slots[slot]}",
+                          flush=True)
                 time.sleep(self.poll_s)
                 for item in [r for r in running if r[2].poll() is not None]:
                     job, slot, proc, log_file = item
@@ -165,5 +167,5 @@ class LocalGpusLauncher(Launcher):
 
             ret.status = JobStatus.FAILED
             ret.return_value = ReportedError(f"exit status {rc}: {line} (log: {job['dir'] / 'stdout.log'})")
-        print(f"[local_gpus] #{job['idx']} {job['label']} {'done' if rc == 0 else 'FAILED'}: {line}", flush=True)
+        print(f"[local_gpus] {job['label']} {'done' if rc == 0 else 'FAILED'}: {line}", flush=True)
         return ret

@@ -109,9 +109,10 @@ class StudySweeper(BasicSweeper):
         failed = [r for r in results if r.status == JobStatus.FAILED]
         if failed:
             labels = dict(zip(map(tuple, to_run), distinguishing(to_run)))
-            lines = "; ".join(f"{' '.join(labels.get(tuple(r.overrides or []), []))}: {r._return_value}"
-                              for r in failed)
-            raise ReportedError(f"{len(failed)} of {len(jobs)} jobs failed ({lines}); the others are in {sweep_dir}; "
-                                "run the same command again to rerun only those")
+            lines = "; ".join(f"job {Path(r.working_dir or '?').name}"
+                              + "".join(f" {o}" for o in labels.get(tuple(r.overrides or []), []))
+                              + f": {r._return_value}" for r in failed)
+            raise ReportedError(f"{len(failed)} of {len(jobs)} jobs failed ({lines}); all job folders are in "
+                                f"{sweep_dir}; the same command again reruns only the jobs not finished")
         return [results]
 

@@ -31,11 +31,34 @@ def _run_errors() -> tuple[type[BaseException], ...]:
     return FloatingPointError, FileNotFoundError, IsADirectoryError, NotADirectoryError, ReportedError
 
 
+class ReportedExit(SystemExit):
+    """The exit after a one-line error, with that line: a multirun job turns it into its failure (`JobFailed`)."""
+
+    def __init__(self, code: int, line: str) -> None:
+        super().__init__(code)
+        self.line = line
+
+
+class JobFailed(ReportedError, Exception):
+    """A job of an in-process multirun that failed with a one-line error: Hydra records it as the job's failure and
+    the sweep goes on with the next job (a SystemExit would end the whole sweep)."""
+
+
 def _fail(code: int, kind: str, err: BaseException, prog: str = "scfs.train") -> None:
     if os.environ.get("SCFS_TRACEBACK"):
         raise err
-    print(f"{prog}: {kind}: {_retired_key(err) or one_line(err)}", file=sys.stderr, flush=True)
-    raise SystemExit(code)
+    line = f"{prog}: {kind}: {_retired_key(err) or one_line(err)}"
+    print(line, file=sys.stderr, flush=True)
+    raise ReportedExit(code, line)
+
+
+def run_job_reporting_errors(prog: str, fn: Any, *args: Any) -> Any:
+    """`run_reporting_errors` for one job of a multirun run in this process (Hydra's basic launcher, submitit): the
+    one-line error is printed as in a single run, then raised as `JobFailed` so the other jobs still run."""
+    try:
+        return run_reporting_errors(prog, fn, *args)
+    except ReportedExit as done:
+        raise JobFailed(done.line) from None
 
 
 def _retired_key(err: BaseException) -> str | None:

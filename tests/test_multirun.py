@@ -79,17 +79,20 @@ def test_a_bad_override_in_a_sweep_fails_once_before_any_job(tmp_path, bad, mess
 
 
 @pytest.mark.slow
-def test_a_failed_job_of_a_local_gpus_multirun_is_named_in_one_line(tmp_path, shapes_root):
-    """A job that fails at start (its resume file is missing): the job's own one-line error, then the sweep's one
-    line naming the job, exit status 1, and no traceback."""
-    res = _multirun(tmp_path, "failing", f"resume={tmp_path / 'missing.ckpt'}", "hydra/launcher=local_gpus",
+@pytest.mark.parametrize("launcher", ["basic", "local_gpus"])
+def test_a_failed_job_is_named_in_one_line_and_the_others_still_run(tmp_path, shapes_root, launcher):
+    """A job that fails at start (its resume file is missing) next to one that runs: the job's own one-line error,
+    the other job's summary, then the sweep's one line naming the failed job; exit status 1, no traceback."""
+    missing = tmp_path / "missing.ckpt"
+    res = _multirun(tmp_path, "failing", f"resume={missing},null", "method=dino", f"hydra/launcher={launcher}",
                     data_root=shapes_root)
     assert res.returncode == 1
-    assert "[local_gpus] #0 FAILED: scfs.train: error: resume=" in res.stdout
+    assert f"scfs.train: error: resume={missing} does not exist" in res.stdout + res.stderr
+    assert len(_summary_lines(res.stdout)) == 1, "the job after the failed one still runs"
     err = [ln for ln in res.stderr.splitlines() if ln.strip()]
-    assert err[-1].startswith("scfs.train: error: 1 of 1 jobs failed (job 0: exit status 1: ")
-    assert "does not exist" in err[-1]
-    assert "Traceback" not in res.stderr + (tmp_path / "runs" / "failing" / "0" / "stdout.log").read_text()
+    assert err[-1].startswith(f"scfs.train: error: 1 of 2 jobs failed (job 0 resume={missing}: ")
+    logs = "".join(p.read_text() for p in (tmp_path / "runs" / "failing").glob("*/stdout.log"))
+    assert "Traceback" not in res.stderr + logs
 
 
 # ---- the local_gpus launcher, on a stand-in app (no training: each job records what it was given) ----------------

@@ -37,6 +37,11 @@ class StudySweeperConf:
 ConfigStore.instance().store(group="hydra/sweeper", name="study", node=StudySweeperConf, provider="scfs")
 
 
+def _job_number(ret: Any) -> Any:
+    """The number of a job from its JobReturn (its folder name with the default `hydra.sweep.subdir`)."""
+    return "?" if ret.hydra_cfg is None else OmegaConf.select(ret.hydra_cfg, "hydra.job.num", default="?")
+
+
 class StudySweeper(BasicSweeper):
     def __init__(self, max_batch_size: int | None = None, params: dict[str, str] | None = None, reuse: bool = True,
                  runs_root: str = "runs/multirun") -> None:
@@ -109,7 +114,7 @@ class StudySweeper(BasicSweeper):
         failed = [r for r in results if r.status == JobStatus.FAILED]
         if failed:
             labels = dict(zip(map(tuple, to_run), distinguishing(to_run)))
-            lines = "; ".join(f"job {Path(r.working_dir or '?').name}"
+            lines = "; ".join(f"job {_job_number(r)}"
                               + "".join(f" {o}" for o in labels.get(tuple(r.overrides or []), []))
                               + f": {r._return_value}" for r in failed)
             raise ReportedError(f"{len(failed)} of {len(jobs)} jobs failed ({lines}); all job folders are in "

@@ -87,7 +87,7 @@ run imagenet "python -m scfs.train +experiment=imagenet" \
 # the seeds study through the local-GPU launcher, cut to seed 0 (SCFS and DINO side by side on GPU 0)
 rm -rf "runs/multirun/$STUDY"
 run study-local-gpus "python -m scfs.train -m +study=cifar10_seeds hydra/launcher=local_gpus hydra.launcher.per_gpu=3" \
-  "hydra.sweeper.params.seed=0 hydra.sweep.dir=runs/multirun/$STUDY hydra.sweeper.reuse=false $E $SHORT eval.knn_at_start=false" &
+  "seed=0 hydra.sweep.dir=runs/multirun/$STUDY hydra.sweeper.reuse=false $E $SHORT eval.knn_at_start=false" &
 run search-check "python -m scfs.search.check --quick" "" &
 run bench-step "python -m scfs.bench.step --quick" "--out $OUT/step --steps 10 --warmup 3" &
 if [ "$NGPU" -ge 2 ]; then  # DDP next to one GPU at the same global batch: time per epoch and kNN side by side

@@ -18,9 +18,11 @@ DIR=runs/multirun/$STUDY-$(date +%Y-%m-%d_%H-%M-%S)
 timeout -k 30 "${LIMIT:-540}" $PY -m scfs.train -m "+study=$STUDY" hydra/launcher=local_gpus \
   "hydra.launcher.per_gpu=${PER_GPU:-3}" "chunk_minutes=${CHUNK_MIN:-7}" "hydra.sweep.dir=$DIR" "$@" 2>&1 \
   | grep -E '^\[(study|local_gpus)\]|error' | tee "$OUT/$(basename "$DIR").log"
+rc=${PIPESTATUS[0]}
+[ -f "$DIR/multirun.yaml" ] || { echo "the multirun did not start (exit status $rc)"; exit 1; }
 $PY -m scfs.eval.compare "$DIR" --out "$OUT/$STUDY.md" || exit 1
-if grep -q '"stopped_by_chunk_budget": true' "$DIR"/*/summary.json 2>/dev/null; then
-  echo "not done yet: some jobs stopped at their chunk budget; run the same command again to continue them"
+if [ "$rc" -ne 0 ] || grep -q '"stopped_by_chunk_budget": true' "$DIR"/*/summary.json 2>/dev/null; then
+  echo "not done yet (exit status $rc): run the same command again to continue the jobs not finished"
 else
   echo "done: $OUT/$STUDY.md (and .json, _knn.png)"
 fi

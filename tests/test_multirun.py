@@ -261,7 +261,7 @@ def test_the_readme_study_command_on_the_cpu_and_its_table(tmp_path, shapes_root
     line = next(ln for ln in (REPO / "README.md").read_text().splitlines()
                 if ln.startswith("python -m scfs.train -m +study=shapes_default_seeds hydra/launcher=local_gpus"))
     readme_args = line.split("#")[0].split()[4:]  # after `python -m scfs.train -m`
-    res = _multirun(tmp_path, "readme", *readme_args, "hydra.sweeper.params.seed=0", data_root=shapes_root)
+    res = _multirun(tmp_path, "readme", *readme_args, "seed=0", data_root=shapes_root)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     assert "2 at a time on the CPU" in res.stdout and len(_summary_lines(res.stdout)) == 2
     table = compare_main([str(tmp_path / "runs" / "readme"), "--no-figure"])

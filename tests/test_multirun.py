@@ -165,11 +165,16 @@ def test_a_terminated_local_gpus_multirun_stops_its_jobs(tmp_path):
         assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
 
 
-def test_launcher_slots():
+def test_launcher_slots(monkeypatch):
     from hydra_plugins.scfs_launchers.local_gpus import LocalGpusLauncher
 
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert LocalGpusLauncher(per_gpu=3, gpus=[0, 2])._slots() == ["0", "0", "0", "2", "2", "2"]
     assert LocalGpusLauncher(per_gpu=2, gpus=[])._slots() == [None, None]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")  # this process sees two GPUs: its 0 and 1 are devices 4 and 6
+    assert LocalGpusLauncher(per_gpu=1, gpus=[1, 0])._slots() == ["6", "4"]
+    with pytest.raises(ValueError, match=r"hydra.launcher.gpus=\[2\] is invalid: this process sees 2 GPU"):
+        LocalGpusLauncher(gpus=[2])._slots()
     with pytest.raises(ValueError, match=r"hydra.launcher.per_gpu=0 is invalid"):
         LocalGpusLauncher(per_gpu=0)
 

@@ -84,9 +84,19 @@ class LocalGpusLauncher(Launcher):
         self.config, self.hydra_context = config, hydra_context
 
     def _slots(self) -> list[str | None]:
-        """One entry per job that may run at once: its GPU index (as CUDA_VISIBLE_DEVICES), or None on a CPU."""
+        """One entry per job that may run at once: its GPU (the CUDA_VISIBLE_DEVICES of its job), or None on a CPU.
+
+        GPU indices count the GPUs this process sees: under `CUDA_VISIBLE_DEVICES=2,3`, GPU 0 is device 2.
+        """
         gpus = self.gpus if self.gpus is not None else visible_gpus()
-        return [str(g) for g in gpus for _ in range(self.per_gpu)] if gpus else [None] * self.per_gpu
+        seen = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+        if seen and any(int(g) >= len(seen) for g in gpus):
+            from scfs.config import ConfigError
+
+            raise ConfigError(f"hydra.launcher.gpus={list(gpus)} is invalid: this process sees {len(seen)} GPU(s) "
+                              f"(CUDA_VISIBLE_DEVICES={','.join(seen)}); GPU indices count those from 0")
+        devices = [seen[int(g)] if seen else str(g) for g in gpus]
+        return [d for d in devices for _ in range(self.per_gpu)] if devices else [None] * self.per_gpu
 
     def _job(self, overrides: list[str], idx: int, sweep_dir: Path) -> dict[str, Any]:
         assert self.config is not None and self.hydra_context is not None

@@ -7,8 +7,8 @@
   is not run again; its folder is linked into the new sweep folder so the sweep folder holds the whole study. A job
   whose earlier run was cut short (a kill, a preemption, a `chunk_minutes` budget) is run with
   `resume=<its last.ckpt>` and continues where it stopped.
-* All jobs go to the launcher at once (`local_gpus` runs them side by side, `submitit_*` as one array); failed
-  jobs are named together at the end, one line each, after the others have finished.
+* All jobs go to the launcher at once (`local_gpus` runs them side by side, `submitit_*` as one array); the failed
+  ones are named together in one line at the end, after the others have finished (exit status 1).
 """
 
 import logging
@@ -75,8 +75,8 @@ class StudySweeper(BasicSweeper):
         for r in results:
             value = r._return_value
             if r.status == JobStatus.COMPLETED and isinstance(value, dict) and "knn" in value:
-                print(f"[study] {r.working_dir}: {summary_line(value, int(next(iter(value['knn'])).split('k')[-1]))}",
-                      flush=True)
+                k = int(next(iter(value["knn"])).split("_k")[-1])
+                print(f"[study] {value.get('run_dir')}: {summary_line(value, k)}", flush=True)
 
     def sweep(self, arguments: list[str]) -> Any:
         from scfs.errors import ReportedError

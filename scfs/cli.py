@@ -47,7 +47,7 @@ class JobFailed(ReportedError, Exception):
 def _fail(code: int, kind: str, err: BaseException, prog: str = "scfs.train") -> None:
     if os.environ.get("SCFS_TRACEBACK"):
         raise err
-    line = f"{prog}: {kind}: {_retired_key(err) or one_line(err)}"
+    line = f"{prog}: {kind}: {_retired_key(err) or one_line(err)}{_missing_plugin(err)}"
     print(line, file=sys.stderr, flush=True)
     raise ReportedExit(code, line)
 
@@ -59,6 +59,17 @@ def run_job_reporting_errors(prog: str, fn: Any, *args: Any) -> Any:
         return run_reporting_errors(prog, fn, *args)
     except ReportedExit as done:
         raise JobFailed(done.line) from None
+
+
+def _missing_plugin(err: BaseException) -> str:
+    """A Hydra group option that a plugin provides was not found: say which install step brings the plugin."""
+    text = str(err)
+    if "hydra/launcher/submitit_" in text:
+        return ' (the SLURM launcher needs hydra-submitit-launcher: pip install "scfs[slurm]")'
+    if "hydra/sweeper/study" in text or "hydra/launcher/local_gpus" in text:
+        return (" (scfs's Hydra plugins in hydra_plugins/scfs_launchers are not importable: run from the repository "
+                "root, or reinstall with pip install -e . so the install includes them)")
+    return ""
 
 
 def _retired_key(err: BaseException) -> str | None:

@@ -165,6 +165,17 @@ def test_a_terminated_local_gpus_multirun_stops_its_jobs(tmp_path):
         assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
 
 
+def test_a_missing_plugin_names_its_install_step():
+    from hydra.errors import MissingConfigException
+
+    from scfs.cli import _missing_plugin
+
+    slurm = MissingConfigException("In 'hydra/launcher/slurm': Could not find 'hydra/launcher/submitit_slurm'")
+    assert 'pip install "scfs[slurm]"' in _missing_plugin(slurm)
+    assert "pip install -e ." in _missing_plugin(MissingConfigException("Could not find 'hydra/sweeper/study'"))
+    assert _missing_plugin(MissingConfigException("Could not find 'method/byol'")) == ""
+
+
 def test_launcher_slots(monkeypatch):
     from hydra_plugins.scfs_launchers.local_gpus import LocalGpusLauncher
 

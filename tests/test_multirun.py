@@ -95,6 +95,18 @@ def test_a_failed_job_is_named_in_one_line_and_the_others_still_run(tmp_path, sh
     assert "Traceback" not in res.stderr + logs
 
 
+def test_a_slurm_job_whose_ranks_do_not_match_its_tasks_is_refused_before_submission(tmp_path):
+    """hydra/launcher=slurm starts 4 tasks per job (one per GPU): a run asking for one device is refused in one line
+    that says which overrides match, before anything is submitted."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    res = _multirun(tmp_path, "slurm", "seed=0,1", "hydra/launcher=slurm")
+    assert res.returncode == 2
+    err = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(err) == 1 and "trainer.devices=1 trainer.num_nodes=1 is invalid with this launcher" in err[0], err
+    assert "use trainer.devices=4 trainer.num_nodes=1 trainer=ddp" in err[0]
+    assert not (tmp_path / "runs" / "slurm" / ".submitit").exists()
+
+
 # ---- the local_gpus launcher, on a stand-in app (no training: each job records what it was given) ----------------
 APP = '''
 import json, os, time

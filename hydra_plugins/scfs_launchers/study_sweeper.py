@@ -37,6 +37,25 @@ class StudySweeperConf:
 ConfigStore.instance().store(group="hydra/sweeper", name="study", node=StudySweeperConf, provider="scfs")
 
 
+def _check_ranks_match_tasks(trainer: DictConfig, launcher: DictConfig) -> None:
+    """Under submitit every task of a job is one DDP rank (Lightning's SLURMEnvironment reads them from SLURM): the
+    run must ask for as many processes as the allocation starts, else Lightning fails on the cluster, after the
+    queue wait."""
+    from scfs.config import ConfigError
+
+    devices, nodes = trainer.get("devices", 1), trainer.get("num_nodes", 1)
+    per_node, alloc_nodes = int(launcher.get("tasks_per_node", 1) or 1), int(launcher.get("nodes", 1) or 1)
+    if not isinstance(devices, int) or not isinstance(nodes, int):
+        return  # "auto" or a device list: Lightning resolves it against SLURM itself
+    if (devices, nodes) != (per_node, alloc_nodes):
+        fix = f"trainer.devices={per_node} trainer.num_nodes={alloc_nodes}"
+        if per_node * alloc_nodes > 1:
+            fix += " trainer=ddp"
+        raise ConfigError(f"trainer.devices={devices} trainer.num_nodes={nodes} is invalid with this launcher: each "
+                          f"job runs {per_node} task(s) per node on {alloc_nodes} node(s), one DDP process per task; "
+                          f"use {fix} (or change hydra.launcher.gpus_per_node / tasks_per_node / nodes)")
+
+
 def _job_number(ret: Any) -> Any:
     """The number of a job from its JobReturn (its folder name with the default `hydra.sweep.subdir`)."""
     return "?" if ret.hydra_cfg is None else OmegaConf.select(ret.hydra_cfg, "hydra.job.num", default="?")
@@ -58,7 +77,10 @@ class StudySweeper(BasicSweeper):
         task = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
         validate_config(task)
         refuse_secrets(task)
-        if "slurm" not in str(self.config.hydra.launcher.get("_target_", "")).lower():
+        launcher = self.config.hydra.launcher
+        if "submitit" in str(launcher.get("_target_", "")):
+            _check_ranks_match_tasks(task.trainer, launcher)
+        if "slurm" not in str(launcher.get("_target_", "")).lower():
             check_accelerator(task.trainer)  # a job for a cluster is checked on the cluster
         return cfg
 

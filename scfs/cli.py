@@ -31,11 +31,45 @@ def _run_errors() -> tuple[type[BaseException], ...]:
     return FloatingPointError, FileNotFoundError, IsADirectoryError, NotADirectoryError, ReportedError
 
 
+class ReportedExit(SystemExit):
+    """The exit after a one-line error, with that line: a multirun job turns it into its failure (`JobFailed`)."""
+
+    def __init__(self, code: int, line: str) -> None:
+        super().__init__(code)
+        self.line = line
+
+
+class JobFailed(ReportedError, Exception):
+    """A job of an in-process multirun that failed with a one-line error: Hydra records it as the job's failure and
+    the sweep goes on with the next job (a SystemExit would end the whole sweep)."""
+
+
 def _fail(code: int, kind: str, err: BaseException, prog: str = "scfs.train") -> None:
     if os.environ.get("SCFS_TRACEBACK"):
         raise err
-    print(f"{prog}: {kind}: {_retired_key(err) or one_line(err)}", file=sys.stderr, flush=True)
-    raise SystemExit(code)
+    line = f"{prog}: {kind}: {_retired_key(err) or one_line(err)}{_missing_plugin(err)}"
+    print(line, file=sys.stderr, flush=True)
+    raise ReportedExit(code, line)
+
+
+def run_job_reporting_errors(prog: str, fn: Any, *args: Any) -> Any:
+    """`run_reporting_errors` for one job of a multirun run in this process (Hydra's basic launcher, submitit): the
+    one-line error is printed as in a single run, then raised as `JobFailed` so the other jobs still run."""
+    try:
+        return run_reporting_errors(prog, fn, *args)
+    except ReportedExit as done:
+        raise JobFailed(done.line) from None
+
+
+def _missing_plugin(err: BaseException) -> str:
+    """A Hydra group option that a plugin provides was not found: say which install step brings the plugin."""
+    text = str(err)
+    if "hydra/launcher/submitit_" in text:
+        return ' (the SLURM launcher needs hydra-submitit-launcher: pip install "scfs[slurm]")'
+    if "hydra/sweeper/study" in text or "hydra/launcher/local_gpus" in text:
+        return (" (scfs's Hydra plugins in hydra_plugins/scfs_launchers are not importable: run from the repository "
+                "root, or reinstall with pip install -e . so the install includes them)")
+    return ""
 
 
 def _retired_key(err: BaseException) -> str | None:
@@ -85,3 +119,7 @@ def cli_with_one_line_errors(prog: str, hydra_main: Any) -> None:
         if full:
             raise
         _fail(2, "config error", err, prog)
+    except ReportedError as err:  # a multirun whose jobs failed (each said why in its own line already)
+        if full:
+            raise
+        _fail(1, "error", err, prog)

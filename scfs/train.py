@@ -16,9 +16,10 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from scfs.cli import cli_with_one_line_errors, run_reporting_errors
+from scfs.cli import cli_with_one_line_errors, run_job_reporting_errors, run_reporting_errors
 from scfs.names import CONF_DIR
 from scfs.reliability import find_secrets, scrub_files
+from scfs.study import resume_checkpoint_after_requeue
 from scfs.training.fit import fit
 from scfs.training.loggers import finish_logger, start_logger
 from scfs.training.setup import (
@@ -68,14 +69,20 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
-def main(cfg: DictConfig) -> None:
+def main(cfg: DictConfig) -> dict[str, Any] | None:
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
     out = HydraConfig.get().runtime.output_dir
+    requeued = resume_checkpoint_after_requeue(Path(out)) if cfg.get("resume") is None else None
+    if requeued is not None:  # a preempted SLURM job started again: it continues in its own folder
+        cfg.resume = str(requeued)
     secrets = find_secrets(OmegaConf.to_container(cfg, resolve=False))
     if secrets:  # Hydra has already saved them under <out>/.hydra: take them out before refusing the run
         scrub_files(out, [v for _, v in secrets])
-    run_reporting_errors("scfs.train", run, cfg, out)
+    if HydraConfig.get().mode == RunMode.MULTIRUN:  # a job of an in-process multirun: the next jobs still run
+        return run_job_reporting_errors("scfs.train", run, cfg, out)
+    return run_reporting_errors("scfs.train", run, cfg, out)
 
 
 def cli() -> None:

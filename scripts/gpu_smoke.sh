@@ -27,6 +27,7 @@ mkdir -p /tmp/smoke-bin && printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v "$PY
   && chmod +x /tmp/smoke-bin/python && export PATH="/tmp/smoke-bin:$PATH"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 SHORT="trainer.max_epochs=1 +trainer.limit_train_batches=4"   # a few steps of every training command
+STUDY=smoke/study-$COMMIT   # the multirun folder of the study rows: runs/multirun/<date>/<time> in the README
 
 in_readme() { [ -z "$1" ] || grep -qF -- "$1" README.md; }
 
@@ -41,6 +42,7 @@ run() {
     printf '%s\tFAIL\t0\t%s\t%s\tnot in README.md\n' "$id" "$readme" "$extra" >> "$ROWS"; return 1
   fi
   local cmd=${readme//<scfs ckpt>/${CK:-}}; cmd=${cmd//<dino ckpt>/${DK:-}}; cmd=${cmd//<ckpt>/${CK:-}}
+  cmd=${cmd//<date>\/<time>/$STUDY}
   eval "timeout ${LIMIT:-330} $cmd $extra" > "$OUT/logs/$id.log" 2>&1; rc=$?
   [ $rc -ne 0 ] && why=$(grep -v '^\s*$' "$OUT/logs/$id.log" | tail -n 1 | cut -c1-160 | tr '\t|' '  ')
   [ $rc -eq 124 ] && why="timed out after ${LIMIT:-330} s"
@@ -84,6 +86,10 @@ run imagenet "python -m scfs.train +experiment=imagenet" \
 ( run resume-stop "$C" "$E $SHORT name=smoke-resume eval.knn_at_start=false" &&
   run resume-auto "python -m scfs.train resume=auto" \
     "+experiment=cifar10 $E name=smoke-resume trainer.max_epochs=2 +trainer.limit_train_batches=4 eval.knn_at_start=false" ) &
+# the seeds study through the local-GPU launcher, cut to seed 0 (SCFS and DINO side by side on GPU 0)
+rm -rf "runs/multirun/$STUDY"
+run study-local-gpus "python -m scfs.train -m +study=cifar10_seeds hydra/launcher=local_gpus hydra.launcher.per_gpu=3" \
+  "seed=0 hydra.sweep.dir=runs/multirun/$STUDY hydra.sweeper.reuse=false $E $SHORT eval.knn_at_start=false" &
 run search-check "python -m scfs.search.check --quick" "" &
 V="python -m scfs.train +experiment=cifar10_vit"  # the ViT rows: compiled as written, DINO eager, ViT-S/16 eager
 run cifar10-vit "$V" "$SHORT name=smoke-vit" &
@@ -103,6 +109,7 @@ echo "wave 1 done after $(( $(date +%s) - T0 )) s"
 # --- wave 2: the evaluation CLIs and notebook 02 on the checkpoints of wave 1
 CK=$(last_ckpt smoke-scfs); DK=$(last_ckpt smoke-dino)
 run knn "python -m scfs.eval.knn ckpt=<ckpt>" "" &
+run study-table "python -m scfs.eval.compare runs/multirun/<date>/<time>" "" &
 run linear-fast "python -m scfs.eval.linear ckpt=<ckpt> fast=true" "probe.epochs=2" &
 run linear-full "python -m scfs.eval.linear ckpt=<ckpt>" "probe.epochs=1" &
 run detect "python -m scfs.eval.detect ckpt=<ckpt>" "schedule.max_iters=20" &

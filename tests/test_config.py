@@ -168,7 +168,7 @@ def test_cifar10_experiment_is_the_tuned_recipe_for_both_methods():
 def test_shapes_long_is_the_cpu_default_longer_at_64_px():
     """+experiment=shapes_long (and its CPU smoke) inherit the default's data, crop scales and start-up aids, and
     the smoke trains the GPU recipe's data, crops and method; ShapesSpec(image_size=64) is that data (the spec
-    scripts/gpu_shapes_long.sh generates before the two parallel runs)."""
+    to generate once before SCFS and DINO run side by side on one GPU)."""
     from omegaconf import OmegaConf
 
     from scfs.data.shapes import ShapesSpec

@@ -51,8 +51,8 @@ class KNNMonitor(L.Callback):
 
 class WallClockBudget(L.Callback):
     """Stop training cleanly after `minutes` of this process's training time, so a long run goes in chunks:
-    `chunk_minutes=8` per call, then the same command with `resume=<last.ckpt>` (or `python -m scfs.sweep
-    --resume`) continues mid-epoch where it stopped. `LastCheckpoint` saves the step at which `should_stop` is set.
+    `chunk_minutes=8` per call, then the same command with `resume=<last.ckpt>` (or the same multirun again)
+    continues mid-epoch where it stopped. `LastCheckpoint` saves the step at which `should_stop` is set.
 
     Unlike Lightning's `max_time`, whose elapsed time is restored from the checkpoint (a resumed run would stop at
     once), the budget counts from this process's start of training. The decision is taken every `check_every`

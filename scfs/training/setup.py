@@ -228,10 +228,22 @@ def trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
 
 
 def make_trainer(cfg: DictConfig, run_dir: Path, logger: Any, callbacks: list[Any]):
-    """The Lightning Trainer of the run, writing checkpoints atomically (`AtomicCheckpointIO`)."""
+    """The Lightning Trainer of the run, writing checkpoints atomically (`AtomicCheckpointIO`).
+
+    Inside a SLURM allocation (`hydra/launcher=slurm`, or `srun` by hand) Lightning's `SLURMEnvironment` takes the
+    ranks from SLURM and, on SIGUSR1 (sent `signal_delay_s` before the time limit, see
+    `conf/hydra/launcher/slurm.yaml`), saves `hpc_ckpt_<n>.ckpt` in the run folder and requeues the job, which
+    then resumes from it (`scfs.study.resume_checkpoint_after_requeue`).
+    """
+    import signal
+
     import lightning as L
+    from lightning.pytorch.plugins.environments import SLURMEnvironment
 
     from scfs.models.checkpoint_io import AtomicCheckpointIO
 
+    plugins: list[Any] = [AtomicCheckpointIO()]
+    if SLURMEnvironment.detect():
+        plugins.append(SLURMEnvironment(auto_requeue=True, requeue_signal=signal.SIGUSR1))
     return L.Trainer(**trainer_kwargs(cfg), logger=logger, callbacks=callbacks, default_root_dir=str(run_dir),
-                     plugins=[AtomicCheckpointIO()])
+                     plugins=plugins)

@@ -6,6 +6,8 @@ and the swept fast linear probe (in the same window: checkpoints do not outlive 
     python scripts/cifar10_study.py render benchmarks/results/cifar10-quality-<date>.json
     python scripts/cifar10_study.py figure benchmarks/results/cifar10-quality-<date>.json --out docs/<name>.png
 
+The runs are the jobs of the Hydra study configs `conf/study/cifar10_{seeds,ablation,long}.yaml` (what
+`python -m scfs.train -m +study=<name>` runs); this runner adds what a GPU window of ~25 minutes needs around them.
 `run` skips every run already in a committed record (`benchmarks/results/cifar10-quality-*.json`), starts the
 others in plan order, at most `--parallel` at a time, and only when they are predicted to finish (training, linear
 probe) before `--deadline`; the prediction assumes one more run adds half of one run's rate to the aggregate epochs
@@ -61,14 +63,32 @@ class Run:
         return ov
 
 
-def plan() -> list[Run]:
-    """The study in the order it is run: the seeds pairs first (the central claim), the ablation, then the long pair."""
-    runs = []
-    for seed in (0, 1, 2):
-        runs += [Run("scfs", "soft", seed, 100), Run("dino", "dino", seed, 100)]
-    runs += [Run("scfs", v, 0, 100) for v in ("none", "roi", "hard")]
-    runs += [Run("scfs", "soft", 0, 200), Run("dino", "dino", 0, 200)]
-    return runs
+STUDIES = ("cifar10_seeds", "cifar10_ablation", "cifar10_long")  # conf/study/<name>.yaml, in the order they run
+STUDY_DIR = Path(__file__).resolve().parents[1] / "conf" / "study"
+
+
+def plan(conf_dir: Path = STUDY_DIR) -> list[Run]:
+    """The study's runs in the order they are run, from its Hydra study configs (the same jobs that
+    `python -m scfs.train -m +study=<name>` runs): the seed pairs first (the central claim), the ablation, then the
+    long pair. A run named by two studies (soft search at seed 0) comes once."""
+    import itertools
+
+    from omegaconf import OmegaConf
+
+    runs: list[Run] = []
+    for name in STUDIES:
+        cfg = OmegaConf.load(conf_dir / f"{name}.yaml")
+        params = {k: [v.strip() for v in str(val).split(",")] for k, val in cfg.hydra.sweeper.params.items()}
+        epochs = int(cfg.trainer.max_epochs)
+        keys = list(params)
+        for values in itertools.product(*(params[k] for k in keys)):
+            job = dict(zip(keys, values))
+            method = job.get("method", "scfs")
+            variant = job.get("search", "soft") if method == "scfs" else "dino"
+            run = Run(method, variant, int(job.get("seed", 0)), epochs)
+            if run not in runs:
+                runs.append(run)
+    return sorted(runs, key=lambda r: (r.epochs, r.variant not in ("soft", "dino"), r.seed))
 
 
 def committed(pattern: str) -> dict[str, dict]:

@@ -136,3 +136,13 @@ def test_curve_figure_draws_a_band_over_seeds(study, tmp_path: Path) -> None:
             for s in (0, 1) for m, v, base in (("scfs", "soft", 50.0), ("dino", "dino", 45.0))]
     out = study.curve_figure({"runs": rows}, tmp_path / "curves.png")
     assert out.stat().st_size > 5000
+
+
+def test_plan_is_the_jobs_of_the_hydra_study_configs(study) -> None:
+    """The window runner and `python -m scfs.train -m +study=...` run the same jobs: the seed pairs, the ablation
+    and the long pair, each once, the central claim first."""
+    keys = [r.key for r in study.plan()]
+    assert keys[:6] == ["scfs-soft-s0-e100", "dino-dino-s0-e100", "scfs-soft-s1-e100", "dino-dino-s1-e100",
+                        "scfs-soft-s2-e100", "dino-dino-s2-e100"]
+    assert sorted(keys[6:9]) == ["scfs-hard-s0-e100", "scfs-none-s0-e100", "scfs-roi-s0-e100"]
+    assert sorted(keys[9:]) == ["dino-dino-s0-e200", "scfs-soft-s0-e200"] and len(set(keys)) == len(keys) == 11

@@ -25,7 +25,7 @@ def _one_line(p: subprocess.CompletedProcess) -> str:
 def test_unknown_experiment_names_it_and_lists_the_available_ones(tmp_path):
     line = _one_line(_train(tmp_path, "+experiment=nope"))
     assert "experiment/nope" in line
-    assert "cifar10, imagenet, shapes_long, shapes_long_cpu" in line
+    assert "cifar10, cifar10_vit, imagenet, imagenet_vit, shapes_long, shapes_long_cpu" in line
 
 
 @pytest.mark.parametrize(("override", "expected"), [

@@ -320,6 +320,19 @@ def searched_regions_figure(model_or_maps: nn.Module | SearchMaps, images: np.nd
     return _single(block, caption(maps, (mode,)))
 
 
+def _models_on_one_scale(maps_by_model: Mapping[str, SearchMaps], crop: int, mode: str, stages: Sequence[str]
+                         ) -> tuple[SearchMaps, list[str], list]:
+    """(the first model's maps, the stages all have, each image row's colour scale over every model): the maps
+    of several models drawn side by side must be of the same images and crops, and share their colours."""
+    models = list(maps_by_model.values())
+    if not models:
+        raise ValueError("no maps to draw")
+    first = models[0]
+    _check_regions(first, mode, models[1:])
+    stages = [s for s in stages if s in first.stages]
+    return first, stages, row_scales(models, crop, stages, mode)
+
+
 def searched_regions_stack(maps_by_model: Mapping[str, SearchMaps], *, crop: int = 0, mode: str = "soft",
                            stages: Sequence[str] = SEARCH_STAGES, masks: np.ndarray | None = None,
                            title: str = "{model} teacher: what the {mode} search picks"):
@@ -329,13 +342,7 @@ def searched_regions_stack(maps_by_model: Mapping[str, SearchMaps], *, crop: int
     (the mapping's key) and `mode`."""
     from matplotlib.lines import Line2D
 
-    models = list(maps_by_model.values())
-    if not models:
-        raise ValueError("no maps to draw")
-    first = models[0]
-    _check_regions(first, mode, models[1:])
-    stages = [s for s in stages if s in first.stages]
-    scales = row_scales(models, crop, stages, mode)
+    first, stages, scales = _models_on_one_scale(maps_by_model, crop, mode, stages)
     blocks = [_regions_block(m, crop=crop, mode=mode, stages=stages, masks=masks, row_labels=None, scales=scales,
                              title=title.format(model=name, mode=mode)) for name, m in maps_by_model.items()]
     title_h = max(b.title_h for b in blocks)  # one title height for all: the blocks line up
@@ -359,13 +366,7 @@ def searched_regions_by_image(maps_by_model: Mapping[str, SearchMaps], *, crop: 
     colour scale (colour bar on the right), so equal colours mean equal values across the models of that image.
     Soft: the similarity (= the soft weight); hard: the similarity on the kept positions; softmax: its weights.
     The maps must be of the same images and crops, all raw or all centred."""
-    models = list(maps_by_model.values())
-    if not models:
-        raise ValueError("no maps to draw")
-    first = models[0]
-    _check_regions(first, mode, models[1:])
-    stages = [s for s in stages if s in first.stages]
-    scales = row_scales(models, crop, stages, mode)
+    first, stages, scales = _models_on_one_scale(maps_by_model, crop, mode, stages)
     word = similarity_word(first)
     rows, bars = [], []
     for i in range(len(first)):

@@ -45,6 +45,8 @@ from scfs.eval.search_maps import eval_mode, resolve_backbones, sample_crop_boxe
 from scfs.names import CONF_DIR, SEARCH_STAGES, WEIGHTINGS, search_label
 from scfs.plotting import new_figure
 
+RANDOM_GROUP = "random init"  # the label of `random` (pooled with --random-seeds: the seeds' own inits)
+
 log = logging.getLogger("scfs.eval.precision")
 
 
@@ -232,6 +234,35 @@ class PrecisionReport:
                 lines.append(f"| {label} ({len(pool.members)}) | {m} | " + " | ".join(cells) + " |")
         return "\n".join(lines)
 
+    def gain_over_init(self) -> dict[str, Any]:
+        """Each pooled label's gain over the pooled random init, paired by seed (`scfs.eval.seeds.paired_gain`):
+        the k-th checkpoint of a label against `random@<k-th --random-seeds>`, its own init when it was trained
+        with that seed."""
+        from scfs.eval.seeds import paired_gain
+
+        return paired_gain(self.pooled(), RANDOM_GROUP)
+
+    def gain_markdown(self) -> str:
+        """The paired gains over init: per label, mode and stage the mean difference ± half its 95 % t-interval
+        and each seed's difference, in points ('' without a pooled random init)."""
+        gains = self.gain_over_init()
+        if not gains:
+            return ""
+        lines = ["| model (seeds) | mode | " + " | ".join(self.stages) + " |",
+                 "|---|---|" + "---:|" * len(self.stages)]
+        for label, per_mode in gains.items():
+            for m in self.modes:
+                cells = []
+                for s in self.stages:
+                    g = per_mode[m][s]
+                    lo, hi = g["ci"]
+                    half = f" ± {100 * (hi - lo) / 2:.1f}" if lo == lo else ""
+                    seeds = " / ".join(f"{100 * v:+.1f}" for v in g["per_seed"])
+                    cells.append(f"{100 * g['mean']:+.1f}{half} (seeds {seeds})")
+                lines.append(f"| {label} ({len(next(iter(per_mode[m].values()))['per_seed'])}) | {m} | "
+                             + " | ".join(cells) + " |")
+        return "\n".join(lines)
+
     def rows(self) -> list[dict[str, Any]]:
         return [{"model": mdl, "mode": m, **{s: v[s] for s in self.stages}}
                 for mdl, per_mode in self.values.items() for m, v in per_mode.items()]
@@ -270,7 +301,8 @@ class PrecisionReport:
                 "settings": self.settings, "checkpoints": self.checkpoints,
                 "over_seeds": {label: {"members": list(p.members), "mean": p.mean, "per_seed": p.per_seed,
                                        "t_ci95": p.ci, "within_seed_ci95": p.within}
-                               for label, p in self.pooled().items()}}
+                               for label, p in self.pooled().items()},
+                "gain_over_init": self.gain_over_init()}
 
     def figure(self, title: str | None = None):
         """One panel per mode on one shared y axis: precision (%) per stage, a line with 95 % error bars per
@@ -307,6 +339,7 @@ class PrecisionReport:
             ax.set_xticks(x, labels=list(self.stages))
             ax.set_title(f"search = {m}", fontsize=10)
             ax.grid(alpha=0.3)
+        axes[0].set_ylim(0, 100)  # a share of the weights: every precision figure on the same axis, raw or centred
         axes[0].set_ylabel("weight mass on the crop's object (%)", fontsize=8)
         axes[0].legend(fontsize=7, loc="best")
         similarity = "centred similarity, " if self.settings.get("centre") else ""
@@ -330,6 +363,12 @@ class PrecisionReport:
             md += ["## Over seeds", "", "Mean over seeds ± half its 95 % Student-t interval (n - 1 degrees of "
                    "freedom), each seed's value, and the mean half-width of the seeds' within-seed intervals.", "",
                    self.seeds_markdown(), ""]
+        gains = self.gain_markdown()
+        if gains:
+            md += ["## Gain over each seed's own init (paired)", "", "Points of precision over the random init at the "
+                   "same seed (the k-th checkpoint of a label against the k-th `--random-seeds`; a run trained with "
+                   "seed k starts from exactly that network): mean over seeds ± half its 95 % t-interval, each "
+                   "seed's difference.", "", gains, ""]
         md += ["![search precision](precision.png)", ""]
         md += [f"* {k}: `{v}`" for k, v in self.checkpoints.items()]
         paths["markdown"].write_text("\n".join(md) + "\n")
@@ -436,7 +475,7 @@ def seed_groups(specs: Sequence[str], random_seeds: Sequence[int] = ()) -> tuple
         if spec == "random" and len(random_seeds) > 1:
             members = [f"random init [seed {k}]" for k in random_seeds]
             out += [f"{m}=random@{k}" for m, k in zip(members, random_seeds)]
-            groups["random init"] = members
+            groups[RANDOM_GROUP] = members
             continue
         label, _, paths = spec.partition("=") if "=" in spec and not Path(spec).exists() else ("", "", spec)
         files = [p for p in paths.split(",") if p]

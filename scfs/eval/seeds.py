@@ -12,6 +12,7 @@ import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -90,3 +91,27 @@ def pool_over_seeds(values: Mapping[str, Mapping[str, Mapping[str, float]]],
                                    for m in members]
         pools[label] = SeedPool(label, tuple(members), per_seed, mean, ci, within)
     return pools
+
+
+def paired_gain(pools: Mapping[str, SeedPool], base: str, level: float = 0.95
+                ) -> dict[str, dict[str, dict[str, dict[str, Any]]]]:
+    """Each label's gain over `base`, paired seed by seed: `out[label][mode][stage]` = {"per_seed": [x_k - b_k],
+    "mean", "ci"} with the t-interval over the seeds' differences. Why paired: a run at seed k starts from the
+    random init at seed k (the same network `random@k` builds), so x_k - b_k is what training did to that network,
+    and the spread of inits (large for search precision) drops out of the comparison. Labels with another number of
+    seeds than `base` are left out."""
+    if base not in pools:
+        return {}
+    b = pools[base]
+    out: dict[str, dict[str, dict[str, dict[str, Any]]]] = {}
+    for label, pool in pools.items():
+        if label == base or len(pool.members) != len(b.members):
+            continue
+        out[label] = {}
+        for mode, stages in pool.per_seed.items():
+            out[label][mode] = {}
+            for st, vals in stages.items():
+                diffs = [x - y for x, y in zip(vals, b.per_seed[mode][st], strict=True)]
+                mu, lo, hi = t_interval(diffs, level)
+                out[label][mode][st] = {"per_seed": diffs, "mean": mu, "ci": [lo, hi]}
+    return out

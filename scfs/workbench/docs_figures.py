@@ -4,6 +4,7 @@
     python -m scfs.workbench.docs_figures photos SCFS=<ckpt> DINO=<ckpt> --folder data/imagenet-samples --size 64
     python -m scfs.workbench.docs_figures knn benchmarks/results/shapes-cpu-default-{scfs,dino}-2026-12-01.json
     python -m scfs.workbench.docs_figures attention <ckpt> --folder data/imagenet-samples [--backbone vit_small]
+    python -m scfs.workbench.docs_figures precision <raw report folder> <centred report folder>
 
 `regions`: the searched-regions figure of each checkpoint's teacher and of the same network at random init, on the
 same shapes validation images and crops, one colour scale per image row shared by the three (soft search: the
@@ -205,6 +206,23 @@ def knn(records: Sequence[Path], out: Path) -> Path:
     return out
 
 
+def stacked(pngs: Sequence[Path], out: Path) -> Path:
+    """Figures drawn on the same axes (e.g. the raw and the centred precision reports, both on 0-100 %) as one
+    PNG, one above the other, so a reader compares them at a glance."""
+    from PIL import Image
+
+    imgs = [Image.open(p).convert("RGB") for p in pngs]
+    width = max(i.width for i in imgs)
+    canvas = Image.new("RGB", (width, sum(i.height for i in imgs)), "white")
+    y = 0
+    for img in imgs:
+        canvas.paste(img, ((width - img.width) // 2, y))
+        y += img.height
+    out.parent.mkdir(parents=True, exist_ok=True)
+    canvas.save(out)
+    return out
+
+
 REGIONS_OUT = {"regions": "docs/searched_regions_default.png", "photos": "docs/searched_regions_photos.png"}
 
 
@@ -235,6 +253,9 @@ def main(argv: Sequence[str] | None = None) -> Path:
     k = sub.add_parser("knn", help="kNN per seed from a scfs.bench.cpu_default record")
     k.add_argument("records", type=Path, nargs="+", help="records whose runs are pooled (e.g. one per method)")
     k.add_argument("--out", type=Path, default=Path("docs/knn_default.png"))
+    st = sub.add_parser("precision", help="precision reports (raw, centred, ...) one above the other in one PNG")
+    st.add_argument("reports", type=Path, nargs="+", help="precision run folders (holding precision.png)")
+    st.add_argument("--out", type=Path, default=Path("docs/precision_seeds.png"))
     at = sub.add_parser("attention", help="a ViT's CLS attention per head beside the SCFS search, on photos")
     at.add_argument("ckpt", help="a ViT checkpoint (ours or a published DINO ViT file) or random")
     at.add_argument("--folder", type=Path, default=Path("data/imagenet-samples"), help="a folder of photos")
@@ -266,6 +287,11 @@ def main(argv: Sequence[str] | None = None) -> Path:
                     else photos(a.ckpts, a.folder, out, a.n_images, a.size, centre=centre))
             if len(jobs) > 1 and not centre:
                 print(path)
+    elif a.what == "precision":
+        missing = [str(r) for r in a.reports if not (r / "precision.png").is_file()]
+        if missing:
+            p.error(f"no precision.png in: {', '.join(missing)} (python -m scfs.eval.precision ... --out <folder>)")
+        path = stacked([r / "precision.png" for r in a.reports], a.out)
     else:
         missing = [str(r) for r in a.records if not r.is_file()]
         if missing:

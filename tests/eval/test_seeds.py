@@ -94,3 +94,45 @@ def test_precision_cli_pools_random_init_over_seeds(tmp_path, capsys):
         assert pool["per_seed"]["soft"][s] == seeds and v == pytest.approx(np.mean(seeds))
     assert doc["values"]["random init [seed 0]"] != doc["values"]["random init [seed 1]"]
     assert "over 2 seeds soft: best stage" in capsys.readouterr().out
+
+
+def test_gain_over_each_seeds_own_init_is_paired():
+    """SCFS seeds 0.40 / 0.50 / 0.60 over inits 0.35 / 0.40 / 0.58: differences +5 / +10 / +2 points, whose mean
+    and t-interval are known; a label with another number of seeds is left out."""
+    rep = _fabricated()
+    inits = [0.35, 0.40, 0.58]
+    for k, v in enumerate(inits):
+        rep.values[f"random init [seed {k}]"] = {"soft": {"layer2": v, "layer3": 0.28}}
+    rep.seeds["random init"] = [f"random init [seed {k}]" for k in range(3)]
+    rep.seeds["DINO"] = ["DINO"]
+    gain = rep.gain_over_init()
+    assert set(gain) == {"SCFS"}
+    g = gain["SCFS"]["soft"]["layer2"]
+    assert g["per_seed"] == pytest.approx([0.05, 0.10, 0.02])
+    sd = float(np.std([0.05, 0.10, 0.02], ddof=1))
+    assert g["mean"] == pytest.approx(0.17 / 3)
+    assert (g["ci"][1] - g["ci"][0]) / 2 == pytest.approx(4.302653 * sd / math.sqrt(3), abs=1e-6)
+    table = rep.gain_markdown()
+    assert "| SCFS (3) | soft | +5.7 ± 10.0 (seeds +5.0 / +10.0 / +2.0) |" in table
+    assert rep.document()["gain_over_init"]["SCFS"]["soft"]["layer3"]["per_seed"] == pytest.approx([0.02, 0.02, 0.08])
+
+
+def test_a_run_at_seed_k_starts_from_random_init_at_seed_k():
+    """What makes the pairing valid: the teacher a training run at seed k builds is the network `random@k` builds."""
+    import lightning as L
+    import torch
+    from helpers import compose_cfg
+    from omegaconf import OmegaConf
+
+    from scfs.models.backbone import load_backbone
+    from scfs.train import build
+
+    for seed in (0, 3):
+        cfg = compose_cfg([f"seed={seed}"])
+        L.seed_everything(seed, verbose=False)
+        _, model = build(cfg)
+        trained_from = dict(model.backbone("teacher").named_parameters())
+        torch.manual_seed(seed)
+        init = dict(load_backbone("random", backbone_cfg=OmegaConf.to_container(cfg.backbone)).named_parameters())
+        assert set(init) == set(trained_from)
+        assert all(torch.equal(init[k], trained_from[k]) for k in init)

@@ -137,3 +137,19 @@ def test_regions_centre_titles_say_centred(tmp_path, monkeypatch):
     assert [sub.get_suptitle() for sub in fig.subfigs[:-1]] == [
         f"{m} teacher: what the soft search picks (centred similarity)" for m in ("SCFS", "random init")]
     assert "centred cosine similarity" in " ".join(t.get_text() for t in fig.subfigs[-1].texts)
+
+
+def test_precision_reports_stack_into_one_png(tmp_path):
+    """`docs_figures precision A B`: the two reports' figures one above the other; a folder without one is one
+    clear error."""
+    from PIL import Image
+
+    from scfs.workbench.docs_figures import main
+
+    for name, (w, h) in (("raw", (300, 100)), ("centred", (280, 120))):
+        (tmp_path / name).mkdir()
+        Image.new("RGB", (w, h), "red").save(tmp_path / name / "precision.png")
+    out = main(["precision", str(tmp_path / "raw"), str(tmp_path / "centred"), "--out", str(tmp_path / "p.png")])
+    assert Image.open(out).size == (300, 220)
+    with pytest.raises(SystemExit):
+        main(["precision", str(tmp_path), "--out", str(tmp_path / "q.png")])

@@ -213,26 +213,36 @@ class PrecisionReport:
 
         return pool_over_seeds(self.values, self.ci, self.seeds) if self.seeds else {}
 
+    def _seed_table(self, labels: Mapping[str, int], cell: Any) -> str:
+        """A markdown table with one row per label (`labels`: label -> its number of seeds) and mode, one column
+        per stage, `cell(label, mode, stage)` in each."""
+        lines = ["| model (seeds) | mode | " + " | ".join(self.stages) + " |",
+                 "|---|---|" + "---:|" * len(self.stages)]
+        for label, n in labels.items():
+            for m in self.modes:
+                lines.append(f"| {label} ({n}) | {m} | " + " | ".join(cell(label, m, s) for s in self.stages) + " |")
+        return "\n".join(lines)
+
+    @staticmethod
+    def _half(ci: Sequence[float]) -> str:
+        lo, hi = ci
+        return f" ± {100 * (hi - lo) / 2:.1f}" if lo == lo else ""
+
     def seeds_markdown(self) -> str:
         """The table over seeds: per label, mode and stage the mean over seeds ± half its 95 % t-interval, the
         seeds' values and the mean half-width of their within-seed intervals ('' without seed groups)."""
         pools = self.pooled()
         if not pools:
             return ""
-        lines = ["| model (seeds) | mode | " + " | ".join(self.stages) + " |",
-                 "|---|---|" + "---:|" * len(self.stages)]
-        for label, pool in pools.items():
-            for m in self.modes:
-                cells = []
-                for s in self.stages:
-                    lo, hi = pool.ci[m][s]
-                    half = f" ± {100 * (hi - lo) / 2:.1f}" if lo == lo else ""
-                    within = [(b - a) / 2 for a, b in pool.within[m][s] if a == a and b == b]
-                    w = f"; within-seed ± {100 * float(np.mean(within)):.1f}" if within else ""
-                    seeds = " / ".join(f"{100 * v:.1f}" for v in pool.per_seed[m][s])
-                    cells.append(f"{100 * pool.mean[m][s]:.1f}{half} (seeds {seeds}{w})")
-                lines.append(f"| {label} ({len(pool.members)}) | {m} | " + " | ".join(cells) + " |")
-        return "\n".join(lines)
+
+        def cell(label: str, m: str, s: str) -> str:
+            pool = pools[label]
+            within = [(b - a) / 2 for a, b in pool.within[m][s] if a == a and b == b]
+            w = f"; within-seed ± {100 * float(np.mean(within)):.1f}" if within else ""
+            seeds = " / ".join(f"{100 * v:.1f}" for v in pool.per_seed[m][s])
+            return f"{100 * pool.mean[m][s]:.1f}{self._half(pool.ci[m][s])} (seeds {seeds}{w})"
+
+        return self._seed_table({label: len(p.members) for label, p in pools.items()}, cell)
 
     def gain_over_init(self) -> dict[str, Any]:
         """Each pooled label's gain over the pooled random init, paired by seed (`scfs.eval.seeds.paired_gain`):
@@ -248,20 +258,14 @@ class PrecisionReport:
         gains = self.gain_over_init()
         if not gains:
             return ""
-        lines = ["| model (seeds) | mode | " + " | ".join(self.stages) + " |",
-                 "|---|---|" + "---:|" * len(self.stages)]
-        for label, per_mode in gains.items():
-            for m in self.modes:
-                cells = []
-                for s in self.stages:
-                    g = per_mode[m][s]
-                    lo, hi = g["ci"]
-                    half = f" ± {100 * (hi - lo) / 2:.1f}" if lo == lo else ""
-                    seeds = " / ".join(f"{100 * v:+.1f}" for v in g["per_seed"])
-                    cells.append(f"{100 * g['mean']:+.1f}{half} (seeds {seeds})")
-                lines.append(f"| {label} ({len(next(iter(per_mode[m].values()))['per_seed'])}) | {m} | "
-                             + " | ".join(cells) + " |")
-        return "\n".join(lines)
+
+        def cell(label: str, m: str, s: str) -> str:
+            g = gains[label][m][s]
+            seeds = " / ".join(f"{100 * v:+.1f}" for v in g["per_seed"])
+            return f"{100 * g['mean']:+.1f}{self._half(g['ci'])} (seeds {seeds})"
+
+        pools = self.pooled()
+        return self._seed_table({label: len(pools[label].members) for label in gains}, cell)
 
     def rows(self) -> list[dict[str, Any]]:
         return [{"model": mdl, "mode": m, **{s: v[s] for s in self.stages}}

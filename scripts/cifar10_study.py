@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import glob
 import json
-import math
 import os
 import re
 import statistics
@@ -343,11 +342,6 @@ def row_of_train_ok(summary_file: Path, run: Run) -> bool:
 
 
 # ---- the tables --------------------------------------------------------------------------------------------------
-def t95(n: int) -> float:
-    """Two-sided 95 % Student t quantile for n - 1 degrees of freedom (n = 2..10)."""
-    return {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776, 6: 2.571, 7: 2.447, 8: 2.365, 9: 2.306, 10: 2.262}.get(n, 1.96)
-
-
 def mean_std(xs: list[float]) -> str:
     xs = [x for x in xs if x is not None]
     if not xs:
@@ -394,9 +388,10 @@ def render(record: dict, committed_rows: dict[str, dict] | None = None) -> str:
             paired = sorted(set(sc) & set(dn))
             diffs = [sc[s][m] - dn[s][m] for s in paired if sc[s][m] is not None and dn[s][m] is not None]
             if len(diffs) >= 2:
-                md, sd = statistics.mean(diffs), statistics.stdev(diffs)
-                h = t95(len(diffs)) * sd / math.sqrt(len(diffs))
-                ci = f"{md:+.2f} [{md - h:+.2f}, {md + h:+.2f}]"
+                from scfs.eval.seeds import t_interval
+
+                md, lo, hi = t_interval(diffs)
+                ci = f"{md:+.2f} [{lo:+.2f}, {hi:+.2f}]"
             elif diffs:
                 ci = f"{diffs[0]:+.2f} (1 seed, no interval)"
             else:

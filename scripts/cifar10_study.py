@@ -3,8 +3,9 @@ the training-length pair, each run pretrained with the shipped `+experiment=cifa
 and the swept fast linear probe (in the same window: checkpoints do not outlive a machine).
 
     python scripts/cifar10_study.py run --out /tmp/study --parallel 4 --deadline <unix time> [--ramp]
-    python scripts/cifar10_study.py render benchmarks/results/cifar10-quality-<date>.json
-    python scripts/cifar10_study.py figure benchmarks/results/cifar10-quality-<date>.json --out docs/<name>.png
+    python scripts/cifar10_study.py render benchmarks/results/cifar10-quality-*.json \
+        --out benchmarks/results/cifar10-quality.md
+    python scripts/cifar10_study.py figure benchmarks/results/cifar10-quality-*.json --out docs/cifar10_knn_curves.png
 
 The runs are the jobs of the Hydra study configs `conf/study/cifar10_{seeds,ablation,long}.yaml` (what
 `python -m scfs.train -m +study=<name>` runs); this runner adds what a GPU window of ~25 minutes needs around them.
@@ -14,8 +15,8 @@ probe) before `--deadline`; the prediction assumes one more run adds half of one
 per second measured now (a run predicted to miss is not started; one cut by the deadline is not recorded).
 `--ramp` adds the runs one at a time and measures the aggregate epochs per minute at 1, 2, ... runs side by side
 (the record's `concurrency`; `<out>/ramp.done` marks its end, for work that should not disturb it). Each run's row
-lands in `<out>/cifar10-quality-<date>.json` (+ `.md`) the moment its linear probe ends. `--slim KEY ...` keeps the
-teacher of those runs as a small weights-only checkpoint (`<out>/slim/`) for figures drawn after the window.
+lands in `<out>/cifar10-quality-<date>-<commit>.json` (+ `.md`) the moment its linear probe ends. `--slim KEY ...`
+keeps the teacher of those runs as a small weights-only checkpoint (`<out>/slim/`) for figures drawn after the window.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `python scripts/cifar10_study.py` on a machine where scfs is not installed
+    sys.path.insert(0, str(ROOT))
 
 RECIPE = ["+experiment=cifar10", "data.root=data/cifar10", "logger=csv", "eval.figure=false",
           "trainer.enable_progress_bar=true"]
@@ -200,13 +205,14 @@ def main_run(a: argparse.Namespace) -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     date = time.strftime("%Y-%m-%d")
-    record_path = out / f"cifar10-quality-{date}.json"
     done_rows = committed(a.committed)
     runs = plan()
     if a.test_epochs:
         runs = [Run(r.method, r.variant, r.seed, a.test_epochs) for r in runs if r.epochs == 100]
     todo = [r for r in runs if r.key not in done_rows and (not a.only or r.key in a.only)]
     commit = git_commit()
+    # one record per window, named by its commit too: two windows of one day do not share a file name
+    record_path = out / f"cifar10-quality-{date}-{commit}.json"
     record = json.loads(record_path.read_text()) if record_path.is_file() else {"runs": [], "concurrency": {}}
     have = {f"{r['method']}-{r['variant']}-s{r['seed']}-e{r['epochs']}" for r in record["runs"]}
     todo = [r for r in todo if r.key not in have]
@@ -370,7 +376,9 @@ def render(record: dict, committed_rows: dict[str, dict] | None = None) -> str:
            "Recipe: `python -m scfs.train +experiment=cifar10 data.root=data/cifar10 method=<m> [search=<v>] "
            "seed=<s> trainer.max_epochs=<e>`, one H200, runs side by side; linear: the swept fast probe "
            "(`python -m scfs.eval.linear ckpt=<last.ckpt> +experiment=cifar10 fast=true`, lr and wd chosen on a "
-           "held-out 10 % of the training split). Regenerate: `python scripts/cifar10_study.py render <json>`.", "",
+           "held-out 10 % of the training split). Regenerate: `python scripts/cifar10_study.py render "
+           "benchmarks/results/cifar10-quality-*.json --out benchmarks/results/cifar10-quality.md` (one record: its "
+           "tables beside it).", "",
            "| method | variant | seed | epochs | kNN20 | kNN200 | linear | lr | wd | wall s | side by side | commit |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -470,21 +478,50 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--extra", nargs="*", default=[], help="overrides added to every training run (tests)")
     r.add_argument("--test-epochs", type=int, default=0, help="every run this many epochs (tests of the runner)")
     r.add_argument("--committed", default="benchmarks/results/cifar10-quality-*.json")
-    g = sub.add_parser("render", help="the markdown tables beside the JSON record")
-    g.add_argument("record")
-    c = sub.add_parser("figure", help="kNN20 against epochs, SCFS vs DINO, band over seeds")
-    c.add_argument("record")
+    g = sub.add_parser("render", help="the markdown tables of one record (beside it) or of several merged (--out)")
+    g.add_argument("records", nargs="+")
+    g.add_argument("--out", default=None, help="where the tables go (default: beside a single record)")
+    c = sub.add_parser("figure", help="kNN20 against epochs, SCFS vs DINO, band over seeds (records merged)")
+    c.add_argument("records", nargs="+")
     c.add_argument("--out", default="docs/cifar10_knn_curves.png")
     a = p.parse_args(argv)
     if a.what == "run":
         return main_run(a)
-    rec = Path(a.record)
+    record = merge([Path(r) for r in a.records])
     if a.what == "figure":
-        print(curve_figure(json.loads(rec.read_text()), Path(a.out)))
+        print(curve_figure(record, Path(a.out)))
         return 0
-    rec.with_suffix(".md").write_text(render(json.loads(rec.read_text())))
-    print(rec.with_suffix(".md").read_text())
+    if a.out is None and len(a.records) > 1:
+        p.error("render of several records needs --out (the merged tables have no single record to sit beside)")
+    out = Path(a.out) if a.out else Path(a.records[0]).with_suffix(".md")
+    out.write_text(render(record))
+    print(out.read_text())
     return 0
+
+
+def merge(paths: list[Path]) -> dict:
+    """Several window records as one: their runs (a run in two records counts once, the first), and each window's
+    side-by-side measurement under its own record; one record comes back as it is."""
+    recs = [json.loads(p.read_text()) for p in paths]
+    if len(recs) == 1:
+        return recs[0]
+    runs, seen = [], set()
+    for r in (row for rec in recs for row in rec.get("runs", [])):
+        k = (r["method"], r["variant"], r["seed"], r["epochs"])
+        if k not in seen:
+            seen.add(k)
+            runs.append(r)
+    stages = [dict(st, record=p.name) for p, rec in zip(paths, recs)
+              for st in (rec.get("concurrency") or {}).get("stages", [])]
+    notes = [f"`{p.name}`: {rec['concurrency']['note']}" for p, rec in zip(paths, recs)
+             if (rec.get("concurrency") or {}).get("note")]
+    conc = {"method": next((rec["concurrency"]["method"] for rec in recs
+                            if (rec.get("concurrency") or {}).get("method")), ""), "stages": stages}
+    if notes:
+        conc["note"] = " ".join(notes)
+    return {"runs": runs, "concurrency": conc, "records": [p.name for p in paths],
+            "date": ", ".join(sorted({rec.get("date", "") for rec in recs})),
+            "commit": ", ".join(dict.fromkeys(rec.get("commit", "") for rec in recs))}
 
 
 if __name__ == "__main__":

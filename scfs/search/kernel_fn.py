@@ -93,6 +93,18 @@ def fwd_soft_generic(ops: KernelOps, f3, queries, g3, h: int, w: int, channels_l
     return out, sim, a, fnorm, qnorm
 
 
+def project(weight: torch.Tensor | None, f3: torch.Tensor) -> torch.Tensor:
+    """G = W F in the dtype of F, the pair the kernels read together (the CUDA binding refuses two dtypes).
+
+    Autocast is off here: under it the matmul would come out in the autocast dtype even when F does not, and a
+    ViT's block maps (the residual stream) stay float32 under autocast while a CNN's come out of a conv in it.
+    """
+    if weight is None:
+        return f3
+    with torch.autocast(f3.device.type, enabled=False):
+        return torch.matmul(weight.to(f3.dtype), f3)
+
+
 def kernel_forward(feats, queries, weight, mode, topk, temperature, eps, backend):
     """The kernel forward: (feats as used, g3 or None, out, sim, a, fnorm, qnorm, mask), sim/a as (N, B, P)."""
     ops = _OPS.get(backend) or _ops(backend)
@@ -105,7 +117,7 @@ def kernel_forward(feats, queries, weight, mode, topk, temperature, eps, backend
         feats = feats.contiguous()
     b, c, h, w = feats.shape
     f3 = feats.flatten(2)
-    g3 = f3 if weight is None else torch.matmul(weight.to(feats.dtype), f3)
+    g3 = project(weight, f3)
     mask = None
     if mode == "soft":
         fused = getattr(ops, "fwd_soft", None)

@@ -146,3 +146,52 @@ def test_plan_is_the_jobs_of_the_hydra_study_configs(study) -> None:
                         "scfs-soft-s2-e100", "dino-dino-s2-e100"]
     assert sorted(keys[6:9]) == ["scfs-hard-s0-e100", "scfs-none-s0-e100", "scfs-roi-s0-e100"]
     assert sorted(keys[9:]) == ["dino-dino-s0-e200", "scfs-soft-s0-e200"] and len(set(keys)) == len(keys) == 11
+
+
+def test_render_runs_where_scfs_is_not_installed(tmp_path: Path) -> None:
+    """The GPU machine runs `python scripts/cifar10_study.py` from a copied tree where scfs is not installed: the
+    paired table (which imports scfs) still renders. The editable install of this checkout is hidden first."""
+    import subprocess
+
+    rows = [{"method": m, "variant": "soft" if m == "scfs" else "dino", "seed": s, "epochs": 100,
+             "knn_top1_k20": 80.0 + s + (m == "scfs"), "knn_top1_k200": 79.0, "linear_top1": 81.0}
+            for s in (0, 1) for m in ("scfs", "dino")]
+    rec = tmp_path / "cifar10-quality-2026-01-01.json"
+    rec.write_text(json.dumps({"runs": rows}))
+    hide = ("import runpy, sys\n"
+            "sys.meta_path = [f for f in sys.meta_path if 'editable' not in repr(f).lower()]\n"
+            f"sys.path = [p for p in sys.path if p not in ('', {str(ROOT)!r})]\n"
+            "try:\n    import scfs\nexcept ImportError:\n    pass\n"
+            "else:\n    raise SystemExit('scfs still importable')\n"
+            f"sys.argv = ['cifar10_study.py', 'render', {str(rec)!r}]\n"
+            f"runpy.run_path({str(ROOT / 'scripts' / 'cifar10_study.py')!r}, run_name='__main__')\n")
+    got = subprocess.run([sys.executable, "-c", hide], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert got.returncode == 0, got.stderr[-2000:]
+    assert "+1.00, +1.00 | +1.00" in rec.with_suffix(".md").read_text()
+
+
+def test_records_of_several_windows_render_as_one_study(study, tmp_path: Path) -> None:
+    """Each window writes its own record; `render A B --out` and `figure A B` merge them: every run once (the first
+    record's copy), both windows' side-by-side measurements, the pairs over all seeds."""
+    def rows(seeds, knn):
+        return [{"method": m, "variant": "soft" if m == "scfs" else "dino", "seed": s, "epochs": 100,
+                 "knn_top1_k20": knn + s + 2 * (m == "scfs"), "knn_top1_k200": 70.0, "linear_top1": 80.0,
+                 "curve": [{"epoch": e, "top1_k20": e / 2 + s} for e in (10, 20)]}
+                for s in seeds for m in ("scfs", "dino")]
+    a, b = tmp_path / "cifar10-quality-a.json", tmp_path / "cifar10-quality-b.json"
+    a.write_text(json.dumps({"runs": rows([0], 80.0), "commit": "aaa", "date": "d1",
+                             "concurrency": {"note": "not measured"}}))
+    b.write_text(json.dumps({"runs": rows([0, 1], 50.0), "commit": "bbb", "date": "d2", "concurrency": {
+        "method": "ramp", "stages": [{"runs": 2, "aggregate_epochs_per_min": 17.6, "epoch_s_per_run": {"x": 7.0}}]}}))
+    merged = study.merge([a, b])
+    assert len(merged["runs"]) == 4
+    assert {r["knn_top1_k20"] for r in merged["runs"] if r["seed"] == 0} == {80.0, 82.0}  # a's copy of seed 0 wins
+    with pytest.raises(SystemExit):
+        study.main(["render", str(a), str(b)])  # several records and nowhere to put the merged tables
+    out = tmp_path / "study.md"
+    assert study.main(["render", str(a), str(b), "--out", str(out)]) == 0
+    md = out.read_text()
+    assert "| knn_top1_k20 | 67.50 ± 20.51 (2 seeds) | 65.50 ± 20.51 (2 seeds) | +2.00, +2.00 |" in md
+    assert "| 2 | 17.6 | x 7.0 |" in md and "not measured" in md
+    fig = tmp_path / "curves.png"
+    assert study.main(["figure", str(a), str(b), "--out", str(fig)]) == 0 and fig.stat().st_size > 0

@@ -142,3 +142,29 @@ def test_triton_two_pass_forward_is_bitwise_the_one_launch_form(gen, shape, dtyp
     for new, old in zip(results[True], results[False]):
         for name in ("features", "similarity", "weights"):
             assert torch.equal(getattr(new, name), getattr(old, name)), name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_projection_keeps_the_feature_dtype_under_autocast(monkeypatch, gen, dtype):
+    """The kernels read F and G = W F in one dtype. Under autocast a ViT's block maps stay float32 while a bare
+    matmul would hand the kernels a bfloat16 G: the projection the kernels get is W F in F's dtype, as outside
+    autocast."""
+    from scfs.search import kernel_fn
+
+    seen = {}
+
+    class RecordingOps:
+        def fwd_soft(self, f3, queries, g3, h, w, channels_last, eps):
+            seen["f3"], seen["g3"] = f3, g3
+            n, b = queries.shape[:2]
+            z = torch.zeros(n, b, h * w)
+            return torch.zeros(n * b, g3.shape[1], h, w, dtype=f3.dtype), z, z, torch.zeros(b, h * w), z[..., 0]
+
+    monkeypatch.setitem(kernel_fn._OPS, "triton", RecordingOps())
+    feats = torch.randn(2, 48, 5, 5, generator=gen).to(dtype)
+    queries = torch.randn(3, 2, 48, generator=gen).to(dtype)
+    weight = torch.randn(16, 48, generator=gen) / 48**0.5
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        kernel_fn.kernel_forward(feats, queries, weight, "soft", 0.25, 0.1, 1e-6, "triton")
+    assert seen["g3"].dtype == dtype
+    torch.testing.assert_close(seen["g3"], torch.matmul(weight.to(dtype), feats.flatten(2)), rtol=0, atol=0)

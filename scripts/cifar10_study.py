@@ -104,6 +104,17 @@ def committed(pattern: str) -> dict[str, dict]:
     return rows
 
 
+def committed_stages(pattern: str) -> dict[int, float]:
+    """Aggregate epochs per minute by runs side by side, from the ramps of committed records (the lower figure for a
+    count measured twice: a plan that assumes the slower pace is not cut by the deadline)."""
+    got: dict[int, float] = {}
+    for f in sorted(glob.glob(pattern)):
+        for st in (json.loads(Path(f).read_text()).get("concurrency") or {}).get("stages", []):
+            n, agg = int(st["runs"]), float(st["aggregate_epochs_per_min"])
+            got[n] = min(agg, got.get(n, agg))
+    return got
+
+
 @dataclass
 class Job:
     run: Run
@@ -253,16 +264,25 @@ def main_run(a: argparse.Namespace) -> int:
         now, n = time.time(), len(training())
         agg = aggregate(stage_t0 or now) if n else None
         if n and agg is None:
-            return False  # wait for a measurement first
+            if n not in prior:
+                return False  # wait for a measurement first
+            agg = prior[n] / 60.0  # this count was measured in an earlier window: no need to wait for the compile
         alone = [st for st in stages if st["runs"] == 1]
-        alone_s = 60.0 / alone[0]["aggregate_epochs_per_min"] if alone else SECONDS_PER_EPOCH_ALONE
+        alone_s = (60.0 / alone[0]["aggregate_epochs_per_min"] if alone
+                   else 60.0 / prior[1] if 1 in prior else SECONDS_PER_EPOCH_ALONE)
         per_run_s = (n + 1) / (agg * (1 + MARGINAL_GAIN / n)) if agg else alone_s
-        need_new = COMPILE_S + run.epochs * per_run_s + LINEAR_S
+        need_new = compile_s + run.epochs * per_run_s + LINEAR_S
         need_old = max((j.remaining() * per_run_s + LINEAR_S for j in training()), default=0.0)
         return now + max(need_new, need_old) < a.deadline
 
-    measured: set[int] = set()
-    ramp_open = a.ramp
+    # counts measured in committed windows are not ramped again: their runs start together, compiles overlapping
+    prior = committed_stages(a.committed)
+    compile_s = max([COMPILE_S] + [r["first_epoch_s"] for r in done_rows.values() if r.get("first_epoch_s")])
+    measured: set[int] = set(prior) if a.ramp else set()
+    ramp_open = a.ramp and not all(k in prior for k in range(1, a.parallel + 1))
+    if prior and a.ramp:
+        print(f"[study] side by side, measured before: {prior} epochs/min; compile prior {compile_s:.0f} s",
+              flush=True)
     if not ramp_open:
         (out / "ramp.done").touch()
     while todo or any(j.phase != "done" for j in jobs):

@@ -4,12 +4,13 @@
 # tree outside the one each command re-copies, so the runs outlive the command; `watch SECONDS` prints progress and
 # copies what finished into $OUT; `collect` waits for the study to end and copies everything back.
 #
-#   COMMIT=$(git rev-parse --short HEAD) OUT=$OUT MINUTES=22 PARALLEL=4 bash scripts/gpu_cifar10_study.sh start
+#   COMMIT=$(git rev-parse --short HEAD) OUT=$OUT MINUTES=25 PARALLEL=4 bash scripts/gpu_cifar10_study.sh start
 #   OUT=$OUT bash scripts/gpu_cifar10_study.sh watch 540
 #   OUT=$OUT bash scripts/gpu_cifar10_study.sh collect
 #
 # MINUTES: from `start` until every run's linear probe has ended (runs that would not make it are left for the next
-# window). RAMP=1 (default) measures 1, 2, ... runs side by side first. FIGURE=1 draws the searched-regions
+# window). 25 fits a 30-minute lease: about 90 s to start the machine, 30 s of data, 25 min, a last `collect`.
+# Side-by-side counts measured in committed records are not ramped again: those runs start together. RAMP=1 (default) measures 1, 2, ... runs side by side first. FIGURE=1 draws the searched-regions
 # figure on the 100 sample photos from the seed-0 SCFS and DINO checkpoints as soon as both exist, and keeps their
 # teachers (fp16, in parts of 15 MiB) so that the figures can be redrawn after the window. AFTER_RAMP='<commands>'
 # runs in the study's tree once the ramp has measured (the GPU gate, say: `COMMIT=.. OUT=$S/smoke bash
@@ -34,7 +35,7 @@ start)
     || { echo "CIFAR-10 preparation failed"; tail -5 "$S/logs/data.log"; exit 1; }
   [ -d data/imagenet-samples ] || $PY -m scfs.data.prepare imagenet-samples \
     --archive .gpudata/imagenet-samples-100.tar.xz --out data/imagenet-samples >> "$S/logs/data.log" 2>&1
-  DEADLINE=$(( $(date +%s) + ${MINUTES:-22} * 60 ))
+  DEADLINE=$(( $(date +%s) + ${MINUTES:-25} * 60 ))
   echo "data ready; study deadline $(date -d @$DEADLINE +%T)"
   COMMIT=${COMMIT:-unknown} setsid nohup $PY scripts/cifar10_study.py run --out "$S/out" --runs "$S/runs" \
     --parallel "${PARALLEL:-4}" --deadline "$DEADLINE" $([ "${RAMP:-1}" = 1 ] && echo --ramp) --slim scfs-soft-s0-e100 dino-dino-s0-e100 \

@@ -195,3 +195,26 @@ def test_records_of_several_windows_render_as_one_study(study, tmp_path: Path) -
     assert "| 2 | 17.6 | x 7.0 |" in md and "not measured" in md
     fig = tmp_path / "curves.png"
     assert study.main(["figure", str(a), str(b), "--out", str(fig)]) == 0 and fig.stat().st_size > 0
+
+
+def test_counts_measured_in_committed_windows_start_together(study, tmp_path: Path, capsys,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """With 1 and 2 runs side by side measured in a committed record, a window starts its first runs together (their
+    compiles overlap) instead of waiting for each compile, and its ramp measures only the new count, 3."""
+    monkeypatch.setenv("FAKE_COMPILE_S", "2")
+    committed = tmp_path / "cifar10-quality-old.json"
+    committed.write_text(json.dumps({"runs": [], "concurrency": {"stages": [
+        {"runs": 1, "aggregate_epochs_per_min": 200.0, "epoch_s_per_run": {}},
+        {"runs": 2, "aggregate_epochs_per_min": 300.0, "epoch_s_per_run": {}}]}}))
+    out = tmp_path / "out"
+    rc = study.main(["run", "--out", str(out), "--runs", str(tmp_path / "runs"), "--parallel", "3", "--ramp",
+                     "--ramp-s", "0.6", "--deadline", str(time.time() + 120), "--test-epochs", "5",
+                     "--only", "scfs-soft-s0-e5", "dino-dino-s0-e5", "scfs-soft-s1-e5",
+                     "--committed", str(committed)])
+    assert rc == 0
+    starts = [int(line.split("+")[1].split("s")[0]) for line in capsys.readouterr().out.splitlines()
+              if line.startswith("[study] +") and " start " in line]
+    assert len(starts) == 3 and max(starts) < 2  # all three began before the first one's 2 s compile ended
+    stages = json.loads(next(out.glob("cifar10-quality-*.json")).read_text())["concurrency"]["stages"]
+    assert [st["runs"] for st in stages] == [3]
+    assert (out / "ramp.done").is_file()

@@ -37,8 +37,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python scripts/cifar10_study.py` on a machine where scfs is not installed
     sys.path.insert(0, str(ROOT))
 
-RECIPE = ["+experiment=cifar10", "data.root=data/cifar10", "logger=csv", "eval.figure=false",
-          "trainer.enable_progress_bar=true"]
+# every run is one job of its study's Hydra multirun (`python -m scfs.train -m +study=<name> <the job's overrides>`),
+# with the data root and these settings for a run whose progress is read from its log
+RECIPE = ["data.root=data/cifar10", "logger=csv", "eval.figure=false", "trainer.enable_progress_bar=true"]
 STEPS_PER_EPOCH = 97  # 50,000 images, batch 512, the last partial batch dropped
 PROGRESS = re.compile(r"Epoch (\d+):\s*\d+%\|[^|\r\n]*\|\s*(\d+)/(\d+)")
 TRAIN_MODULE, LINEAR_MODULE = "scfs.train", "scfs.eval.linear"  # module attributes: the tests put fakes here
@@ -54,6 +55,7 @@ class Run:
     variant: str
     seed: int
     epochs: int
+    study: str = field(default="cifar10_seeds", compare=False)  # the conf/study/<name>.yaml whose job this is
 
     @property
     def key(self) -> str:
@@ -89,7 +91,7 @@ def plan(conf_dir: Path = STUDY_DIR) -> list[Run]:
             job = dict(zip(keys, values))
             method = job.get("method", "scfs")
             variant = job.get("search", "soft") if method == "scfs" else "dino"
-            run = Run(method, variant, int(job.get("seed", 0)), epochs)
+            run = Run(method, variant, int(job.get("seed", 0)), epochs, name)
             if run not in runs:
                 runs.append(run)
     return sorted(runs, key=lambda r: (r.epochs, r.variant not in ("soft", "dino"), r.seed))
@@ -174,7 +176,7 @@ def row_of(job: Job, commit: str) -> dict | None:
     probe = lin.get("probe", {})
     metrics = lin.get("metrics", {})
     shown = [o for o in job.run.overrides() if not o.startswith("name=")]
-    cmd = "python -m scfs.train " + " ".join(RECIPE[:2] + shown)
+    cmd = f"python -m scfs.train -m +study={job.run.study} " + " ".join(shown + RECIPE[:1])
     return {"method": job.run.method, "variant": job.run.variant, "seed": job.run.seed, "epochs": job.run.epochs,
             "knn_top1_k20": s["knn"].get("top1_k20"), "knn_top1_k200": s["knn"].get("top1_k200"),
             "knn_init_k20": (s.get("knn_init") or {}).get("top1_k20"),
@@ -219,7 +221,7 @@ def main_run(a: argparse.Namespace) -> int:
     done_rows = committed(a.committed)
     runs = plan()
     if a.test_epochs:
-        runs = [Run(r.method, r.variant, r.seed, a.test_epochs) for r in runs if r.epochs == 100]
+        runs = [Run(r.method, r.variant, r.seed, a.test_epochs, r.study) for r in runs if r.epochs == 100]
     todo = [r for r in runs if r.key not in done_rows and (not a.only or r.key in a.only)]
     commit = git_commit()
     # one record per window, named by its commit too: two windows of one day do not share a file name
@@ -244,7 +246,8 @@ def main_run(a: argparse.Namespace) -> int:
         d = Path(a.runs) / run.key
         d.mkdir(parents=True, exist_ok=True)
         left_min = max((a.deadline - time.time() - LINEAR_S) / 60.0, 1.0)
-        cmd = [sys.executable, "-m", TRAIN_MODULE, *RECIPE, *run.overrides(), f"hydra.run.dir={d}",
+        cmd = [sys.executable, "-m", TRAIN_MODULE, "-m", f"+study={run.study}", *RECIPE, *run.overrides(),
+               f"hydra.sweep.dir={d}", "hydra.sweep.subdir=.", "hydra.sweeper.reuse=false",
                f"chunk_minutes={left_min:.1f}", *a.extra]
         log = open(d / "stdout.log", "w")  # noqa: SIM115
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)

@@ -20,7 +20,9 @@ FAKE_TRAIN = r'''
 import json, sys, time
 from pathlib import Path
 args = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a)
-d = Path(args["hydra.run.dir"]); epochs = int(args["trainer.max_epochs"])
+# launched as one job of its study's multirun, in the folder the runner chose
+assert sys.argv[1] == "-m" and args["+study"].startswith("cifar10_") and args["hydra.sweep.subdir"] == ".", sys.argv
+d = Path(args["hydra.sweep.dir"]); epochs = int(args["trainer.max_epochs"])
 import os
 print("Epoch 0:   0%|          | 0/97 [00:00<?]", end="\r", flush=True)
 time.sleep(float(os.environ.get("FAKE_COMPILE_S", "0")))  # the first step waits for the compile
@@ -218,3 +220,18 @@ def test_counts_measured_in_committed_windows_start_together(study, tmp_path: Pa
     stages = json.loads(next(out.glob("cifar10-quality-*.json")).read_text())["concurrency"]["stages"]
     assert [st["runs"] for st in stages] == [3]
     assert (out / "ramp.done").is_file()
+
+
+@pytest.mark.parametrize("key", ["scfs-soft-s2-e100", "dino-dino-s1-e100", "scfs-roi-s0-e100", "dino-dino-s0-e200"])
+def test_each_run_is_a_job_of_its_hydra_study(study, key: str) -> None:
+    """The command a run is launched with composes, through its study config, to exactly that run: method, search,
+    seed, epochs and the CIFAR-10 data root."""
+    from hydra import compose, initialize_config_dir
+
+    run = next(r for r in study.plan() if r.key == key)
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=[f"+study={run.study}", *study.RECIPE, *run.overrides()])
+    assert (cfg.method.name, int(cfg.seed), int(cfg.trainer.max_epochs)) == (run.method, run.seed, run.epochs)
+    assert cfg.data.root == "data/cifar10" and cfg.compile is True
+    if run.method == "scfs":
+        assert cfg.search.local_target == ("roi" if run.variant == "roi" else "search")

@@ -11,7 +11,7 @@ import lightning as L
 import torch
 from torch.profiler import record_function
 
-from scfs.methods.ema import ema_update
+from scfs.methods.ema import ema_update, without_stochastic_regularisation_
 from scfs.methods.networks import build_network, raise_recompile_limit, student_forward, teacher_forward
 from scfs.methods.schedules import cosine, linear_warmup
 from scfs.models import Backbone
@@ -70,7 +70,7 @@ class SelfDistillation(L.LightningModule):
         self.stages: tuple[str, ...] = self.stage_names()
         self.channels_last = bool(backbone.get("channels_last", False))
         self.student = build_network(backbone, self.method_cfg, self.stages)
-        self.teacher = copy.deepcopy(self.student)
+        self.teacher = without_stochastic_regularisation_(copy.deepcopy(self.student))
         for p in self.teacher.parameters():
             p.requires_grad_(False)
         self.build_losses()

@@ -6,6 +6,23 @@ import torch
 from torch import nn
 
 
+def without_stochastic_regularisation_(net: nn.Module) -> nn.Module:
+    """Turn off stochastic depth (timm's DropPath) and dropout in `net`, in place; returns it.
+
+    The teacher is a deepcopy of the student and runs in train mode (its BatchNorm uses batch statistics, as in
+    DINO), so a student built with `drop_path_rate > 0` would hand the teacher random layer drops too and its
+    targets would change from call to call. DINO builds its teacher without drop path; this makes the copy match.
+    """
+    from timm.layers import DropPath
+
+    for m in net.modules():
+        if isinstance(m, DropPath):
+            m.drop_prob = 0.0
+        elif isinstance(m, nn.Dropout):
+            m.p = 0.0
+    return net
+
+
 @torch.no_grad()
 def ema_update(teacher: nn.Module, student: nn.Module, momentum: float) -> None:
     """teacher <- momentum * teacher + (1 - momentum) * student, for parameters only.

@@ -64,7 +64,8 @@ def train_golden(method: str, explicit: list[str] = EXPLICIT) -> dict:
     state = model.state_dict()
     return {"losses": losses, "capability": torch.backends.cpu.get_cpu_capability(), "cpu": _cpu_model(),
             "tensors": {k: {"sha256": hashlib.sha256(v.detach().contiguous().numpy().tobytes()).hexdigest(),
-                            "sum": float(v.double().sum()), "abs_sum": float(v.double().abs().sum())}
+                            "sum": float(v.double().sum()), "abs_sum": float(v.double().abs().sum()),
+                            "numel": v.numel()}
                         for k, v in state.items() if v.is_floating_point()}}
 
 
@@ -86,8 +87,13 @@ def _method_keys(explicit: list[str] = EXPLICIT) -> list[str]:
     return [k for k in explicit if k.lstrip("+").startswith("method.")]  # again after `method=`, which resets it
 
 
-def assert_matches_golden(got: dict, want: dict) -> None:
-    """Same tensors; bit for bit on the processor the record was made on, within float32 rounding elsewhere."""
+def assert_matches_golden(got: dict, want: dict, drift_per_element: float = 0.0) -> None:
+    """Same tensors; bit for bit on the processor the record was made on, within float32 rounding elsewhere.
+
+    `drift_per_element`: how far one element may move from the record on another processor when rounding
+    differences are amplified by the optimiser (Adam normalises each gradient element, so an element whose
+    gradient is rounding noise still moves by up to the learning rate a step, in either direction): the abs-sum
+    tolerance of a tensor grows by numel x this. The losses are held to float32 rounding either way."""
     assert set(got["tensors"]) == set(want["tensors"]), set(got["tensors"]) ^ set(want["tensors"])
     if got["capability"] == want["capability"] and got["cpu"] == want.get("cpu"):
         assert got["losses"] == want["losses"]
@@ -96,7 +102,8 @@ def assert_matches_golden(got: dict, want: dict) -> None:
     else:
         assert got["losses"] == pytest.approx(want["losses"], rel=1e-4)
         for k, v in want["tensors"].items():
-            assert got["tensors"][k]["abs_sum"] == pytest.approx(v["abs_sum"], rel=1e-4, abs=1e-5), k
+            slack = 1e-5 + drift_per_element * got["tensors"][k]["numel"]
+            assert got["tensors"][k]["abs_sum"] == pytest.approx(v["abs_sum"], rel=1e-4, abs=slack), k
 
 
 @pytest.mark.parametrize("method", ["scfs", "dino"])

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.method.test_golden import EXPLICIT, GOLDEN, assert_matches_golden, train_golden  # noqa: E402
+from tests.method.test_golden import EXPLICIT, GOLDEN, STEPS, assert_matches_golden, train_golden  # noqa: E402
 
 # the CNN keys of the tests' tiny backbone removed, the ViT's set; the optimiser is the ViT recipe's
 VIT_EXPLICIT = [
@@ -40,7 +40,8 @@ def test_five_vit_steps_match_the_golden_record(method):
     want = _record(method)
     got = train_golden(method, VIT_EXPLICIT)
     assert any(".blocks.1.attn.qkv.weight" in k for k in got["tensors"])  # it is the ViT that trained
-    assert_matches_golden(got, want)
+    # AdamW at lr 5e-4 x 8 / 256: two processors' runs can drift apart by up to 2 x lr an element a step
+    assert_matches_golden(got, want, drift_per_element=2 * STEPS * 5e-4 * 8 / 256)
 
 if __name__ == "__main__" and "--record" in sys.argv:
     for m in ("scfs", "dino"):

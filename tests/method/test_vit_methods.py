@@ -167,3 +167,21 @@ def test_vit_experiments_compose_validate_and_build(tmp_path, experiment, method
         assert cfg.method.out_dim == 65536 and cfg.method.freeze_last_layer_epochs == 1
     else:
         assert cfg.backbone.patch_size == 4 and cfg.crops.global_size == 32
+
+
+@pytest.mark.parametrize("method_name", ["scfs", "dino"])
+def test_the_teacher_has_no_stochastic_depth(shapes_root, method_name):
+    """The teacher runs in train mode (batch statistics, as in DINO) but, like DINO's teacher, without drop path:
+    with `drop_path_rate=0.5` its outputs repeat exactly from call to call while the student's still vary."""
+    from scfs.methods.networks import student_forward, teacher_forward
+    from scfs.train import build
+
+    torch.manual_seed(0)
+    _, method = build(vit_cfg([f"method={method_name}", "backbone.drop_path_rate=0.5"], shapes_root))
+    method.train()
+    g, loc = torch.randn(4, 3, 32, 32), torch.randn(6, 3, 16, 16)
+    with torch.no_grad():
+        t1, t2 = (teacher_forward(method.teacher, g, method.stages) for _ in range(2))
+        s1, s2 = (student_forward(method.student, g, loc, method.stages, method._local_heads) for _ in range(2))
+    torch.testing.assert_close(t1["logits"], t2["logits"], rtol=0, atol=0)
+    assert not torch.equal(s1["logits"], s2["logits"])  # the student keeps its stochastic depth

@@ -260,7 +260,9 @@ def backbone_ceiling(cfg: Any, args: argparse.Namespace) -> dict[str, Any]:
     2 global + n local views (each size one batch, as the method's student does), the teacher forward on the 2
     global views, one SGD step, in the row's precision and memory format. No real step can beat it, so
     `step / ceiling` says how much of the step is left outside the backbones. Timed like `measure`: median of CUDA
-    event gaps after the warm-up."""
+    event gaps after the warm-up. A ViT goes the same way, views of both sizes through its patch embedding and
+    blocks to the CLS token (position embeddings interpolated per view size, drop path as configured); the maps of
+    its searched blocks come out of that same pass (only their final norm is left out here)."""
     import torch
     from omegaconf import OmegaConf
 

@@ -3,11 +3,14 @@
 The step is exactly the training one: `Trainer.fit` runs `on_after_batch_transfer` (views by `BatchMultiCrop` on
 the device), `training_step`, backward, gradient clipping, the optimizer step and the EMA update (in
 `SelfDistillation.optimizer_step`), plus the online linear monitor, with the configs of `+experiment=imagenet`
-(ResNet-50, 2x224 + 8x96, 65,536-way head) or `+experiment=cifar10` (`--suite cifar`: ResNet-18 CIFAR stem,
-2x32 + 6x16, B=512, epochs/min for 50,000 images).
+(ResNet-50, 2x224 + 8x96, 65,536-way head), `+experiment=cifar10` (`--suite cifar`: ResNet-18 CIFAR stem,
+2x32 + 6x16, B=512, epochs/min for 50,000 images) or `+experiment=imagenet_vit` (`--suite vit`: ViT-S/16,
+2x224 + 10x96, 65,536-way head, AdamW, B=64; its default path, compiled with CUDA graphs in bf16 as the recipe
+ships it, beside the eager step).
 
-Input (`--data synthetic`, default): random uint8 images already on the device (256x256 for ResNet-50,
-32x32 for CIFAR), served by the on-device loader (`data.on_device`); the views are made inside the step, so
+Input (`--data synthetic`, default): random uint8 images already on the device (256x256 for ResNet-50, the
+published measurement's input; 430x430 for the ViT, the side at which its smallest-scale crops keep full
+resolution; 32x32 for CIFAR), served by the on-device loader (`data.on_device`); the views are made inside the step, so
 the times include view generation (`aug ms` reports it alone). `--data real --data-root DIR` pulls batches
 through the real datamodule instead (CIFAR tree: on-device path; any other ImageFolder: DataLoader workers
 with per-sample multi-crop), to show whether the data path is the bottleneck.
@@ -20,9 +23,11 @@ scaling efficiency img/s(n) / (n x img/s(1)). The "published" columns are the re
 published implementation from ../shared/MEASUREMENTS.md, measured separately (not by this script).
 Each (batch, precision, memory format) also gets its backbone-bound limit (`backbone_ceiling`: the backbones'
 work alone), the ceiling no step of that shape can beat; `--no-ceiling` skips it.
-Writes benchmarks/results/step-<gpu>-<date>.{json,md}. Usage:
-    python -m scfs.bench.step [--suite resnet50|cifar] [--quick] [--devices N] [--out DIR]
+No published implementation exists for the ViT suite: its published columns read "-".
+Writes benchmarks/results/step-<gpu>-<date>[-cifar|-vit].{json,md}. Usage:
+    python -m scfs.bench.step [--suite resnet50|cifar|vit] [--quick] [--devices N] [--out DIR]
     python -m scfs.bench.step --device cpu --tiny --out /tmp/x      # seconds, for the test
+    python -m scfs.bench.step --suite vit --device cpu --tiny --out /tmp/x   # a 2-block ViT, default + eager
 """
 
 from __future__ import annotations
@@ -59,6 +64,12 @@ PUBLISHED = {
 }
 # The settings `+experiment=imagenet` / `cifar10` ship (the default path) and the eager path.
 DEFAULT_SETTING, EAGER_SETTING = "bf16_cl_graphs", "bf16_cl"
+SUITES = ("resnet50", "cifar", "vit")
+EXPERIMENT = {"resnet50": "imagenet", "cifar": "cifar10", "vit": "imagenet_vit"}
+# Per suite, the setting its experiment ships (default path) and that setting without compile (eager). The ViT
+# recipe has no channels_last: a ViT's maps are tokens, NHWC would only reorder the patch embedding's input.
+PATHS = {"resnet50": (DEFAULT_SETTING, EAGER_SETTING), "cifar": (DEFAULT_SETTING, EAGER_SETTING),
+         "vit": ("bf16_graphs", "bf16")}
 # Speed targets of the ResNet-50 step against the published one (bf16 + channels_last), per batch.
 SPEEDUP_TARGET, RATIO_TARGET = 2.0, 1.10
 SETTINGS = {  # name -> (trainer.precision, backbone.channels_last, compile)
@@ -67,20 +78,31 @@ SETTINGS = {  # name -> (trainer.precision, backbone.channels_last, compile)
     "bf16_cl": ("bf16-mixed", True, False),
     "bf16_cl_compile": ("bf16-mixed", True, True),
     "bf16_cl_graphs": ("bf16-mixed", True, "reduce-overhead"),  # torch.compile + CUDA graphs
+    "bf16_compile": ("bf16-mixed", False, True),
+    "bf16_graphs": ("bf16-mixed", False, "reduce-overhead"),
 }
 TINY = ["backbone=tiny", "backbone.channels=[8,16,16,32]", "method.out_dim=64", "method.hidden_dim=32",
         "method.bottleneck_dim=16", "++method.stage_out_dim=32", "++method.stage_hidden_dim=16",
         "++method.stage_bottleneck_dim=8", "crops=shapes", "crops.global_size=32", "crops.local_size=16",
         "crops.n_local=2"]
+# The ViT suite's tiny network: 2 blocks of width 64 (patch 8: a 4x4 grid at 32 px), both blocks searched.
+TINY_VIT = ["backbone=vit_micro", "search.stages=[block1,last]", *TINY[2:]]
 
 
 def suite_rows(suite: str, quick: bool, tiny: bool, batches: list[int] | None,
                settings: list[str] | None = None) -> list[tuple[str, int, str]]:
     """(method, batch, setting) rows of a suite; the default GPU suite fits in about 4 minutes. `settings`
-    replaces the suite's per-batch choice (every batch gets exactly those settings)."""
+    replaces the suite's per-batch choice (every batch gets exactly those settings). The ViT suite is its
+    recipe's default path beside its eager step (`--quick`: eager only), tiny included: the tiny rows exist to
+    run both paths' code."""
+    if suite not in SUITES:
+        raise ValueError(f"unknown suite {suite!r}: one of {', '.join(SUITES)}")
     if settings:
-        bs = batches or ([8] if tiny else [512] if suite == "cifar" else [32, 64])
+        bs = batches or ([8] if tiny else [512] if suite == "cifar" else [64] if suite == "vit" else [32, 64])
         return [(m, b, s) for m in ("scfs", "dino") for b in bs for s in settings]
+    if suite == "vit":
+        sets = [PATHS["vit"][1]] if quick else list(PATHS["vit"])
+        return [(m, b, s) for m in ("scfs", "dino") for b in (batches or ([8] if tiny else [64])) for s in sets]
     if tiny:
         return [(m, b, s) for m in ("scfs", "dino") for b in (batches or [8]) for s in ("fp32",)]
     if suite == "cifar":
@@ -112,8 +134,7 @@ def compose(suite: str, method: str, batch: int, setting: str, args: argparse.Na
     from hydra import initialize_config_dir
 
     precision, cl, comp = SETTINGS[setting]
-    exp = "cifar10" if suite == "cifar" else "imagenet"
-    ov = [f"+experiment={exp}", f"method={method}", f"batch_size={batch}", "global_batch_size=null",
+    ov = [f"+experiment={EXPERIMENT[suite]}", f"method={method}", f"batch_size={batch}", "global_batch_size=null",
           f"trainer.precision={precision}", f"backbone.channels_last={str(cl).lower()}",
           f"compile={str(bool(comp)).lower()}", f"compile_mode={comp if isinstance(comp, str) else 'default'}",
           f"trainer.devices={args.devices}", "logger=csv", "trainer.enable_progress_bar=false"]
@@ -124,12 +145,26 @@ def compose(suite: str, method: str, batch: int, setting: str, args: argparse.Na
     if args.devices > 1:
         ov += ["+trainer.strategy=ddp"]
     if args.tiny:
-        ov += TINY
+        ov += TINY_VIT if suite == "vit" else TINY
     if args.data == "real":
         ov += [f"data.root={args.data_root}"]
     ov += list(args.override or []) + ([variant] if variant else [])
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return hcompose(config_name="config", overrides=ov)
+
+
+def synthetic_size(suite: str, crops: Any, tiny: bool) -> int:
+    """Side of the synthetic (square) training images, which the step crops its views from. CIFAR and the tiny
+    networks: the global view's size (the images are that size). ResNet-50: 256, the input of the published
+    measurement it is compared with. ViT: nothing to match, so the smallest side at which every crop of the recipe
+    keeps full resolution (`crop_min_side`: 430 for 224 px at scale 0.4 and 96 px at 0.05)."""
+    from scfs.data.datamodule import crop_min_side
+
+    if suite == "cifar" or tiny:
+        return int(crops.global_size)
+    if suite == "vit":
+        return crop_min_side(crops)
+    return 256
 
 
 class SyntheticData:
@@ -184,8 +219,8 @@ def measure(cfg: Any, args: argparse.Namespace, suite: str) -> dict[str, Any]:
     L.seed_everything(0, verbose=False)
     dm, model = build(cfg)
     b = int(cfg.batch_size)
+    size = synthetic_size(suite, cfg.crops, args.tiny)
     if args.data == "synthetic":
-        size = int(cfg.crops.global_size) if suite == "cifar" or args.tiny else 256
         dm = SyntheticData(size, b * max(args.devices, 1) * 4, b)
     kw = trainer_kwargs(cfg)
     kw.update(max_steps=args.warmup + args.steps, max_epochs=-1, enable_checkpointing=False, logger=False,
@@ -208,7 +243,7 @@ def measure(cfg: Any, args: argparse.Namespace, suite: str) -> dict[str, Any]:
            "step_ms_p10_p90": [float(v) for v in _quantiles(gaps)]}
     if cuda:
         out["peak_GiB"] = torch.cuda.max_memory_allocated() / 2**30
-        out["aug_ms"] = _aug_ms(model, b, 256 if suite != "cifar" else 32)
+        out["aug_ms"] = _aug_ms(model, b, size)
     if prof is not None:
         out["profile"] = prof.summary()
     if suite == "cifar":
@@ -225,7 +260,9 @@ def backbone_ceiling(cfg: Any, args: argparse.Namespace) -> dict[str, Any]:
     2 global + n local views (each size one batch, as the method's student does), the teacher forward on the 2
     global views, one SGD step, in the row's precision and memory format. No real step can beat it, so
     `step / ceiling` says how much of the step is left outside the backbones. Timed like `measure`: median of CUDA
-    event gaps after the warm-up."""
+    event gaps after the warm-up. A ViT goes the same way, views of both sizes through its patch embedding and
+    blocks to the CLS token (position embeddings interpolated per view size, drop path as configured); the maps of
+    its searched blocks come out of that same pass (only their final norm is left out here)."""
     import torch
     from omegaconf import OmegaConf
 
@@ -412,8 +449,9 @@ def markdown(result: dict) -> str:
     lines = [f"# Training-step benchmark ({m['suite']}): {m['gpu']}, {m['date']}", "",
              f"torch {m['torch']}, lightning {m['lightning']}; {m['processes']} process(es); data {m['data']}; "
              f"{m['warmup']} warm-up + {m['steps']} timed steps; median step (CUDA events on GPU, wall clock on "
-             "CPU). Published = the published implementation, measured separately (../shared/MEASUREMENTS.md). "
-             "Backbone-bound = the two backbones' work of the step alone (student forward + backward on every view, "
+             "CPU). Published = the published implementation, measured separately (../shared/MEASUREMENTS.md)"
+             + ("; it has no ViT, so there is none for this suite (\"-\"). " if m["suite"] == "vit" else ". ")
+             + "Backbone-bound = the two backbones' work of the step alone (student forward + backward on every view, "
              "teacher forward on the global views, one SGD step; same batch, precision and memory format, "
              "eager): the ceiling of the step, and `of it` our share of that ceiling."
              + (f" Host: {m['host_us_per_op']:.1f} us to dispatch one tiny op (the yardstick for host-bound steps)."
@@ -432,10 +470,11 @@ def markdown(result: dict) -> str:
             return fmt.format(r[k]) if r.get(k) is not None else "-"
 
         ref = f"{pub['step_ms']:.1f} ({pub['img_per_s']}, {pub['setting']})" if pub else "-"
+        ceiling = f("ceiling_img_per_s", "{:.0f}") if "ceiling_error" not in r else f"- ({r['ceiling_error'][:80]})"
         lines.append(f"| {r['method']} | {r['B']} | {r['setting']} | {f('step_ms')} | {f('img_per_s', '{:.0f}')} | "
                      f"{f('warmup_s')} | {f('peak_GiB')} | {f('aug_ms', '{:.2f}')} | {f('ratio_scfs_dino', '{:.2f}')}"
                      f" | {ref} | {f('scaling_efficiency', '{:.2f}')} | {f('epochs_per_min')} | "
-                     f"{f('ceiling_img_per_s', '{:.0f}')} | {f('of_ceiling', '{:.0%}')} |")
+                     f"{ceiling} | {f('of_ceiling', '{:.0%}')} |")
     prof_rows = [r for r in result["rows"] if "profile" in r and "error" not in r["profile"]]
     if prof_rows:
         lines += ["", "Profile (`--profile`): per step, op and kernel-launch counts, GPU busy ms (kernels, copies and "
@@ -547,8 +586,8 @@ def run(args: argparse.Namespace) -> dict:
     gpu = "cpu" if args.device == "cpu" else re.sub(r"[^a-z0-9]+", "", torch.cuda.get_device_name().lower()
                                                      .replace("nvidia", ""))
     stamp = dt.date.today().isoformat()
-    suite = "cifar" if args.suite == "cifar" else "resnet50"
-    name = f"step-{gpu}-{stamp}" + ("" if suite == "resnet50" else "-cifar") + (
+    suite = args.suite
+    name = f"step-{gpu}-{stamp}" + ("" if suite == "resnet50" else f"-{suite}") + (
         f"-x{args.devices}" if args.devices > 1 else "") + ("-tiny" if args.tiny else "")
     meta = {"suite": suite, "gpu": gpu if args.device == "cpu" else torch.cuda.get_device_name(), "date": stamp,
             "torch": torch.__version__, "lightning": lightning.__version__, "python": platform.python_version(),
@@ -597,7 +636,8 @@ def run(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--suite", choices=("resnet50", "cifar"), default="resnet50")
+    ap.add_argument("--suite", choices=SUITES, default="resnet50",
+                    help="resnet50: +experiment=imagenet; cifar: +experiment=cifar10; vit: +experiment=imagenet_vit")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--devices", type=int, default=1, help="processes (GPUs) under DDP")
     ap.add_argument("--tiny", action="store_true", help="tiny network and crops (CPU test)")
@@ -622,6 +662,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="skip the backbone-bound limit (both backbones' work alone) measured per batch and setting")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = ap.parse_args(argv)
+    if args.suite == "vit" and any(SETTINGS[st][1] for st in args.setting or []):
+        ap.error(f"--suite vit --setting {next(st for st in args.setting if SETTINGS[st][1])}: channels_last is a CNN "
+                 "memory format the ViT recipe does not ship; use one of "
+                 + ", ".join(st for st, v in SETTINGS.items() if not v[1]))
     if args.data == "real" and not args.data_root:
         ap.error("--data real needs --data-root")
     if args.data == "real" and not (Path(args.data_root) / "train").is_dir():  # else every row records an error

@@ -23,6 +23,17 @@ def _plain(v: Any) -> Any:
     return tuple(v)
 
 
+def crop_min_side(crops: Mapping[str, Any]) -> int:
+    """Shortest image side at which every multi-crop view keeps its full resolution: side >= size / sqrt(min scale)
+    for the global and (if any) the local crops; a smaller image makes the smallest crops upsample."""
+    import math
+
+    need = [crops.get("global_size", 224) / math.sqrt(crops.get("global_scale", (0.25, 1.0))[0])]
+    if crops.get("n_local", 0):
+        need.append(crops.get("local_size", 96) / math.sqrt(crops.get("local_scale", (0.05, 0.25))[0]))
+    return math.ceil(max(need))
+
+
 class SSLDataModule(L.LightningDataModule):
     """Builds the training set and, for monitoring, train/val sets with the evaluation transform (`knn_loaders`).
 
@@ -102,18 +113,12 @@ class SSLDataModule(L.LightningDataModule):
         full resolution: side >= size / sqrt(min scale) for the global and the local crops (224 px at scale 0.25
         -> 448). The batched paths (`batch_aug`) need images of one size, so they decode at full size; evaluation
         always does (the standard protocol's resize)."""
-        import math
-
         v = self.data_cfg.get("decode_min_side", "auto")
         if self.batch_aug or v in (0, "0", False):
             return None
         if v not in (None, "auto"):
             return int(v) if int(v) > 0 else None
-        c = self.crops_cfg
-        need = [c.get("global_size", 224) / math.sqrt(c.get("global_scale", (0.25, 1.0))[0])]
-        if c.get("n_local", 0):
-            need.append(c.get("local_size", 96) / math.sqrt(c.get("local_scale", (0.05, 0.25))[0]))
-        return math.ceil(max(need))
+        return crop_min_side(self.crops_cfg)
 
     def train_dataloader(self) -> DataLoader | DeviceBatchLoader:
         self.setup()

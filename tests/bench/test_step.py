@@ -192,3 +192,118 @@ def test_backbone_ceiling_is_faster_than_the_step(tmp_path: Path) -> None:
     scfs = next(r for r in rows if r["method"] == "scfs")
     assert 0 < scfs["of_ceiling"] < 1.2
     assert "backbone-bound img/s" in js.with_suffix(".md").read_text()
+
+
+def _dynamo_without_inductor(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """torch.compile through dynamo's eager backend: the compiled rows trace their graphs as on the GPU, without
+    inductor's C++ code generation (minutes on this CPU). Returns the compile modes the step asked for."""
+    import torch._dynamo
+    from torch import nn
+
+    import scfs.methods.base as base
+
+    modes: list[str] = []
+    real_compile, real_module_compile = torch.compile, nn.Module.compile
+
+    def compile_fn(fn: object, **kw: object) -> object:
+        modes.append(str(kw.get("mode")))
+        return real_compile(fn, backend="eager", dynamic=False)
+
+    def compile_module(self: nn.Module, **kw: object) -> None:
+        modes.append(str(kw.get("mode")))
+        real_module_compile(self, backend="eager", dynamic=False)
+
+    monkeypatch.setattr(base.torch, "compile", compile_fn)
+    monkeypatch.setattr(nn.Module, "compile", compile_module)
+    return modes
+
+
+@pytest.mark.parametrize("backend", ["dynamo", pytest.param("inductor", marks=pytest.mark.slow)])
+def test_vit_suite_tiny_cpu_runs_default_and_eager(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture, backend: str) -> None:
+    """--suite vit: SCFS and DINO, each on the recipe's default path (compiled, CUDA-graph mode, bf16) and eager,
+    with the backbone-bound limit of a ViT; the record is named -vit and its published columns say there is none.
+    `dynamo`: 15 s; `inductor`, the real compiler: 5 min or more."""
+    torch.set_num_threads(1)
+    modes = _dynamo_without_inductor(monkeypatch) if backend == "dynamo" else None
+    assert main(["--suite", "vit", "--device", "cpu", "--tiny", "--warmup", "1", "--steps", "1", "--strict",
+                 "--out", str(tmp_path)]) == 0
+    (js,) = tmp_path.glob("step-cpu-*-vit-tiny.json")
+    rec = json.loads(js.read_text())
+    assert rec["meta"]["suite"] == "vit"
+    assert {(r["method"], r["B"], r["setting"]) for r in rec["rows"]} == {
+        (m, 8, s) for m in ("scfs", "dino") for s in ("bf16_graphs", "bf16")}
+    for r in rec["rows"]:
+        assert "error" not in r and "ceiling_error" not in r
+        assert 0 < r["step_ms"] < float("inf") and 0 < r["img_per_s"] < float("inf") and r["steps"] == 1
+        assert 0 < r["ceiling_img_per_s"] < float("inf") and "published" not in r
+    if modes is not None:  # the default rows compiled as the recipe ships (the losses' graph without CUDA graphs)
+        assert set(modes) == {"reduce-overhead", "None"}
+    md = js.with_suffix(".md").read_text()
+    assert "| scfs | 8 | bf16_graphs |" in md and "| dino | 8 | bf16 |" in md
+    assert "it has no ViT, so there is none for this suite" in md
+    assert md in capsys.readouterr().out
+
+
+def test_vit_row_plan_and_recipe() -> None:
+    """The GPU plan: ViT-S/16 at B=64, both methods, the recipe's shipped path and the eager one; the default
+    setting composes exactly what `+experiment=imagenet_vit` ships, the eager one differs only in compile."""
+    import argparse
+
+    from hydra import compose as hcompose
+    from hydra import initialize_config_dir
+
+    from scfs.bench.step import PATHS, compose, suite_rows, synthetic_size
+    from scfs.names import CONF_DIR
+
+    assert suite_rows("vit", quick=False, tiny=False, batches=None) == [
+        ("scfs", 64, "bf16_graphs"), ("scfs", 64, "bf16"), ("dino", 64, "bf16_graphs"), ("dino", 64, "bf16")]
+    assert suite_rows("vit", quick=True, tiny=False, batches=[32]) == [("scfs", 32, "bf16"), ("dino", 32, "bf16")]
+    with pytest.raises(ValueError, match="unknown suite 'vitt'"):
+        suite_rows("vitt", quick=False, tiny=False, batches=None)
+    args = argparse.Namespace(devices=1, data="synthetic", device="cuda", tiny=False, override=None)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        shipped = hcompose(config_name="config", overrides=["+experiment=imagenet_vit", "method=scfs"])
+    default, eager = (compose("vit", "scfs", 64, s, args) for s in PATHS["vit"])
+    keys = ("trainer.precision", "compile", "compile_mode", "backbone.channels_last", "backbone.name",
+            "crops.global_size", "crops.local_size", "crops.n_local", "method.out_dim", "optim.name")
+    from omegaconf import OmegaConf
+
+    def pick(c: object) -> list:
+        return [OmegaConf.select(c, k) for k in keys]
+
+    assert pick(default) == pick(shipped)
+    assert pick(shipped) == ["bf16-mixed", True, "reduce-overhead", False, "vit_small_patch16_224", 224, 96, 10,
+                             65536, "adamw"]
+    assert (eager.compile, eager.trainer.precision, default.batch_size) == (False, "bf16-mixed", 64)
+    # synthetic images big enough for every crop at full resolution: 96 px locals at scale 0.05 need 430 px
+    assert synthetic_size("vit", default.crops, tiny=False) == 430
+    assert synthetic_size("resnet50", default.crops, tiny=False) == 256
+    tiny = compose("vit", "dino", 8, "bf16", argparse.Namespace(**{**vars(args), "tiny": True}))
+    assert (tiny.backbone.arch, tiny.backbone.depth, synthetic_size("vit", tiny.crops, tiny=True)) == ("vit", 2, 32)
+
+
+def test_vit_suite_refuses_channels_last(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A ViT has no channels_last setting in its recipe: one error line naming the settings that apply, no record;
+    a suite that does not exist is refused with the ones that do."""
+    with pytest.raises(SystemExit) as exc:
+        main(["--suite", "vit", "--device", "cpu", "--tiny", "--steps", "1", "--no-ceiling", "--setting", "bf16",
+              "--setting", "bf16_cl", "--out", str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exc.value.code == 2 and "--suite vit --setting bf16_cl: channels_last" in err
+    assert "fp32, bf16, bf16_compile, bf16_graphs" in err
+    with pytest.raises(SystemExit) as exc:
+        main(["--suite", "vit16", "--device", "cpu", "--out", str(tmp_path)])
+    assert exc.value.code == 2 and "'resnet50', 'cifar', 'vit'" in capsys.readouterr().err
+    assert not list(tmp_path.glob("step-*"))
+
+
+def test_markdown_says_why_a_ceiling_is_missing() -> None:
+    """A row whose backbone-bound limit could not be measured keeps its step numbers and says why in that cell."""
+    from scfs.bench.step import markdown
+
+    meta = {"suite": "vit", "gpu": "cpu", "date": "2026-12-02", "torch": "2", "lightning": "2", "processes": 1,
+            "data": "synthetic", "warmup": 1, "steps": 2}
+    md = markdown({"meta": meta, "rows": [{"method": "dino", "B": 8, "setting": "bf16", "step_ms": 4.0,
+                                           "img_per_s": 2000.0, "ceiling_error": "ValueError: no views"}]})
+    assert "| dino | 8 | bf16 | 4.0 | 2000 |" in md and "| - (ValueError: no views) | - |" in md

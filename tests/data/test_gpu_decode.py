@@ -265,6 +265,11 @@ def test_datamodule_yields_encoded_batches_and_refuses_in_memory_paths(tmp_path:
     batch, labels = next(iter(dm.train_dataloader()))
     assert isinstance(batch, EncodedImages) and len(batch) == 4 and labels.shape == (4,)
     assert not dm.colour_on_device and dm.train_decode_min_side() is None  # full-size decode, views on the device
+    # Lightning's transfer moves the labels and leaves the encoded bytes on the host, where decode_jpeg wants them
+    from lightning.fabric.utilities.apply_func import move_data_to_device
+
+    moved, moved_labels = move_data_to_device((batch, labels), torch.device("meta"))
+    assert moved is batch and moved.flat.device.type == "cpu" and moved_labels.device.type == "meta"
     with pytest.raises(ValueError, match="batch_aug"):
         SSLDataModule(data, crops, batch_size=4, batch_aug=True)
     with pytest.raises(ValueError, match="decode"):

@@ -164,7 +164,14 @@ def validate_config(cfg: DictConfig) -> None:
             )
             raise ConfigError(f"config key data.root={root!r} is invalid: the folder does not exist; prepare it with: "
                               f"{hint}")
-    else:
+    _check(cfg, "data.decode", lambda v: v in ("cpu", "gpu"), "cpu (decode in the DataLoader workers) or gpu (on "
+           "the training device)", required=False)
+    if _get(cfg, "data.decode", "cpu") == "gpu" and (cfg.data.name == "shapes" or _get(cfg, "data.batch_aug", False)):
+        why = "the shapes data are generated arrays, not files" if cfg.data.name == "shapes" else (
+            "data.batch_aug=true makes the views of fixed-size in-memory images; set data.batch_aug=false")
+        raise ConfigError(f"config key data.decode=gpu is invalid: it decodes image files on the device; {why} "
+                          "(or use data.decode=cpu)")
+    if cfg.data.name == "shapes":
         _check(cfg, "data.image_size", lambda v: _pos_int(v) and v >= 8, "an integer >= 8 (pixels)")
         _check(cfg, "data.n_train", _pos_int, "an integer > 0")
         _check(cfg, "data.n_val", _pos_int, "an integer > 0")

@@ -70,6 +70,9 @@ BAD = [
     ("+global_batch_size=7 trainer.devices=2", "global_batch_size"),
     ("data=folder data.root=/definitely/not/here", "data.root"),
     ("data=cifar10 data.root=/definitely/not/here", "data.root"),
+    ("data=folder data.root=/tmp data.decode=tpu", "data.decode"),
+    ("+data.decode=gpu", "data.decode"),  # shapes: generated arrays, no files to decode
+    ("data=folder data.root=/tmp data.decode=gpu data.batch_aug=true", "data.decode"),
     ("data.image_size=4", "data.image_size"),
     ("trainer.max_epochs=0", "trainer.max_epochs"),
     ("trainer.accumulate_grad_batches=0", "trainer.accumulate_grad_batches"),

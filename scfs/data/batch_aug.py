@@ -4,6 +4,9 @@ Per-sample torchvision v2 transforms cost ~9 ms/sample on our CPUs (as much as t
 training at ~2,500 img/s. ``BatchMultiCrop`` takes a uint8 (B,3,H,W) batch (say, collated raw images moved to
 the GPU) and returns the layout of ``default_collate`` over ``MultiCrop`` outputs, so the training code
 cannot tell them apart. Parameters are drawn per sample on the images' device from an optional generator.
+It also takes a list of uint8 (C,H,W) images of different sizes (files decoded on the device,
+``data.decode=gpu``): boxes are drawn per image size and all images are cut from one packed canvas
+(``pack_images``), still one roi_align per view size.
 
 Semantics follow ``MultiCrop`` op by op (crop -> resize -> flip -> jitter -> grayscale -> blur -> solarize ->
 normalise), with these deliberate differences:
@@ -190,12 +193,16 @@ class BatchMultiCrop(torch.nn.Module):
             t = self._consts[key] = torch.tensor(list(values), dtype=dtype).to(device)
         return t
 
-    def sample_params(self, batch: int, height: int, width: int, device: torch.device | str = "cpu",
-                      generator: torch.Generator | None = None, global_batch: int | None = None,
-                      offset: int = 0) -> BatchAugParams:
+    def sample_params(self, batch: int, height: int | torch.Tensor, width: int | torch.Tensor,
+                      device: torch.device | str = "cpu", generator: torch.Generator | None = None,
+                      global_batch: int | None = None, offset: int = 0) -> BatchAugParams:
         """Draw every view's parameters for ``batch`` images of ``height`` x ``width`` with one ``torch.rand``
         on ``device`` (no host sync): crops follow ``RandomResizedCrop.get_params`` (10 candidates, first
         valid one, else its centre-crop fallback).
+
+        ``height`` / ``width`` are one size for the whole batch (ints) or one per image ((B,) tensors on
+        ``device``: a batch of decoded files of different sizes, ``data.decode=gpu``); the draw is the same,
+        so image i's box is the one a batch of images of image i's size would get.
 
         DDP: with ``global_batch`` (images of the step over all ranks) the draw is made for the whole global
         batch and rows ``offset:offset+batch`` are kept, so rank r of a 2 x B run gets exactly the parameters
@@ -216,22 +223,30 @@ class BatchMultiCrop(torch.nn.Module):
             return self._const(name, values, torch.float64, device).view(v, 1, 1)
 
         lo, hi = col([s[0] for s in scales], "scale_lo"), col([s[1] for s in scales], "scale_hi")
-        area = float(height * width)
+        if isinstance(height, torch.Tensor) or isinstance(width, torch.Tensor):  # one size per image: (1, B)
+            hh = torch.as_tensor(height, **f64).reshape(-1).expand(batch).reshape(1, batch)
+            ww = torch.as_tensor(width, **f64).reshape(-1).expand(batch).reshape(1, batch)
+            h3, w3 = hh[..., None], ww[..., None]  # against the (V, B, tries) candidates
+            area: float | torch.Tensor = h3 * w3
+            fw, fh = self._fallback_size(hh, ww)
+        else:
+            hh, ww, h3, w3 = height, width, height, width
+            area = float(height * width)
+            fw, fh = (float(v) for v in self._fallback_size(height, width))
         target = area * (lo + (hi - lo) * u[..., _U_AREA:_U_AREA + _N_TRIES])
         lr0, lr1 = math.log(self.ratio[0]), math.log(self.ratio[1])
         aspect = torch.exp(lr0 + (lr1 - lr0) * u[..., _U_RATIO:_U_RATIO + _N_TRIES])
         w_try = torch.round(torch.sqrt(target * aspect))  # round half to even, like Python's round()
         h_try = torch.round(torch.sqrt(target / aspect))
-        ok = (w_try > 0) & (w_try <= width) & (h_try > 0) & (h_try <= height)
+        ok = (w_try > 0) & (w_try <= w3) & (h_try > 0) & (h_try <= h3)
         first = ok.to(torch.uint8).argmax(-1, keepdim=True)  # index of the first valid candidate
         found = ok.any(-1)
-        fw, fh = self._fallback_size(height, width)
-        w = torch.where(found, w_try.gather(-1, first).squeeze(-1), float(fw))
-        h = torch.where(found, h_try.gather(-1, first).squeeze(-1), float(fh))
-        top = torch.minimum(torch.floor(u[..., _U_TOP] * (height - h + 1)), height - h)
-        left = torch.minimum(torch.floor(u[..., _U_LEFT] * (width - w + 1)), width - w)
-        top = torch.where(found, top, torch.div(height - h, 2, rounding_mode="floor"))
-        left = torch.where(found, left, torch.div(width - w, 2, rounding_mode="floor"))
+        w = torch.where(found, w_try.gather(-1, first).squeeze(-1), fw)
+        h = torch.where(found, h_try.gather(-1, first).squeeze(-1), fh)
+        top = torch.minimum(torch.floor(u[..., _U_TOP] * (hh - h + 1)), hh - h)
+        left = torch.minimum(torch.floor(u[..., _U_LEFT] * (ww - w + 1)), ww - w)
+        top = torch.where(found, top, torch.div(hh - h, 2, rounding_mode="floor"))
+        left = torch.where(found, left, torch.div(ww - w, 2, rounding_mode="floor"))
         boxes = torch.stack((left, top, left + w, top + h), -1).to(torch.int64)
 
         jit = u[..., _U_JIT] < self.jitter_p
@@ -252,8 +267,14 @@ class BatchMultiCrop(torch.nn.Module):
             solarize=u[..., _U_SOL] < col(sol_p, "sol_p")[..., 0],
         )
 
-    def _fallback_size(self, height: int, width: int) -> tuple[int, int]:
-        """(w, h) of RandomResizedCrop's centre-crop fallback, clamped to the allowed aspect ratios."""
+    def _fallback_size(self, height: Any, width: Any) -> tuple[Any, Any]:
+        """(w, h) of RandomResizedCrop's centre-crop fallback, clamped to the allowed aspect ratios; ints, or
+        float64 tensors for per-image sizes (same rounding: half to even, as Python's round)."""
+        if isinstance(height, torch.Tensor):
+            in_ratio = width / height
+            fw = torch.where(in_ratio > max(self.ratio), torch.round(height * max(self.ratio)), width)
+            fh = torch.where(in_ratio < min(self.ratio), torch.round(width / min(self.ratio)), height)
+            return fw, fh
         in_ratio = width / height
         if in_ratio < min(self.ratio):
             return width, int(round(width / min(self.ratio)))
@@ -294,22 +315,36 @@ class BatchMultiCrop(torch.nn.Module):
             y = torch.where(bc(q["solarize"]) & (y >= 0.5), 1.0 - y, y)
         return y
 
-    def apply(self, images: torch.Tensor, params: BatchAugParams) -> dict[str, Any]:
-        """Render the views of ``params`` from a uint8 (B,C,H,W) batch: one roi_align per view size, then
-        the per-pixel ops on the (n_views*B,3,s,s) stack of that size.
+    def apply(self, images: torch.Tensor | Sequence[torch.Tensor], params: BatchAugParams) -> dict[str, Any]:
+        """Render the views of ``params`` from a uint8 (B,C,H,W) batch, or a list of B uint8 (C,H,W) images of
+        different sizes (packed into one canvas, ``pack_images``): one roi_align per view size, then the
+        per-pixel ops on the (n_views*B,3,s,s) stack of that size.
 
         On the CPU the ~40 per-pixel passes run on blocks of ~``cpu_block`` floats so that they stay in
         cache instead of streaming 100 MB float stacks (ImageNet sizes) from DRAM each time: 1.6x faster
         at 224 px, neutral at 32 px. Elsewhere the whole stack is one block (fewest kernel launches)."""
-        x = _as_float_batch(images)
-        b = x.shape[0]
+        packed = not isinstance(images, torch.Tensor)
+        if packed:  # one canvas of 0..255 floats; each image's boxes shifted to where it lies in the canvas
+            x, origin = pack_images(images)
+            b = len(images)
+            idx = torch.zeros(b, dtype=torch.float32, device=x.device)
+            shift = origin.repeat(1, 2)  # (B,4): x, y, x, y
+        else:
+            x = _as_float_batch(images)
+            b = x.shape[0]
+            idx = torch.arange(b, dtype=torch.float32, device=x.device)
+            shift = None
         sizes, _, blur_p, sol_p = self._view_table()
-        idx = torch.arange(b, dtype=torch.float32, device=x.device)
         views: list[torch.Tensor] = []
         for sel in _size_runs(sizes):
             s, n = sizes[sel.start], sel.stop - sel.start
-            rois = torch.cat((idx.repeat(n)[:, None], params.boxes[sel].reshape(-1, 4).to(torch.float32)), 1)
+            boxes = params.boxes[sel].to(torch.float32)
+            if shift is not None:
+                boxes = boxes + shift
+            rois = torch.cat((idx.repeat(n)[:, None], boxes.reshape(-1, 4)), 1)
             y = roi_align(x, rois, output_size=(s, s), spatial_scale=1.0, sampling_ratio=-1, aligned=True)
+            if packed:
+                y = y.mul_(1.0 / 255.0)
             views += self._finish_group(y, params, sel, blur=max(blur_p[sel]) > 0, solarize=max(sol_p[sel]) > 0)
         return {"views": views, "boxes": params.boxes.transpose(0, 1).to(torch.float32).contiguous(),
                 "flips": params.flip.transpose(0, 1).contiguous()}
@@ -355,10 +390,20 @@ class BatchMultiCrop(torch.nn.Module):
             out += self._finish_group(y, params, sel, blur=max(blur_p[sel]) > 0, solarize=max(sol_p[sel]) > 0)
         return {"views": out, "flips": params.flip.transpose(0, 1).contiguous()}
 
-    def forward(self, images: torch.Tensor, generator: torch.Generator | None = None,
+    def forward(self, images: torch.Tensor | Sequence[torch.Tensor], generator: torch.Generator | None = None,
                 global_batch: int | None = None, offset: int = 0) -> dict[str, Any]:
-        """All views of a uint8 (B,3,H,W) batch; parameters drawn on the images' device from ``generator``
-        (``global_batch`` / ``offset``: this rank's rows of a DDP step's draw, see ``sample_params``)."""
+        """All views of a uint8 (B,3,H,W) batch, or of a list of uint8 (C,H,W) images of different sizes on one
+        device (decoded files, ``data.decode=gpu``: boxes drawn per image size, in that image's pixels);
+        parameters drawn on the images' device from ``generator`` (``global_batch`` / ``offset``: this rank's
+        rows of a DDP step's draw, see ``sample_params``)."""
+        if not isinstance(images, torch.Tensor):
+            imgs = list(images)
+            _check_image_list(imgs)
+            device = imgs[0].device
+            # image sizes are host metadata: one small host-to-device copy, no sync on the device's work
+            hw = torch.tensor([tuple(im.shape[-2:]) for im in imgs], dtype=torch.float64).to(device, non_blocking=True)
+            params = self.sample_params(len(imgs), hw[:, 0], hw[:, 1], device, generator, global_batch, offset)
+            return self.apply(imgs, params)
         _check_batch(images)
         b, _, h, w = images.shape
         return self.apply(images, self.sample_params(b, h, w, images.device, generator, global_batch, offset))
@@ -386,6 +431,47 @@ def _check_batch(images: torch.Tensor) -> None:
                          f"{tuple(getattr(images, 'shape', ()))}")
     if images.dtype != torch.uint8:
         raise ValueError(f"expected a uint8 image batch, got {images.dtype}")
+
+
+def _check_image_list(images: Sequence[torch.Tensor]) -> None:
+    if not images:
+        raise ValueError("expected a non-empty list of (3,H,W) or (1,H,W) uint8 images")
+    for im in images:
+        if not isinstance(im, torch.Tensor) or im.ndim != 3 or im.shape[0] not in (1, 3) or im.dtype != torch.uint8:
+            raise ValueError(f"expected (3,H,W) or (1,H,W) uint8 images, got {type(im).__name__} "
+                             f"{tuple(getattr(im, 'shape', ()))} {getattr(im, 'dtype', '')}")
+        if im.device != images[0].device:
+            raise ValueError(f"images on different devices: {im.device} and {images[0].device}")
+
+
+def pack_images(images: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Images of different sizes as one float32 (1,3,Hc,Wc) canvas of 0..255 values, so that one ``roi_align``
+    per view size crops the whole batch (roi_align wants one (N,C,H,W) input; padding every image to the
+    largest one would cost memory in proportion to the largest image times the batch).
+
+    Shelf packing (tallest first) into a canvas about as wide as it is tall. Each image gets a one-pixel
+    border that repeats its edge pixels: bilinear samples within half a pixel of an image edge then read
+    the edge pixel, exactly as roi_align's clamping does on the image alone, never a neighbour's pixels.
+    Returns the canvas and the (B,2) float32 (x, y) of each image's top-left pixel in the canvas, on the
+    images' device. Large canvases put the coordinates in the thousands, where float32 has ~1e-4 px of
+    resolution: at most ~1e-4 of a pixel step of interpolation error."""
+    sizes = [(int(im.shape[-2]) + 2, int(im.shape[-1]) + 2) for im in images]
+    width = max(max(w for _, w in sizes), math.ceil(math.sqrt(sum(h * w for h, w in sizes))))
+    origin: list[tuple[int, int]] = [(0, 0)] * len(images)
+    x = y = shelf = 0
+    for i in sorted(range(len(images)), key=lambda k: -sizes[k][0]):
+        h, w = sizes[i]
+        if x + w > width:
+            x, y, shelf = 0, y + shelf, 0
+        origin[i] = (x + 1, y + 1)
+        x, shelf = x + w, max(shelf, h)
+    device = images[0].device
+    canvas = torch.zeros((1, 3, y + shelf, width), dtype=torch.float32, device=device)
+    for im, (ox, oy) in zip(images, origin):
+        h, w = im.shape[-2:]
+        src = im.as_subclass(torch.Tensor).expand(3, -1, -1)[None].to(torch.float32)
+        canvas[0, :, oy - 1:oy + h + 1, ox - 1:ox + w + 1] = tnf.pad(src, (1, 1, 1, 1), mode="replicate")[0]
+    return canvas, torch.tensor(origin, dtype=torch.float32).to(device, non_blocking=True)
 
 
 def _as_float_batch(images: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,8 @@ from torch.utils.data import DataLoader, Dataset
 
 log = logging.getLogger("scfs.data")
 
+DECODE_CHOICES = ("cpu", "gpu")  # data.decode: where training JPEGs are decoded (see SSLDataModule)
+
 
 def _plain(v: Any) -> Any:
     """OmegaConf ListConfig -> tuple, so transforms get plain Python values."""
@@ -46,6 +48,10 @@ class SSLDataModule(L.LightningDataModule):
     device and yields batches by indexing it (`DeviceBatchLoader`): no worker, pinning or host-to-device copy
     per step. Under DDP each rank trains on its slice of every global batch (`EpochSeededRandomSampler`), with
     either loader.
+
+    `data.decode=gpu` (image folders of any image sizes) moves the JPEG decoding there too: workers only read
+    the files' bytes and the module decodes the batch and makes its views on its device
+    (`scfs.data.encoded`); `cpu` (the default) decodes in the workers.
     """
 
     def __init__(self, data: Mapping[str, Any], crops: Mapping[str, Any], batch_size: int, num_workers: int = 0,
@@ -60,7 +66,16 @@ class SSLDataModule(L.LightningDataModule):
                              "on the device); per-sample multi-crop runs in DataLoader workers")
         # per-sample crops in the workers, colour on the device; with batch_aug every view is made on the device
         # anyway, so the flag has nothing left to do (e.g. +experiment=imagenet with data=shapes)
-        self.colour_on_device = bool(self.data_cfg.get("colour_on_device", False)) and not batch_aug
+        self.decode = str(self.data_cfg.get("decode") or "cpu")
+        if self.decode not in DECODE_CHOICES:
+            raise ValueError(f"data.decode={self.decode!r}: expected one of {', '.join(DECODE_CHOICES)}")
+        if self.decode == "gpu" and batch_aug:
+            raise ValueError("data.decode=gpu decodes image files on the device and makes their views there; "
+                             "data.batch_aug / data.on_device are for fixed-size in-memory images: set "
+                             "data.batch_aug=false (and data.on_device=false) or data.decode=cpu")
+        # with decode=gpu every view is made on the device from the decoded images: nothing left for the flag
+        self.colour_on_device = (bool(self.data_cfg.get("colour_on_device", False)) and not batch_aug
+                                 and self.decode == "cpu")
         self.train_set: Dataset | None = None
         self._device_data: tuple[torch.Tensor, torch.Tensor] | None = None
         self._eval_data: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -93,18 +108,29 @@ class SSLDataModule(L.LightningDataModule):
         from scfs.data.datasets import build_dataset
         from scfs.data.multicrop import MultiCrop, MultiCropGeometry
 
-        if self.train_set is None:
+        if self.train_set is not None:
+            return
+        if self.decode == "gpu":  # workers read bytes; the module decodes and makes the views on its device
+            from scfs.data.datasets import ImageFileDataset
+            from scfs.data.encoded import EncodedImageFiles
+
+            files = build_dataset({**self.data_cfg, "decode_min_side": 0}, "train", None)
+            if not isinstance(files, ImageFileDataset):
+                raise ValueError(f"data.decode=gpu reads image files; data.name={self.data_cfg.get('name')} here is "
+                                 f"held in memory ({type(files).__name__}): use data.decode=cpu")
+            self.train_set = EncodedImageFiles.of(files)
+        else:
             # colour_on_device: workers crop (uint8), the module flips, colours and normalises on its device
             crop_cls = MultiCropGeometry if self.colour_on_device else MultiCrop
             transform = None if self.batch_aug else crop_cls(**self.crops_cfg)
             cfg = {**self.data_cfg, "decode_min_side": self.train_decode_min_side()}
             self.train_set = build_dataset(cfg, "train", transform)
-            if len(self.train_set) < self.batch_size:
-                from scfs.config import ConfigError
+        if len(self.train_set) < self.batch_size:
+            from scfs.config import ConfigError
 
-                raise ConfigError(
-                    f"batch_size={self.batch_size} is larger than the training set ({len(self.train_set)} images) "
-                    "and every batch would be dropped: lower batch_size")
+            raise ConfigError(
+                f"batch_size={self.batch_size} is larger than the training set ({len(self.train_set)} images) "
+                "and every batch would be dropped: lower batch_size")
 
     def train_decode_min_side(self) -> int | None:
         """Shorter side that training crops need from an image file (`data.decode_min_side`: auto | 0 = off | N).
@@ -114,7 +140,7 @@ class SSLDataModule(L.LightningDataModule):
         -> 448). The batched paths (`batch_aug`) need images of one size, so they decode at full size; evaluation
         always does (the standard protocol's resize)."""
         v = self.data_cfg.get("decode_min_side", "auto")
-        if self.batch_aug or v in (0, "0", False):
+        if self.batch_aug or self.decode == "gpu" or v in (0, "0", False):  # decode=gpu: nvJPEG decodes full size
             return None
         if v not in (None, "auto"):
             return int(v) if int(v) > 0 else None
@@ -129,8 +155,12 @@ class SSLDataModule(L.LightningDataModule):
                 images, labels = materialise(self.train_set, self.data_cfg, self.num_workers)
                 self._device_data = (images.to(device), labels.to(device))
             return DeviceBatchLoader(*self._device_data, sampler, self.batch_size, dataset=self.train_set)
-        return DataLoader(self.train_set, batch_size=self.batch_size, sampler=sampler, drop_last=True,
-                          **self._loader_kwargs())
+        kw = self._loader_kwargs()
+        if self.decode == "gpu":
+            from scfs.data.encoded import encoded_collate
+
+            kw["collate_fn"] = encoded_collate(bool(self.data_cfg.get("strict", False)))
+        return DataLoader(self.train_set, batch_size=self.batch_size, sampler=sampler, drop_last=True, **kw)
 
     def _eval_split(self, split: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """A split as uint8 + labels on `device`, decoded once (and cached on disk for image folders)."""

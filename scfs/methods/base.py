@@ -287,32 +287,45 @@ class SelfDistillation(L.LightningModule):
             super().backward(loss, *args, **kwargs)
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        """Raw uint8 image batches get their multi-crop views here, on the training device, in one go.
+        """Raw uint8 image batches get their multi-crop views here, on the training device, in one go; still
+        encoded ones (`data.decode=gpu`, `scfs.data.encoded.EncodedImages`, left on the host by the transfer)
+        are decoded here first, on this module's device.
 
         The generator is re-seeded from (seed, global step), so the views of a step do not depend on what
         ran before it: a resumed run sees exactly the views of an uninterrupted one.
         """
+        from scfs.data.encoded import EncodedImages, decode_images
+
         images = batch[0] if isinstance(batch, (list, tuple)) else batch
+        encoded = isinstance(images, EncodedImages)
         cropped = isinstance(images, dict) and images.get("views") and images["views"][0].dtype == torch.uint8
-        if not (self.training and (cropped or isinstance(images, torch.Tensor) and images.dtype == torch.uint8)):
+        if not (self.training and (encoded or cropped or isinstance(images, torch.Tensor)
+                                   and images.dtype == torch.uint8)):
             return batch
         if self.batch_aug is None:
-            raise RuntimeError("the loader yields uint8 images or crops but the module has no crops config: build it "
-                               "with scfs.train.build (data.batch_aug / data.colour_on_device pass the crops)")
-        first = images["views"][0] if cropped else images
-        if self._aug_gen is None or self._aug_gen.device != first.device:
-            self._aug_gen = torch.Generator(device=first.device)
+            raise RuntimeError("the loader yields uint8 images, crops or encoded files but the module has no crops "
+                               "config: build it with scfs.train.build (data.batch_aug / data.colour_on_device / "
+                               "data.decode=gpu pass the crops)")
+        if encoded:
+            with record_function("scfs/decode"):
+                labels = batch[1] if isinstance(batch, (list, tuple)) and len(batch) > 1 else None
+                images, labels = decode_images(images, labels, self.device)
+            if labels is not None:
+                batch = (batch[0], labels, *batch[2:])
+        device = images[0].device if encoded else (images["views"][0] if cropped else images).device
+        if self._aug_gen is None or self._aug_gen.device != device:
+            self._aug_gen = torch.Generator(device=device)
         self._aug_gen.manual_seed(self.seed * 1_000_003 + self.global_step)
         # DDP: every rank draws the parameters of the whole global batch from the same seed and keeps its
         # rows (the sampler gives rank r images r*B..(r+1)*B-1 of the global batch), so 2 ranks x B get
         # exactly the views of 1 rank x 2B (tests/test_ddp.py)
-        b = first.shape[0]
+        b = len(images) if encoded else (images["views"][0] if cropped else images).shape[0]
         rank, world = (self.trainer.global_rank, self.trainer.world_size) if self._trainer is not None else (0, 1)
         with record_function("scfs/views"):
             if cropped:  # data.colour_on_device: the workers cropped, the colour ops run here for the whole batch
                 sample = {**images, **self.batch_aug.colour(images["views"], generator=self._aug_gen,
                                                             global_batch=b * world, offset=rank * b)}
-            else:
+            else:  # a uint8 batch, or the decoded images of different sizes (data.decode=gpu)
                 sample = self.batch_aug(images, generator=self._aug_gen, global_batch=b * world, offset=rank * b)
         return (sample, *batch[1:]) if isinstance(batch, (list, tuple)) else sample
 

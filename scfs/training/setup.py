@@ -90,7 +90,8 @@ def build(cfg: DictConfig):
                        OmegaConf.to_container(cfg.search, resolve=True),
                        OmegaConf.to_container(cfg.optim, resolve=True),
                        batch_size=batch_size, n_local=cfg.crops.n_local,
-                       crops=crops if batch_aug or cfg.data.get("colour_on_device", False) else None,
+                       crops=crops if batch_aug or cfg.data.get("colour_on_device", False)
+                       or cfg.data.get("decode", "cpu") == "gpu" else None,
                        seed=cfg.seed, compile=bool(cfg.get("compile", False)),
                        compile_mode=str(cfg.get("compile_mode", "default")),
                        finite_check_every_n_steps=int(cfg.get("finite_check_every_n_steps", 1)))

@@ -98,6 +98,11 @@ run imagenet-vit "python -m scfs.train +experiment=imagenet_vit" \
   "data.root=data/imagenet-smoke batch_size=16 num_workers=4 $E $SHORT name=smoke-imagenet-vit" &
 run search-check-vit "python -m scfs.search.check --shapes vit" "" &
 run bench-step "python -m scfs.bench.step --quick" "--out $OUT/step --steps 10 --warmup 3" &
+run bench-step-vit "python -m scfs.bench.step --suite vit" "--quick --out $OUT/step-vit --steps 10 --warmup 3" &
+run imagenet-gpu-decode "python -m scfs.train +experiment=imagenet data.decode=gpu" \
+  "data.root=data/imagenet-smoke global_batch_size=32 num_workers=4 $E $SHORT name=smoke-imagenet-gpu-decode" &
+run bench-loader "python -m scfs.bench.loader --photos data/imagenet-samples --repeat 8 --decode cpu gpu" \
+  "--batches 6 --warmup 2 --out $OUT/loader" &
 if [ "$NGPU" -ge 2 ]; then  # DDP next to one GPU at the same global batch: time per epoch and kNN side by side
   run ddp-2gpu "python -m scfs.train +experiment=cifar10 trainer=ddp trainer.devices=2 sync_bn=true" \
     "global_batch_size=512 trainer.max_epochs=2 $E name=smoke-ddp" &

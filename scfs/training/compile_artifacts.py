@@ -47,7 +47,8 @@ def load_compile_artifacts(path: str | os.PathLike) -> int | None:
         return None
     logger, level = _quiet_torch_cache_log()
     try:
-        info = torch.compiler.load_cache_artifacts(p.read_bytes())
+        data = p.read_bytes()
+        info = torch.compiler.load_cache_artifacts(data)
     except Exception as err:  # noqa: BLE001 - a bad cache file must never stop a run
         info, why = None, f"{type(err).__name__}: {err}"
     else:
@@ -59,9 +60,27 @@ def load_compile_artifacts(path: str | os.PathLike) -> int | None:
         log.warning("compile_artifacts=%s could not be loaded (%s); compiling from scratch, and overwriting it "
                     "after the first steps", p, why)
         return None
-    log.info("compile_artifacts: loaded %d compiled artifacts from %s (%.1f MB): the first steps reuse them", n, p,
+    _keep_loaded(data)
+    log.info("compile_artifacts: loaded %d cache entries from %s (%.1f MB): the first steps reuse them", n, p,
              p.stat().st_size / 1e6)
     return n
+
+
+def _keep_loaded(data: bytes) -> None:
+    """Count the loaded entries as this process's own, so the file it writes later keeps them all: torch saves only
+    what the process itself compiled or hit, and a run that skips a pass (no kNN at start, say) would otherwise
+    shrink the file it was given. Best effort (torch's private cache registry): without it the file is rewritten
+    from this run's graphs alone."""
+    from itertools import chain
+
+    try:
+        from torch.compiler._cache import CacheArtifactManager
+
+        arts = CacheArtifactManager.deserialize(data) or {}
+        for a in chain(*arts.values()):
+            CacheArtifactManager.record_artifact(a.type(), a.key, a.content)
+    except Exception as err:  # noqa: BLE001 - the cache is loaded already; only the later file may be smaller
+        log.debug("compile_artifacts: loaded entries not kept for the next write (%s)", err)
 
 
 def has_new_artifacts() -> bool:

@@ -75,6 +75,7 @@ def devices(cfg: DictConfig) -> int:
 
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+COMPILE_SCOPES = ("model", "blocks")  # what compile=true compiles (`SelfDistillation._compile`)
 
 
 def validate_config(cfg: DictConfig) -> None:
@@ -145,6 +146,10 @@ def validate_config(cfg: DictConfig) -> None:
     _check(cfg, "compile_mode", lambda v: v in COMPILE_MODES, f"one of {', '.join(COMPILE_MODES)}", required=False)
     _check(cfg, "compile_cache", lambda v: v is None or (isinstance(v, str) and v.strip() != ""),
            "null or a folder path", required=False)
+    _check(cfg, "compile_scope", lambda v: v in COMPILE_SCOPES, f"one of {', '.join(COMPILE_SCOPES)}",
+           required=False)
+    _check(cfg, "compile_artifacts", lambda v: v is None or (isinstance(v, str) and v.strip() != ""),
+           "null or a file path", required=False)
     _check(cfg, "num_workers", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0", required=False)
     _check(cfg, "trainer.max_epochs", lambda v: isinstance(v, int) and v >= 1, "an integer >= 1", required=False)
     _check(cfg, "trainer.accumulate_grad_batches", lambda v: isinstance(v, int) and v >= 1, "an integer >= 1",

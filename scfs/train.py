@@ -64,6 +64,11 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
         fit(cfg, trainer, model, dm, resume, last, budget)
         if trainer.is_global_zero:
             summarise(summary, cfg, trainer, model, dm, (bank, query), last, budget, t0)
+            if cfg.get("compile", False) and cfg.get("compile_artifacts"):  # with the final kNN pass's graphs
+                from scfs.training.compile_artifacts import has_new_artifacts, save_compile_artifacts
+
+                if has_new_artifacts():
+                    save_compile_artifacts(str(cfg.compile_artifacts))
         finish_logger(logger)
         return summary
 

@@ -77,6 +77,8 @@ BAD = [
     ("trainer.max_epochs=0", "trainer.max_epochs"),
     ("trainer.accumulate_grad_batches=0", "trainer.accumulate_grad_batches"),
     ("compile_mode=turbo", "compile_mode"),
+    ("compile_scope=layers", "compile_scope"),
+    ("compile_artifacts=''", "compile_artifacts"),
     ("method.stage_norm=layernorm", "method.stage_norm"),
     ("method.stage_pooled_bn=maybe", "method.stage_pooled_bn"),
 ]

@@ -11,8 +11,16 @@ import lightning as L
 import torch
 from torch.profiler import record_function
 
+from scfs.config import COMPILE_SCOPES
 from scfs.methods.ema import ema_update, without_stochastic_regularisation_
-from scfs.methods.networks import build_network, raise_recompile_limit, student_forward, teacher_forward
+from scfs.methods.networks import (
+    build_network,
+    raise_block_recompile_limit,
+    raise_recompile_limit,
+    repeated_blocks,
+    student_forward,
+    teacher_forward,
+)
 from scfs.methods.schedules import cosine, linear_warmup
 from scfs.models import Backbone
 from scfs.optim import (
@@ -63,6 +71,7 @@ class SelfDistillation(L.LightningModule):
         compile: bool = False,
         finite_check_every_n_steps: int = 1,
         compile_mode: str = "default",
+        compile_scope: str = "model",
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -93,6 +102,9 @@ class SelfDistillation(L.LightningModule):
         self._temp: torch.Tensor | None = None  # compiled loss: the teacher temperature as a 0-d device tensor
         self._loss_prepared = False
         self.compile_mode = compile_mode
+        if compile_scope not in COMPILE_SCOPES:
+            raise ValueError(f"compile_scope={compile_scope!r}: allowed are {', '.join(COMPILE_SCOPES)}")
+        self.compile_scope = compile_scope
         self.finite_every = max(int(finite_check_every_n_steps), 1)
         self._nonfinite: torch.Tensor | None = None  # device flag: a non-finite loss since the last check
         if self.compile_nets:
@@ -127,10 +139,13 @@ class SelfDistillation(L.LightningModule):
         raise NotImplementedError
 
     def _compile(self) -> None:
-        """`torch.compile` the step's student and teacher calls (one graph each); in place (`nn.Module.compile`)
-        also what runs outside them: both backbones (evaluation passes) and the teacher's stage heads (RoI crops,
-        the searched branch). Parameter names, checkpoints and the EMA are unchanged. `compile_mode="reduce-overhead"`
-        replays the graphs as CUDA graphs (the step is launch-bound at small batches)."""
+        """`torch.compile` what `compile_scope` names. `model`: the step's student and teacher calls (one graph
+        each); in place (`nn.Module.compile`) also what runs outside them: both backbones (evaluation passes) and the
+        teacher's stage heads (RoI crops, the searched branch). `blocks`: only the backbones' repeated blocks
+        (`repeated_blocks`), in place, so blocks of one shape share one compiled graph and the cold compile traces
+        and lowers a block instead of a network; stems and heads run eager. The losses are one graph in both.
+        Parameter names, checkpoints and the EMA are unchanged. `compile_mode="reduce-overhead"` replays the graphs
+        as CUDA graphs (the step is launch-bound at small batches)."""
         # dynamic=False: one static graph per input shape (global and local views). Without it the second shape
         # a module sees makes dynamo recompile it with symbolic sizes (slower kernels, a longer compile; seen as
         # [0/1] [0/2] recompiles on the ResNet-50 step), and CUDA graphs record one graph per shape either way.
@@ -138,13 +153,21 @@ class SelfDistillation(L.LightningModule):
         raise_recompile_limit(len(self.stages))
         if self.compile_mode != "default":
             kw["mode"] = self.compile_mode
+        # the losses (with SCFS's searched targets and stage heads) as one graph, without CUDA graphs: its
+        # outputs are the step's logged values, which Lightning may read after the next replay of a CUDA graph
+        # would have overwritten them, and the graph is a few fused kernels, so replaying it saves little
+        loss_kw = {**kw, **LOSS_COMPILE.get(self.compile_mode, {})}
+        if self.compile_scope == "blocks":
+            self._loss_fn = torch.compile(step_losses, **loss_kw)
+            blocks = [blk for net in (self.student, self.teacher) for blk in repeated_blocks(net["backbone"])]
+            raise_block_recompile_limit(blocks)
+            for blk in blocks:
+                blk.compile(**kw)
+            return
         # the student's and the teacher's step-time calls as one graph each (see `student_forward`)
         self._student_fn = torch.compile(student_forward, **kw)
         self._teacher_fn = torch.compile(teacher_forward, **kw)
-        # the losses (with SCFS's searched targets and stage heads) as one more graph, without CUDA graphs: its
-        # outputs are the step's logged values, which Lightning may read after the next replay of a CUDA graph
-        # would have overwritten them, and the graph is a few fused kernels, so replaying it saves little
-        self._loss_fn = torch.compile(step_losses, **{**kw, **LOSS_COMPILE.get(self.compile_mode, {})})
+        self._loss_fn = torch.compile(step_losses, **loss_kw)
         for net in (self.student, self.teacher):
             net["backbone"].compile(**kw)
         for head in self.teacher["stage_heads"].values():

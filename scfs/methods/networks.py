@@ -38,6 +38,38 @@ def raise_recompile_limit(n_stages: int) -> int:
     return dynamo_config.recompile_limit
 
 
+def repeated_blocks(backbone: nn.Module) -> list[nn.Module]:
+    """The repeated blocks of a backbone, in order: a CNN's residual blocks (timm ResNet stages `layer1..4`) or a
+    ViT's transformer blocks. `compile_scope=blocks` compiles each of them in place: blocks of one class and shape
+    share one compiled graph (dynamo lifts the weights to inputs), so a cold compile lowers a few blocks instead of
+    whole networks."""
+    body = getattr(backbone, "body", backbone)
+    if hasattr(body, "blocks"):
+        return list(body.blocks)
+    return [blk for name in ("layer1", "layer2", "layer3", "layer4") if hasattr(body, name)
+            for blk in getattr(body, name)]
+
+
+def block_kinds(blocks: Sequence[nn.Module]) -> int:
+    """Distinct block structures (class and parameter shapes): each one is its own graph per view size and mode."""
+    return len({(type(b), tuple((n, tuple(p.shape)) for n, p in b.named_parameters())) for b in blocks})
+
+
+def raise_block_recompile_limit(blocks: Sequence[nn.Module]) -> int:
+    """Raise dynamo's per-code-object graph limit for `compile_scope=blocks`, and return it.
+
+    Every compiled block enters through the same code object, and each block structure needs a graph per step
+    context (the student's global and local views with grad, the teacher's without) plus the evaluation passes
+    (BN in eval mode, other batch sizes). Past the limit dynamo would run the rest of the blocks eager, silently.
+    Only ever raised, as `raise_recompile_limit`."""
+    import torch._dynamo.config as dynamo_config
+
+    need = block_kinds(blocks) * (GRAPHS_PER_STAGE + RECOMPILE_SLACK)
+    dynamo_config.recompile_limit = max(int(dynamo_config.recompile_limit), need)
+    dynamo_config.accumulated_recompile_limit = max(int(dynamo_config.accumulated_recompile_limit), 4 * need)
+    return dynamo_config.recompile_limit
+
+
 def build_network(
     backbone_cfg: Mapping[str, Any], method_cfg: Mapping[str, Any], stages: Sequence[str]
 ) -> nn.ModuleDict:

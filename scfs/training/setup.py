@@ -94,6 +94,7 @@ def build(cfg: DictConfig):
                        or cfg.data.get("decode", "cpu") == "gpu" else None,
                        seed=cfg.seed, compile=bool(cfg.get("compile", False)),
                        compile_mode=str(cfg.get("compile_mode", "default")),
+                       compile_scope=str(cfg.get("compile_scope", "model")),
                        finite_check_every_n_steps=int(cfg.get("finite_check_every_n_steps", 1)))
     return dm, model
 
@@ -123,7 +124,8 @@ def build_for_training(cfg: DictConfig, resume: dict[str, Any] | None):
 def prepare_compile_cache(cfg: DictConfig) -> Path | None:
     """With `compile=true`: point torch.compile's on-disk cache at `compile_cache` (unless TORCHINDUCTOR_CACHE_DIR
     is set) and say in one line why the first steps wait. The cache keeps the compiled graphs and kernels across
-    runs, so a second run of a recipe spends its warm-up on tracing only."""
+    runs, so a second run of a recipe spends its warm-up on tracing only. With `compile_artifacts` the file a
+    run on another machine wrote is loaded into that folder first (`scfs.training.compile_artifacts`)."""
     if not cfg.get("compile", False):
         return None
     chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
@@ -135,6 +137,10 @@ def prepare_compile_cache(cfg: DictConfig) -> Path | None:
     log.info("compile=true (%s): the first steps compile the step; %s", cfg.get("compile_mode", "default"),
              f"reusing the compiled graphs in the {where}, about a minute" if warm else
              f"nothing cached yet in the {where}: a few minutes this time, about a minute on later runs")
+    if cfg.get("compile_artifacts"):
+        from scfs.training.compile_artifacts import load_compile_artifacts
+
+        load_compile_artifacts(str(cfg.compile_artifacts))  # into the cache folder chosen above
     return cache
 
 
@@ -200,6 +206,10 @@ def make_callbacks(cfg: DictConfig, dm: Any, run_dir: Path) -> tuple[list[Any], 
     if budget is not None:
         callbacks.append(budget)
     callbacks += [ResumeState(), last]  # after the monitors: restores the RNG after they rebuilt their layers
+    if cfg.get("compile", False) and cfg.get("compile_artifacts"):
+        from scfs.training.compile_artifacts import CompileArtifacts
+
+        callbacks.append(CompileArtifacts(str(cfg.compile_artifacts)))
     if cfg.trainer.get("enable_progress_bar", True):  # the bar reads logged values on the host (a sync) per refresh
         from lightning.pytorch.callbacks import TQDMProgressBar
 

@@ -1,0 +1,293 @@
+"""Compile time of the shipped recipes: cold, warm (same machine), carried cache file, and regional (per block).
+
+Each row is a fresh Python process (dynamo's in-memory caches are per process) running the recipe's training step
+(`student_forward`, `teacher_forward`, the losses on a logging and a non-logging step, backward, optimizer step,
+EMA) on random views of the recipe's sizes, through the method module `scfs.train.build` makes, with
+`compile=true` and the row's settings. It reports the wall seconds of the first `--first` steps (the compile: every
+graph the step needs is built by then), the steady step (median of `--steady` steps after them), the graphs
+dynamo built, inductor's and AOTAutograd's cache hits and misses, and the loss after the steps (rows of one recipe
+share the seed, so a cache that changed the numbers would show). Rows:
+
+* `cold`: an empty on-disk cache (`TORCHINDUCTOR_CACHE_DIR`), `compile_scope=model`; writes the artifacts file.
+* `warm`: the same folder again: a second run on the same machine.
+* `carried`: an empty folder plus the `cold` row's artifacts file (`compile_artifacts`): a fresh machine that
+  carried the file. Needs `cold` in the same command (the files live in a temporary folder); `blocks-carried`
+  needs `blocks`.
+* `blocks`, `blocks-carried`: the same two with `compile_scope=blocks`.
+* `eager`: `compile=false`, the steady step to compare with.
+
+Kernel searches, evaluation passes and the data path are not in the first-steps time (a training run adds them).
+On the CPU inductor compiles C++ instead of Triton kernels: CPU times only indicate which way a setting moves.
+Usage (GPU: the recipe's own precision and compile_mode; `--repeats` fresh processes per row, the median shown):
+
+    python -m scfs.bench.compile --recipe cifar10 --out benchmarks/results/compile-h200-cifar10
+    python -m scfs.bench.compile --recipe imagenet --rows cold warm carried --out benchmarks/results/compile-h200-r50
+    python -m scfs.bench.compile --device cpu --tiny --out /tmp/compile-cpu     # seconds, for the test
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from scfs.bench.records import save_record
+from scfs.names import CONF_DIR
+
+ROWS = ("eager", "cold", "warm", "carried", "blocks", "blocks-carried")
+# the tiny network of `--tiny` (the CPU test): the shapes default's ResNet-10, narrower, fewer views
+TINY = ["backbone=tiny", "backbone.channels=[8,16,16,32]", "method.out_dim=64", "method.hidden_dim=32",
+        "method.bottleneck_dim=16", "++method.stage_out_dim=32", "++method.stage_hidden_dim=16",
+        "++method.stage_bottleneck_dim=8", "crops=shapes", "crops.global_size=32", "crops.local_size=16",
+        "crops.n_local=2", "batch_size=8"]
+
+
+def compose(recipe: str, device: str, tiny: bool, scope: str, compiled: bool, extra: list[str]) -> Any:
+    """The recipe's config (`+experiment=<recipe>`, or the CPU default for `default`) for this row."""
+    from hydra import compose as hcompose
+    from hydra import initialize_config_dir
+
+    ov = [] if recipe == "default" else [f"+experiment={recipe}"]
+    ov += ["data=shapes", "logger=csv", "global_batch_size=null", f"compile={str(compiled).lower()}",
+           f"compile_scope={scope}"]
+    if device == "cpu":  # no CUDA graphs and no bf16 autocast on the CPU: inductor's default mode, float32
+        ov += ["trainer=cpu", "compile_mode=default", "trainer.precision=32-true"]
+    ov += (TINY if tiny else []) + extra
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return hcompose(config_name="config", overrides=ov)
+
+
+def _autocast(precision: str, device: str) -> Any:
+    import contextlib
+
+    import torch
+
+    dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
+    return torch.autocast(device, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+
+
+def measure(cfg: Any, device: str, first: int, steady: int, artifacts_in: str | None,
+            artifacts_out: str | None) -> dict[str, Any]:
+    """One row, in this process: build, load `artifacts_in`, time the first and the steady steps, save
+    `artifacts_out`."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    from scfs.methods.ema import ema_update
+    from scfs.train import build
+
+    loaded = None
+    if artifacts_in:
+        from scfs.training.compile_artifacts import load_compile_artifacts
+
+        loaded = load_compile_artifacts(artifacts_in)
+    torch.manual_seed(int(cfg.seed))
+    _, model = build(cfg)
+    model = model.to(device).train()
+    opt = model.configure_optimizers()
+    b, n_local = int(cfg.batch_size), int(cfg.crops.n_local)
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    cl = torch.channels_last if model.channels_last else torch.contiguous_format
+    views = [torch.randn(b, 3, s, s, generator=gen).to(device)
+             for s in [int(cfg.crops.global_size)] * 2 + [int(cfg.crops.local_size)] * n_local]
+    g = torch.cat(views[:2]).contiguous(memory_format=cl)
+    loc = torch.cat(views[2:]).contiguous(memory_format=cl) if n_local else None
+    temp = torch.tensor(0.04, device=device) if model.compile_nets else 0.04
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    cast = _autocast(str(cfg.trainer.precision), "cuda" if device.startswith("cuda") else "cpu")
+
+    def step(i: int) -> float:
+        with cast:
+            st = model._student_fn(model.student, g, loc, model.stages, model._local_heads)
+            with torch.no_grad():
+                te = model._teacher_fn(model.teacher, g, model.stages)
+            if not model._loss_prepared:
+                model.prepare_loss(st, te)
+                model._loss_prepared = True
+            # a logging step first, then the others: the two loss graphs a run compiles in its first epoch
+            loss, _ = model._loss_fn(model, st, te, b, n_local, temp, i == 0)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        ema_update(model.teacher, model.student, 0.996)
+        return float(loss)
+
+    counters.clear()
+    sync()
+    t0 = time.perf_counter()
+    for i in range(first):
+        loss = step(i)
+    sync()
+    first_s = time.perf_counter() - t0
+    graphs = int(counters["stats"]["unique_graphs"])
+    times = []
+    for i in range(steady):
+        t1 = time.perf_counter()
+        loss = step(first + i)
+        sync()
+        times.append((time.perf_counter() - t1) * 1e3)
+    row = {"first_s": round(first_s, 2), "step_ms": round(statistics.median(times), 2) if times else None,
+           "graphs": graphs, "loss": loss, "loaded_artifacts": loaded,
+           "fx_cache": f"{counters['inductor']['fxgraph_cache_hit']} hit / "
+                       f"{counters['inductor']['fxgraph_cache_miss']} miss",
+           "aot_cache": f"{counters['aot_autograd']['autograd_cache_hit']} hit / "
+                        f"{counters['aot_autograd']['autograd_cache_miss']} miss"}
+    if artifacts_out:
+        from scfs.training.compile_artifacts import save_compile_artifacts
+
+        size = save_compile_artifacts(artifacts_out)
+        row["artifacts_mb"] = round(size / 1e6, 2) if size else None
+    return row
+
+
+def child(args: argparse.Namespace) -> int:
+    """`--child`: one row in this (fresh) process; its JSON as the last line of stdout."""
+    cfg = compose(args.recipe[0], args.device, args.tiny, args.scope, not args.eager, list(args.override or []))
+    if args.device == "cpu":
+        import torch
+
+        torch.set_num_threads(int(os.environ.get("SCFS_THREADS", torch.get_num_threads())))
+    row = measure(cfg, args.device, args.first, args.steady, args.artifacts_in, args.artifacts_out)
+    print(json.dumps(row), flush=True)
+    return 0
+
+
+def _children_cpu_s() -> float:
+    """CPU seconds (user + system) of the finished child processes, the compiler's own processes included: on a
+    shared machine a better gauge of the compile's work than wall seconds, which other jobs' load stretches."""
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def run_row(args: argparse.Namespace, recipe: str, row: str, cache_dir: Path, scope: str, eager: bool = False,
+            artifacts_in: Path | None = None, artifacts_out: Path | None = None) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "scfs.bench.compile", "--child", "--recipe", recipe, "--device", args.device,
+           "--scope", scope, "--first", str(args.first), "--steady", str(args.steady)]
+    cmd += ["--tiny"] if args.tiny else []
+    cmd += ["--eager"] if eager else []
+    cmd += ["--artifacts-in", str(artifacts_in)] if artifacts_in else []
+    cmd += ["--artifacts-out", str(artifacts_out)] if artifacts_out else []
+    for o in args.override or []:
+        cmd += ["--override", o]
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir)}
+    t0 = time.perf_counter()
+    cpu0 = _children_cpu_s()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    cpu_s = _children_cpu_s() - cpu0
+    if proc.returncode != 0:
+        raise RuntimeError(f"{row} ({recipe}) failed: {' '.join(cmd)}\n{proc.stderr[-3000:]}")
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    warned = [ln for ln in proc.stderr.splitlines() if "compile_artifacts=" in ln]
+    return {"recipe": recipe, "setting": row, **out, "process_s": round(time.perf_counter() - t0, 1),
+            "process_cpu_s": round(cpu_s, 1),
+            **({"warning": warned[0]} if warned else {})}
+
+
+def median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The repeat with the median first-steps time, with every repeat's time beside it."""
+    ordered = sorted(rows, key=lambda r: r["first_s"])
+    out = dict(ordered[(len(ordered) - 1) // 2])
+    out["first_s_all"] = [r["first_s"] for r in rows]
+    out["first_s"] = round(statistics.median(r["first_s"] for r in rows), 2)
+    return out
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    result: dict[str, Any] = {"machine": torch.cuda.get_device_name() if args.device.startswith("cuda") else
+                              f"cpu ({os.cpu_count()} cores)", "torch": torch.__version__,
+                              "date": dt.date.today().isoformat(), "device": args.device, "tiny": args.tiny,
+                              "first_steps": args.first, "steady_steps": args.steady,
+                              "command": "python -m scfs.bench.compile " + " ".join(args.argv), "rows": []}
+    stem = Path(args.out) / f"compile-{dt.date.today().isoformat()}" if not args.out.endswith("json") \
+        else Path(args.out).with_suffix("")
+    with tempfile.TemporaryDirectory(prefix="scfs-compile-bench-") as tmp:
+        root = Path(tmp)
+        for recipe in args.recipe:
+            rows = [r for r in ROWS if r in args.rows]
+            for rep in range(args.repeats):
+                d = root / f"{recipe}-{rep}"
+                art, art_b = d / "model.bin", d / "blocks.bin"
+                plan = {
+                    "eager": dict(cache_dir=d / "eager", scope="model", eager=True),
+                    "cold": dict(cache_dir=d / "cold", scope="model", artifacts_out=art),
+                    "warm": dict(cache_dir=d / "cold", scope="model"),
+                    "carried": dict(cache_dir=d / "carried", scope="model", artifacts_in=art),
+                    "blocks": dict(cache_dir=d / "blocks", scope="blocks", artifacts_out=art_b),
+                    "blocks-carried": dict(cache_dir=d / "blocks-carried", scope="blocks", artifacts_in=art_b),
+                }
+                for name in rows:
+                    if name == "eager" and rep:
+                        continue
+                    r = run_row(args, recipe, name, **plan[name])
+                    r["repeat"] = rep
+                    result["rows"].append(r)
+                    print(json.dumps(r), flush=True)
+                    result["table"] = table_rows(result["rows"])
+                    save_record(result, stem, markdown)  # after every row: a command cut short keeps its numbers
+    return result
+
+
+def table_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["recipe"], r["setting"]), []).append(r)
+    return [median_row(v) for v in groups.values()]
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = [f"# Compile time, {result['machine']} (torch {result['torch']}, {result['date']})\n",
+             f"`{result['command']}`. First steps = wall seconds of the first {result['first_steps']} training "
+             "steps in a fresh process (the compile); process CPU = the whole process's CPU seconds, compiler "
+             "processes included; steady = median step after them. Median over the repeats (each repeat's time "
+             "in brackets).\n",
+             "| recipe | setting | first steps s | process CPU s | steady step ms | graphs | inductor cache | "
+             "AOT cache | artifacts MB | loss |", "|---|---|---:|---:|---:|---:|---|---|---:|---:|"]
+    for r in result.get("table", []):
+        allv = r.get("first_s_all", [])
+        reps = f" ({', '.join(str(v) for v in allv)})" if len(allv) > 1 else ""
+        lines.append(f"| {r['recipe']} | {r['setting']} | {r['first_s']}{reps} | {r['process_cpu_s']} | "
+                     f"{r['step_ms']} | {r['graphs']} | "
+                     f"{r['fx_cache']} | {r['aot_cache']} | {r.get('artifacts_mb') or ''} | {r['loss']:.5f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--recipe", nargs="+", default=["cifar10", "imagenet"],
+                   help="experiments (+experiment=<name>), or 'default' for the CPU default")
+    p.add_argument("--rows", nargs="+", default=list(ROWS), choices=ROWS)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--tiny", action="store_true", help="a tiny network and batch (the CPU test)")
+    p.add_argument("--repeats", type=int, default=1, help="fresh processes per compiled row (median shown)")
+    p.add_argument("--first", type=int, default=3, help="steps timed as the compile")
+    p.add_argument("--steady", type=int, default=10, help="steps timed after them (median)")
+    p.add_argument("--override", action="append", help="an extra config override (repeatable)")
+    p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--eager", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--scope", default="model", help=argparse.SUPPRESS)
+    p.add_argument("--artifacts-in", help=argparse.SUPPRESS)
+    p.add_argument("--artifacts-out", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    if args.child:
+        return child(args)
+    result = run(args)
+    print(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

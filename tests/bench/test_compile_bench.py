@@ -1,0 +1,34 @@
+"""`python -m scfs.bench.compile --device cpu --tiny`: a row in a fresh process, its JSON and its table."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from scfs.bench import compile as bench
+
+
+def test_eager_row_writes_a_table(tmp_path):
+    """The eager row (no compile: seconds) goes through the whole harness: child process, JSON, record."""
+    out = tmp_path / "rec.json"
+    assert bench.main(["--device", "cpu", "--tiny", "--recipe", "default", "--rows", "eager", "--first", "1",
+                       "--steady", "1", "--out", str(out)]) == 0
+    rec = json.loads(out.read_text())
+    (row,) = rec["table"]
+    assert row["setting"] == "eager" and row["graphs"] == 0 and row["first_s"] > 0 and row["step_ms"] > 0
+    assert row["process_cpu_s"] > 0 and row["loss"] == row["loss"]
+    assert "| default | eager |" in out.with_suffix(".md").read_text()
+
+
+@pytest.mark.slow
+def test_cold_and_carried_rows_hit_the_carried_cache(tmp_path):
+    """The tiny step compiled cold, then in a fresh process on an empty cache with the cold row's file: every
+    inductor graph is a hit there, and the loss is the cold row's to the bit. 10-20 minutes on 2 shared cores."""
+    out = tmp_path / "rec.json"
+    bench.main(["--device", "cpu", "--tiny", "--recipe", "default", "--rows", "cold", "carried", "--first", "2",
+                "--steady", "1", "--out", str(out)])
+    rows = {r["setting"]: r for r in json.loads(out.read_text())["table"]}
+    assert rows["cold"]["fx_cache"].startswith("0 hit") and rows["cold"]["artifacts_mb"] > 0
+    assert rows["carried"]["fx_cache"].endswith(" 0 miss") and rows["carried"]["loaded_artifacts"] > 0
+    assert rows["carried"]["loss"] == rows["cold"]["loss"]

@@ -22,7 +22,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
@@ -113,28 +113,37 @@ def remove_stale_temps(folder: str | os.PathLike, stale_seconds: float = STALE_S
     return removed
 
 
-def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
-    """`torch.save` that is all-or-nothing: readers see the old file or the complete new one, never a torn one."""
+def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], Any]) -> None:
+    """Write `path` all-or-nothing through `write(file)`: into a temp file in the same folder, flushed and fsync'ed,
+    then `os.replace`d over the target; readers see the old file or the complete new one, never a torn one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(path.parent)
     fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(path), suffix=TMP_SUFFIX, dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException as err:
+    except BaseException:
         Path(tmp).unlink(missing_ok=True)
-        if isinstance(err, Exception) and _disk_full(err):
-            raise _disk_full_error(path, _nbytes(obj)) from err
         raise
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
+    """`torch.save` that is all-or-nothing (`atomic_write`); a full disk is one line that says what was kept."""
+    try:
+        atomic_write(path, lambda f: torch.save(obj, f))
+    except Exception as err:
+        if _disk_full(err):
+            raise _disk_full_error(Path(path), _nbytes(obj)) from err
+        raise
 
 
 def _nbytes(obj: Any) -> int:

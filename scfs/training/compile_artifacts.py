@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -93,23 +92,17 @@ def has_new_artifacts() -> bool:
 
 def save_compile_artifacts(path: str | os.PathLike) -> int | None:
     """Write everything this process compiled so far (artifacts loaded at start included, as they are hit) to
-    `path`, atomically (a temp file renamed over it). Returns the bytes written, or None when nothing was compiled."""
+    `path`, atomically (`scfs.models.checkpoint_io.atomic_write`). Returns the bytes written, or None when nothing
+    was compiled."""
     import torch
 
     got = torch.compiler.save_cache_artifacts()
     if got is None:
         return None
+    from scfs.models.checkpoint_io import atomic_write
+
     data = got[0]
-    p = Path(path).expanduser()
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(Path(path).expanduser(), lambda f: f.write(data))
     return len(data)
 
 

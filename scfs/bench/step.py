@@ -97,19 +97,17 @@ def suite_rows(suite: str, quick: bool, tiny: bool, batches: list[int] | None,
     run both paths' code."""
     if suite not in SUITES:
         raise ValueError(f"unknown suite {suite!r}: one of {', '.join(SUITES)}")
+    bs = batches or ([8] if tiny else [512] if suite == "cifar" else [64] if suite == "vit" else [32, 64])
     if settings:
-        bs = batches or ([8] if tiny else [512] if suite == "cifar" else [64] if suite == "vit" else [32, 64])
         return [(m, b, s) for m in ("scfs", "dino") for b in bs for s in settings]
     if suite == "vit":
         sets = [PATHS["vit"][1]] if quick else list(PATHS["vit"])
-        return [(m, b, s) for m in ("scfs", "dino") for b in (batches or ([8] if tiny else [64])) for s in sets]
+        return [(m, b, s) for m in ("scfs", "dino") for b in bs for s in sets]
     if tiny:
-        return [(m, b, s) for m in ("scfs", "dino") for b in (batches or [8]) for s in ("fp32",)]
+        return [(m, b, s) for m in ("scfs", "dino") for b in bs for s in ("fp32",)]
     if suite == "cifar":
-        bs = batches or [512]
         sets = ["bf16_cl"] if quick else ["bf16", "bf16_cl", "bf16_cl_compile", "bf16_cl_graphs"]
         return [(m, b, s) for m in ("scfs", "dino") for b in bs for s in sets]
-    bs = batches or [32, 64]
     rows = []
     for m in ("scfs", "dino"):
         for b in bs:

@@ -97,21 +97,23 @@ def plan(conf_dir: Path = STUDY_DIR) -> list[Run]:
     return sorted(runs, key=lambda r: (r.epochs, r.variant not in ("soft", "dino"), r.seed))
 
 
+def committed_records(pattern: str) -> list[dict]:
+    """The committed window records matching `pattern`, in file-name order."""
+    return [json.loads(Path(f).read_text()) for f in sorted(glob.glob(pattern))]
+
+
 def committed(pattern: str) -> dict[str, dict]:
     """Rows already in committed records, by run key (a run there is not run again)."""
-    rows: dict[str, dict] = {}
-    for f in sorted(glob.glob(pattern)):
-        for r in json.loads(Path(f).read_text()).get("runs", []):
-            rows[f"{r['method']}-{r['variant']}-s{r['seed']}-e{r['epochs']}"] = r
-    return rows
+    return {f"{r['method']}-{r['variant']}-s{r['seed']}-e{r['epochs']}": r
+            for rec in committed_records(pattern) for r in rec.get("runs", [])}
 
 
 def committed_stages(pattern: str) -> dict[int, float]:
     """Aggregate epochs per minute by runs side by side, from the ramps of committed records (the lower figure for a
     count measured twice: a plan that assumes the slower pace is not cut by the deadline)."""
     got: dict[int, float] = {}
-    for f in sorted(glob.glob(pattern)):
-        for st in (json.loads(Path(f).read_text()).get("concurrency") or {}).get("stages", []):
+    for rec in committed_records(pattern):
+        for st in (rec.get("concurrency") or {}).get("stages", []):
             n, agg = int(st["runs"]), float(st["aggregate_epochs_per_min"])
             got[n] = min(agg, got.get(n, agg))
     return got

@@ -11,6 +11,7 @@ from omegaconf import DictConfig
 
 from scfs.names import (
     BACKBONE_ARCHS,
+    DATA_DECODE,
     LOCAL_TARGETS,
     RETIRED_KEYS,
     SEARCH_BACKENDS,
@@ -169,7 +170,7 @@ def validate_config(cfg: DictConfig) -> None:
             )
             raise ConfigError(f"config key data.root={root!r} is invalid: the folder does not exist; prepare it with: "
                               f"{hint}")
-    _check(cfg, "data.decode", lambda v: v in ("cpu", "gpu"), "cpu (decode in the DataLoader workers) or gpu (on "
+    _check(cfg, "data.decode", lambda v: v in DATA_DECODE, "cpu (decode in the DataLoader workers) or gpu (on "
            "the training device)", required=False)
     if _get(cfg, "data.decode", "cpu") == "gpu" and (cfg.data.name == "shapes" or _get(cfg, "data.batch_aug", False)):
         why = "the shapes data are generated arrays, not files" if cfg.data.name == "shapes" else (

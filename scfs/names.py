@@ -19,6 +19,7 @@ SEARCH_STAGES = ("layer2", "layer3", "layer4")  # the published choice, and what
 VIT_STAGE_PATTERN = r"block([1-9][0-9]*)"  # ViT stages: block1..block<depth> (1-based), or VIT_LAST_STAGE
 VIT_LAST_STAGE = "last"
 BACKBONE_ARCHS = ("cnn", "vit")  # backbone.arch: a timm CNN (features_only stages) or a timm ViT (block stages)
+DATA_DECODE = ("cpu", "gpu")  # data.decode: where training JPEGs are decoded (DataLoader workers | training device)
 WEIGHTINGS = ("soft", "hard", "softmax")  # search.weighting: how the similarity map weights the teacher map
 LOCAL_TARGETS = ("search", "roi", "none")  # search.local_target: the local term's teacher target
 SEARCH_BACKENDS = ("auto", "reference", "triton", "cuda")

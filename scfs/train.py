@@ -65,10 +65,9 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
         if trainer.is_global_zero:
             summarise(summary, cfg, trainer, model, dm, (bank, query), last, budget, t0)
             if cfg.get("compile", False) and cfg.get("compile_artifacts"):  # with the final kNN pass's graphs
-                from scfs.training.compile_artifacts import has_new_artifacts, save_compile_artifacts
+                from scfs.training.compile_artifacts import CompileArtifacts
 
-                if has_new_artifacts():
-                    save_compile_artifacts(str(cfg.compile_artifacts))
+                CompileArtifacts(str(cfg.compile_artifacts)).save()
         finish_logger(logger)
         return summary
 

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from scfs.bench.records import save_record
+from scfs.names import DATA_DECODE
 
 TARGETS = {"ResNet-50 SCFS B=32 (2x published)": 542, "ResNet-50 SCFS B=64 (2x published)": 922}
 IMAGE_EXT = (".jpg", ".jpeg", ".png", ".JPEG")
@@ -191,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="data.decode_min_side values to compare (auto, 0 = full size, N)")
     ap.add_argument("--colour", nargs="+", choices=("workers", "device"), default=["workers", "device"],
                     help="where the colour ops run: workers (MultiCrop) and/or device (data.colour_on_device)")
-    ap.add_argument("--decode", nargs="+", choices=("cpu", "gpu"), default=["cpu"],
+    ap.add_argument("--decode", nargs="+", choices=DATA_DECODE, default=["cpu"],
                     help="where JPEGs are decoded: cpu (DataLoader workers) and/or gpu (data.decode=gpu, on --device)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "none",
                     help="the training device the views are delivered to: cuda, cpu, or none = the loader alone for "

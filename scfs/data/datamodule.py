@@ -13,9 +13,9 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-log = logging.getLogger("scfs.data")
+from scfs.names import DATA_DECODE
 
-DECODE_CHOICES = ("cpu", "gpu")  # data.decode: where training JPEGs are decoded (see SSLDataModule)
+log = logging.getLogger("scfs.data")
 
 
 def _plain(v: Any) -> Any:
@@ -67,8 +67,8 @@ class SSLDataModule(L.LightningDataModule):
         # per-sample crops in the workers, colour on the device; with batch_aug every view is made on the device
         # anyway, so the flag has nothing left to do (e.g. +experiment=imagenet with data=shapes)
         self.decode = str(self.data_cfg.get("decode") or "cpu")
-        if self.decode not in DECODE_CHOICES:
-            raise ValueError(f"data.decode={self.decode!r}: expected one of {', '.join(DECODE_CHOICES)}")
+        if self.decode not in DATA_DECODE:
+            raise ValueError(f"data.decode={self.decode!r}: expected one of {', '.join(DATA_DECODE)}")
         if self.decode == "gpu" and batch_aug:
             raise ValueError("data.decode=gpu decodes image files on the device and makes their views there; "
                              "data.batch_aug / data.on_device are for fixed-size in-memory images: set "

@@ -5,7 +5,9 @@
 # finished, the study table (mean ± std over seeds), its JSON and the kNN figure go to $OUT.
 #
 #   STUDY=cifar10_seeds PER_GPU=3 CHUNK_MIN=7 OUT=/dir bash scripts/gpu_study.sh   (device machine, repo root, wheels
-#   on PYTHONPATH, .gpudata/cifar10-jpeg.tar.xz for the CIFAR-10 studies); repeat the same call until it says done
+#   on PYTHONPATH, .gpudata/cifar10-jpeg.tar.xz for the CIFAR-10 studies); repeat the same call until it says done.
+#   PRECISION='<precision options>' (e.g. '--image-size 64 --local-size 32' for STUDY=shapes_long) then scores the
+#   search precision of the teachers, raw and centred, against random init (python -m scfs.eval.precision).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 WANDB_MODE=offline
 STUDY=${STUDY:-cifar10_seeds}; OUT=${OUT:-/tmp/study}; PY=${PY:-python3}; mkdir -p "$OUT"
@@ -25,4 +27,13 @@ if [ "$rc" -ne 0 ] || grep -q '"stopped_by_chunk_budget": true' "$DIR"/*/summary
   echo "not done yet (exit status $rc): run the same command again to continue the jobs not finished"
 else
   echo "done: $OUT/$STUDY.md (and .json, _knn.png)"
+  if [ -n "${PRECISION:-}" ]; then  # the search precision of the study's teachers, raw and centred, per method
+    ARGS=$($PY -c "import json, sys, pathlib; runs = sorted(pathlib.Path(sys.argv[1]).glob('*/summary.json'), key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0); by = {}
+for p in runs: s = json.loads(p.read_text()); by.setdefault(s['method'].upper(), []).append(s['checkpoint'])
+print(' '.join(f'{k}=' + ','.join(v) for k, v in by.items()))" "$DIR")
+    for read_out in raw centred; do
+      $PY -m scfs.eval.precision $ARGS random --random-seeds 0 1 2 $([ $read_out = centred ] && echo --centre) \
+        $PRECISION --out "$OUT/precision-$read_out" 2>&1 | tail -n 12
+    done
+  fi
 fi

@@ -302,7 +302,10 @@ def test_the_readme_study_command_on_the_cpu_and_its_table(tmp_path, shapes_root
 @pytest.mark.parametrize("study, params, data, epochs", [
     ("cifar10_seeds", {"method": "scfs,dino", "seed": "0,1,2"}, "cifar10", 100),
     ("cifar10_ablation", {"search": "none,roi,hard", "seed": "0"}, "cifar10", 100),
+    ("cifar10_long", {"method": "scfs,dino", "seed": "0"}, "cifar10", 200),
+    ("cifar10_vit", {"method": "scfs,dino", "seed": "0"}, "cifar10", 30),
     ("shapes_default_seeds", {"method": "scfs,dino", "seed": "0,1,2"}, "shapes", None),
+    ("shapes_long", {"method": "scfs,dino", "seed": "0,1,2"}, "shapes", 40),
 ])
 def test_study_configs(study, params, data, epochs):
     from hydra import compose, initialize_config_dir
@@ -314,6 +317,20 @@ def test_study_configs(study, params, data, epochs):
     assert cfg.data.name == data and cfg.method.name == "scfs"
     assert cfg.trainer.max_epochs == (epochs or default.trainer.max_epochs)
     assert cfg.hydra.sweeper._target_.endswith("StudySweeper")
+
+
+def test_the_vit_and_shapes_long_studies_keep_their_experiments():
+    """`+study=cifar10_vit` trains the experiment's ViT, not the CIFAR ResNet; `+study=shapes_long` lifts the
+    experiment's one-call time guard (a study's jobs stop and resume by the chunk budget instead)."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        vit = compose("config", overrides=["+study=cifar10_vit"])
+        shapes = compose("config", overrides=["+study=shapes_long"])
+        experiment = compose("config", overrides=["+experiment=shapes_long"])
+    assert "vit" in vit.backbone.name and list(vit.search.stages) == ["block4", "block8", "block12"]
+    assert experiment.trainer.max_time is not None and shapes.trainer.get("max_time") is None
+    assert shapes.data.image_size == 64
 
 
 def test_slurm_launcher_config():

@@ -1,0 +1,37 @@
+"""scripts/gpu_study.sh, a study on the GPUs of one machine, run on the CPU (the local-GPU launcher means jobs per
+machine there): a study cut to two tiny jobs ends with its table and, with PRECISION set, the search precision of
+its teachers raw and centred, each method's checkpoints grouped from the jobs' summaries."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_a_study_ends_with_its_table_and_the_precision_of_its_teachers(tmp_path):
+    tree = tmp_path / "tree"
+    skip = shutil.ignore_patterns(".git", ".venv", "runs", ".whl", ".gpudata", ".pytest_cache")
+    shutil.copytree(REPO, tree, ignore=skip)
+    out = tmp_path / "out"
+    env = {**os.environ, "STUDY": "shapes_default_seeds", "PER_GPU": "2", "OUT": str(out), "PY": sys.executable,
+           "PRECISION": "--limit 8"}
+    res = subprocess.run(["bash", "scripts/gpu_study.sh", "seed=0", "trainer.max_epochs=1",
+                          "+trainer.limit_train_batches=2", "eval.knn_at_start=false"],
+                         cwd=tree, env=env, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "done:" in res.stdout and (out / "shapes_default_seeds.md").is_file()
+    for read_out in ("raw", "centred"):
+        doc = json.loads((out / f"precision-{read_out}" / "precision.json").read_text())
+        labels = json.dumps(doc)
+        assert "SCFS" in labels and "DINO" in labels and "random init" in labels
+        assert bool(doc["settings"].get("centre")) == (read_out == "centred")

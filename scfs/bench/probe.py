@@ -27,12 +27,12 @@ from typing import Any
 import lightning as L
 import torch
 
-from scfs.eval.linear import EpochOrder, FeatureProbe, LinearProbe, _trainer, feature_loader
+from scfs.eval.linear import EpochOrder, FeatureProbe, GridSGD, LinearProbe, _trainer, feature_loader
 
 LR_GRID = [0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0]  # conf/eval/linear.yaml
 WD_GRID = [0.0, 1e-4, 1e-3]
 CASES = ("single", "grid")
-PATHS = ("per-minibatch", "per-epoch")
+PATHS = ("per-minibatch", "per-epoch", "arithmetic")
 
 
 class EpochClock(L.Callback):
@@ -63,11 +63,53 @@ def case_grid(case: str) -> tuple[list[float], list[float], float]:
     return [a for a, _ in pairs], [b for _, b in pairs], 0.9
 
 
+def arithmetic_run(probe: LinearProbe, features: torch.Tensor, labels: torch.Tensor, epochs: int,
+                   batch_size: int, seed: int, dev: torch.device) -> list[float]:
+    """Seconds of each epoch of the minibatches' own work (gather, forward, loss, backward, `GridSGD` step) in a
+    bare loop with no Lightning and no logging: the floor under both paths; what they spend above it is their
+    host work."""
+    probe = probe.to(dev).train()
+    f, y = features.float().to(dev), labels.long().to(dev)
+    opt = GridSGD(probe.heads.parameters(), [lr * batch_size / 256 for lr in probe.lrs], probe.wds, 0.9)
+    order = EpochOrder(f.shape[0], seed)
+    seconds = []
+    for _ in range(epochs):
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        (perm,) = list(order)
+        for idx in perm.to(dev).split(batch_size):
+            loss = probe.grid_loss(probe(f.index_select(0, idx)), y.index_select(0, idx))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        seconds.append(time.perf_counter() - t0)
+    return seconds
+
+
 def one_run(path: str, features: torch.Tensor, labels: torch.Tensor, lrs: Sequence[float], wds: Sequence[float],
             epochs: int, batch_size: int, accelerator: str, seed: int = 0) -> list[float]:
-    """Seconds of each epoch of one training run of `path` ("per-minibatch" or "per-epoch")."""
+    """Seconds of each epoch of one training run of `path` (one of `PATHS`)."""
     L.seed_everything(seed, verbose=False)
     args = (features.shape[1], int(labels.max()) + 1, None, list(lrs), batch_size, 0.9, list(wds), epochs)
+    threads = torch.get_num_threads()
+    if batch_size * features.shape[1] * args[1] < 1 << 24:  # the thread policy of train_linear_on_features
+        torch.set_num_threads(1)
+    try:
+        if path == "arithmetic":
+            cuda = accelerator in ("cuda", "gpu") or (accelerator == "auto" and torch.cuda.is_available())
+            return arithmetic_run(LinearProbe(*args, feature_norm="bn"), features, labels, epochs, batch_size, seed,
+                                  torch.device("cuda" if cuda else "cpu"))
+        return _fit(path, args, features, labels, epochs, batch_size, accelerator, seed)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _fit(path: str, args: tuple[Any, ...], features: torch.Tensor, labels: torch.Tensor, epochs: int,
+         batch_size: int, accelerator: str, seed: int) -> list[float]:
+    """Seconds of each epoch of a Lightning run of the per-minibatch or the per-epoch path."""
     clock = EpochClock()
     trainer = _trainer({"trainer": {"accelerator": accelerator}}, epochs, None, None, True, 0)
     trainer.callbacks.append(clock)
@@ -77,13 +119,7 @@ def one_run(path: str, features: torch.Tensor, labels: torch.Tensor, lrs: Sequen
     else:
         probe = FeatureProbe(*args, feature_norm="bn").attach(features, labels)
         loader = torch.utils.data.DataLoader(EpochOrder(features.shape[0], seed), batch_size=None)
-    threads = torch.get_num_threads()
-    try:
-        if batch_size * features.shape[1] * args[1] < 1 << 24:  # the thread policy of train_linear_on_features
-            torch.set_num_threads(1)
-        trainer.fit(probe, loader)
-    finally:
-        torch.set_num_threads(threads)
+    trainer.fit(probe, loader)
     return clock.seconds
 
 
@@ -111,14 +147,23 @@ def measure(cases: Sequence[str], n: int, dim: int, classes: int, epochs: int, r
 
 
 def table(rows: Sequence[dict[str, Any]]) -> str:
-    """Markdown table of `measure`'s rows, each per-epoch row with its speed-up over the per-minibatch row."""
-    base = {r["case"]: r["ms_per_step"] for r in rows if r["path"] == "per-minibatch"}
-    lines = ["| case | heads | samples | steps / epoch | path | epochs timed | ms / epoch | ms / step | speed-up |",
-             "|---|---:|---:|---:|---|---:|---:|---:|---:|"]
+    """Markdown table of `measure`'s rows: each path's time a step, its host work (the time above the arithmetic
+    row) and its speed-ups over the per-minibatch path, on the whole step and on the host work."""
+    by = {(r["case"], r["path"]): r["ms_per_step"] for r in rows}
+    lines = ["| case | heads | samples | steps / epoch | path | epochs timed | ms / epoch | ms / step | "
+             "host ms / step | speed-up (step) | speed-up (host work) |",
+             "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        up = base.get(r["case"], math.nan) / r["ms_per_step"]
+        old, floor = by.get((r["case"], "per-minibatch"), math.nan), by.get((r["case"], "arithmetic"), math.nan)
+        if r["path"] == "arithmetic":
+            host, up, up_host = "-", "-", "-"
+        else:
+            h = r["ms_per_step"] - floor
+            host, up = f"{h:.3f}", f"{old / r['ms_per_step']:.1f}x"
+            up_host = f"{(old - floor) / h:.1f}x" if h > 0 else "-"
         lines.append(f"| {r['case']} | {r['heads']} | {r['samples']} | {r['steps_per_epoch']} | {r['path']} | "
-                     f"{r['epochs_timed']} | {r['ms_per_epoch']:.1f} | {r['ms_per_step']:.3f} | {up:.1f}x |")
+                     f"{r['epochs_timed']} | {r['ms_per_epoch']:.1f} | {r['ms_per_step']:.3f} | {host} | {up} | "
+                     f"{up_host} |")
     return "\n".join(lines)
 
 

@@ -71,7 +71,7 @@ def arithmetic_run(probe: LinearProbe, features: torch.Tensor, labels: torch.Ten
     probe = probe.to(dev).train()
     f, y = features.float().to(dev), labels.long().to(dev)
     opt = GridSGD(probe.heads.parameters(), [lr * batch_size / 256 for lr in probe.lrs], probe.wds, 0.9)
-    order = EpochOrder(f.shape[0], seed)
+    order = EpochOrder(f.shape[0], batch_size, seed)
     seconds = []
     for _ in range(epochs):
         if dev.type == "cuda":
@@ -118,7 +118,7 @@ def _fit(path: str, args: tuple[Any, ...], features: torch.Tensor, labels: torch
         loader: Any = feature_loader(features, labels, batch_size, True, seed)
     else:
         probe = FeatureProbe(*args, feature_norm="bn").attach(features, labels)
-        loader = torch.utils.data.DataLoader(EpochOrder(features.shape[0], seed), batch_size=None)
+        loader = torch.utils.data.DataLoader(EpochOrder(features.shape[0], batch_size, seed), batch_size=None)
     trainer.fit(probe, loader)
     return clock.seconds
 

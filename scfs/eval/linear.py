@@ -238,21 +238,30 @@ class LinearProbe(L.LightningModule):
 
 
 class EpochOrder(IterableDataset):
-    """One item per pass: the order in which an epoch visits the `n` training samples, drawn exactly as the
-    per-minibatch `feature_loader(shuffle=True, seed=seed)` draws it (a `RandomSampler` on a generator seeded
-    once), so the fast path's one-step-per-epoch loop sees the same minibatches in the same order."""
+    """One item per pass: the order in which an epoch visits the `n` training samples, drawn as the per-minibatch
+    loop drew it (Lightning on `feature_loader(shuffle=True, seed=seed)`), so the fast path's one-step-per-epoch
+    loop sees the same minibatches in the same order.
 
-    def __init__(self, n: int, seed: int) -> None:
+    That loader's `RandomSampler` takes one permutation from its generator (seeded once) per pass, then a second
+    one for the remainder of `num_samples / n` (empty), but only when it is read past its n-th index: the batch
+    sampler reads on to form a shorter last batch, whereas with `n % batch_size == 0` Lightning stops after the
+    loader's known number of batches and the second draw never happens."""
+
+    def __init__(self, n: int, batch_size: int, seed: int) -> None:
         super().__init__()
-        if n < 1:
-            raise ValueError(f"{n} training samples: the probe needs at least one")
-        self.sampler = RandomSampler(range(n), generator=torch.Generator().manual_seed(int(seed)))
+        if n < 1 or batch_size < 1:
+            raise ValueError(f"{n} training samples in batches of {batch_size}: both must be at least 1")
+        self.n, self.batch_size = int(n), int(batch_size)
+        self.generator = torch.Generator().manual_seed(int(seed))
 
     def __len__(self) -> int:
         return 1
 
     def __iter__(self) -> Iterator[torch.Tensor]:
-        yield torch.tensor(list(self.sampler), dtype=torch.long)
+        perm = torch.randperm(self.n, generator=self.generator)
+        if self.n % self.batch_size:
+            torch.randperm(self.n, generator=self.generator)
+        yield perm
 
 
 class FeatureProbe(LinearProbe):
@@ -369,7 +378,7 @@ def train_linear_on_features(train_f: torch.Tensor, train_y: torch.Tensor, num_c
                          feature_norm=feature_norm, log_prefix=log_prefix).attach(train_f, train_y)
     trainer = _trainer({"progress": progress}, epochs, logger, run_dir, True, val_every if val else 0)
     val_loader = feature_loader(*val, batch_size, False) if val is not None and val_every > 0 else None
-    epochs_loader = DataLoader(EpochOrder(train_f.shape[0], seed), batch_size=None)
+    epochs_loader = DataLoader(EpochOrder(train_f.shape[0], batch_size, seed), batch_size=None)
     threads = torch.get_num_threads()
     try:
         # small (B, D) x (D, C) matmuls gain nothing from intra-op threads, and on a shared CPU the thread

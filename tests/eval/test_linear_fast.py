@@ -68,7 +68,7 @@ def _reference(x, y, lr, wd, norm, order="sampler", schedule="epoch"):
 
 
 @pytest.mark.parametrize("n", SIZES)
-@pytest.mark.parametrize("norm", ["bn", "none"])
+@pytest.mark.parametrize("norm", ["bn", "l2", "none"])
 @pytest.mark.parametrize("grid", [GRID, SINGLE], ids=["grid", "single"])
 def test_fast_path_is_the_per_minibatch_protocol(grid, norm, n):
     x, y = _data(n)

@@ -77,10 +77,18 @@ def _autocast(precision: str, device: str) -> Any:
 def measure(cfg: Any, device: str, first: int, steady: int, artifacts_in: str | None,
             artifacts_out: str | None) -> dict[str, Any]:
     """One row, in this process: build, load `artifacts_in`, time the first and the steady steps, save
-    `artifacts_out`."""
+    `artifacts_out`.
+
+    Timed by the step benchmark's own clock (`scfs.bench.step.time_steps`: the first steps' wall seconds, the
+    steady step as the median gap between step marks, CUDA events on the GPU). The step itself is driven here
+    rather than by that benchmark's Lightning `Trainer.fit`, for what a compile row must control: every graph
+    built within the first steps (a logging and a non-logging loss graph; Lightning's cadence would build the
+    logging one at the `log_every_n_steps`-th step or the run's last, inside the steady window), dynamo's graph
+    count read right after them, and no data path or monitor in the compile time."""
     import torch
     from torch._dynamo.utils import counters
 
+    from scfs.bench.step import time_steps
     from scfs.methods.ema import ema_update
     from scfs.train import build
 
@@ -104,7 +112,7 @@ def measure(cfg: Any, device: str, first: int, steady: int, artifacts_in: str | 
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     cast = _autocast(str(cfg.trainer.precision), "cuda" if device.startswith("cuda") else "cpu")
 
-    def step(i: int) -> float:
+    def step(i: int) -> torch.Tensor:
         with cast:
             st = model._student_fn(model.student, g, loc, model.stages, model._local_heads)
             with torch.no_grad():
@@ -118,24 +126,17 @@ def measure(cfg: Any, device: str, first: int, steady: int, artifacts_in: str | 
         opt.step()
         opt.zero_grad(set_to_none=True)
         ema_update(model.teacher, model.student, 0.996)
-        return float(loss)
+        return loss.detach()
 
+    graphs: list[int] = []
     counters.clear()
     sync()
-    t0 = time.perf_counter()
-    for i in range(first):
-        loss = step(i)
-    sync()
-    first_s = time.perf_counter() - t0
-    graphs = int(counters["stats"]["unique_graphs"])
-    times = []
-    for i in range(steady):
-        t1 = time.perf_counter()
-        loss = step(first + i)
-        sync()
-        times.append((time.perf_counter() - t1) * 1e3)
-    row = {"first_s": round(first_s, 2), "step_ms": round(statistics.median(times), 2) if times else None,
-           "graphs": graphs, "loss": loss, "loaded_artifacts": loaded,
+    clock, loss = time_steps(step, first, steady, device.startswith("cuda"),
+                             after_warmup=lambda: graphs.append(int(counters["stats"]["unique_graphs"])))
+    times = clock.step_ms(first)
+    row = {"first_s": round(clock.warmup_s(first), 2),
+           "step_ms": round(statistics.median(times), 2) if times else None,
+           "graphs": graphs[0], "loss": float(loss), "loaded_artifacts": loaded,
            "fx_cache": f"{counters['inductor']['fxgraph_cache_hit']} hit / "
                        f"{counters['inductor']['fxgraph_cache_miss']} miss",
            "aot_cache": f"{counters['aot_autograd']['autograd_cache_hit']} hit / "

@@ -42,6 +42,7 @@ import re
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -187,6 +188,69 @@ class SyntheticData:
         return _DM()
 
 
+class StepClock:
+    """The step benchmarks' one measurement of steps (`measure`, `backbone_ceiling`, `scfs.bench.compile`).
+
+    A mark at the start of every step and one after the last: a CUDA event on the GPU (queued behind the step's
+    kernels, so the host never waits and the steps run back to back as in training), the host clock otherwise. A
+    step's time is the gap between its mark and the next; the warm-up's (torch.compile's compile included) is the
+    host's wall time from the first mark to the first timed step's."""
+
+    def __init__(self, cuda: bool) -> None:
+        self.cuda = cuda
+        self.events: list[Any] = []
+        self.walls: list[float] = []
+
+    def mark(self) -> None:
+        """A step boundary."""
+        import torch
+
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self.events.append(ev)
+        self.walls.append(time.perf_counter())
+
+    def step_ms(self, warmup: int) -> list[float]:
+        """Milliseconds of each step after the first `warmup` (one device synchronisation)."""
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize()
+            return [self.events[i].elapsed_time(self.events[i + 1]) for i in range(warmup, len(self.events) - 1)]
+        return [1e3 * (self.walls[i + 1] - self.walls[i]) for i in range(warmup, len(self.walls) - 1)]
+
+    def warmup_s(self, warmup: int) -> float:
+        """Wall seconds of the first `warmup` steps."""
+        return self.walls[warmup] - self.walls[0]
+
+
+def time_steps(step: Callable[[int], Any], warmup: int, steps: int, cuda: bool,
+               after_warmup: Callable[[], None] | None = None) -> tuple[StepClock, Any]:
+    """`step(i)` for `warmup + steps` steps on a `StepClock`; returns the clock and the last step's result. The
+    warm-up ends with the device synchronised (its wall time is then the work's, not the launches'), then
+    `after_warmup` runs (outside every timed step: reading compile counters, say)."""
+
+    def end_warmup() -> None:
+        if cuda:
+            import torch
+
+            torch.cuda.synchronize()
+        if after_warmup is not None:
+            after_warmup()
+
+    clock, out = StepClock(cuda), None
+    for i in range(warmup + steps):
+        if i == warmup:
+            end_warmup()
+        clock.mark()
+        out = step(i)
+    if steps == 0:
+        end_warmup()
+    clock.mark()
+    return clock, out
+
+
 def measure(cfg: Any, args: argparse.Namespace, suite: str) -> dict[str, Any]:
     """Train warmup + steps steps of the configured module; median step time after warm-up."""
     import lightning as L
@@ -196,22 +260,14 @@ def measure(cfg: Any, args: argparse.Namespace, suite: str) -> dict[str, Any]:
     from scfs.training.monitors import OnlineLinearMonitor
 
     cuda = args.device == "cuda"
-    events: list[Any] = []
-    walls: list[float] = []
+    clock = StepClock(cuda)
 
     class Timer(L.Callback):
-        def _mark(self) -> None:
-            if cuda:
-                ev = torch.cuda.Event(enable_timing=True)
-                ev.record()
-                events.append(ev)
-            walls.append(time.perf_counter())
-
         def on_train_batch_start(self, *a: Any) -> None:
-            self._mark()
+            clock.mark()
 
         def on_train_end(self, *a: Any) -> None:
-            self._mark()
+            clock.mark()
 
     prof = StepProfile(args.warmup, args.profile, cuda) if args.profile else None
     L.seed_everything(0, verbose=False)
@@ -229,14 +285,10 @@ def measure(cfg: Any, args: argparse.Namespace, suite: str) -> dict[str, Any]:
     callbacks = [Timer(), OnlineLinearMonitor(num_classes=10)] + ([prof] if prof else [])
     trainer = L.Trainer(**kw, callbacks=callbacks)
     trainer.fit(model, datamodule=dm)
-    if cuda:
-        torch.cuda.synchronize()
-        gaps = [events[i].elapsed_time(events[i + 1]) for i in range(args.warmup, len(events) - 1)]
-    else:
-        gaps = [1e3 * (walls[i + 1] - walls[i]) for i in range(args.warmup, len(walls) - 1)]
+    gaps = clock.step_ms(args.warmup)
     ms = statistics.median(gaps)
     world = trainer.world_size
-    out = {"step_ms": ms, "img_per_s": b * world / (ms / 1e3), "warmup_s": walls[args.warmup] - walls[0],
+    out = {"step_ms": ms, "img_per_s": b * world / (ms / 1e3), "warmup_s": clock.warmup_s(args.warmup),
            "steps": len(gaps), "world": world, "rank": trainer.global_rank,
            "step_ms_p10_p90": [float(v) for v in _quantiles(gaps)]}
     if cuda:
@@ -258,9 +310,10 @@ def backbone_ceiling(cfg: Any, args: argparse.Namespace) -> dict[str, Any]:
     2 global + n local views (each size one batch, as the method's student does), the teacher forward on the 2
     global views, one SGD step, in the row's precision and memory format. No real step can beat it, so
     `step / ceiling` says how much of the step is left outside the backbones. Timed like `measure`: median of CUDA
-    event gaps after the warm-up. A ViT goes the same way, views of both sizes through its patch embedding and
-    blocks to the CLS token (position embeddings interpolated per view size, drop path as configured); the maps of
-    its searched blocks come out of that same pass (only their final norm is left out here)."""
+    event gaps after the warm-up (`time_steps`). A ViT goes the same way, views of both sizes through its patch
+    embedding and blocks to the CLS token (position embeddings interpolated per view size, drop path as
+    configured); the maps of its searched blocks come out of that same pass (only their final norm is left out
+    here)."""
     import torch
     from omegaconf import OmegaConf
 
@@ -281,34 +334,30 @@ def backbone_ceiling(cfg: Any, args: argparse.Namespace) -> dict[str, Any]:
 
     glob, loc = views(int(crops.global_size), 2), views(int(crops.local_size), int(crops.n_local))
     opt = torch.optim.SGD(student.parameters(), lr=1e-3, momentum=0.9)
-    bf16 = "bf16" in str(cfg.trainer.precision)
-    times: list[float] = []
-    for i in range(args.warmup + args.steps + 1):
-        if cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            times.append(ev)  # type: ignore[arg-type]
-        else:
-            times.append(time.perf_counter())
-        if i == args.warmup + args.steps:
-            break
-        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
+    step = _backbones_step(student, teacher, opt, glob, loc, "bf16" in str(cfg.trainer.precision))
+    clock, _ = time_steps(step, args.warmup, args.steps, cuda)
+    ms = statistics.median(clock.step_ms(args.warmup))
+    del step, student, teacher, opt
+    if cuda:
+        torch.cuda.empty_cache()
+    return {"ceiling_step_ms": ms, "ceiling_img_per_s": b / (ms / 1e3)}
+
+
+def _backbones_step(student: Any, teacher: Any, opt: Any, glob: Any, loc: Any, bf16: bool) -> Callable[[int], None]:
+    """`backbone_ceiling`'s step: the teacher on the global views without grad, the student forward and backward on
+    the global and local views, one optimizer step."""
+    import torch
+
+    def step(i: int) -> None:
+        with torch.autocast(glob.device.type, dtype=torch.bfloat16, enabled=bf16):
             with torch.no_grad():
                 teacher.pooled(glob)
             loss = student.pooled(glob).float().mean() + (student.pooled(loc).float().mean() if loc.numel() else 0.0)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-    if cuda:
-        torch.cuda.synchronize()
-        gaps = [times[i].elapsed_time(times[i + 1]) for i in range(args.warmup, len(times) - 1)]  # type: ignore
-    else:
-        gaps = [1e3 * (times[i + 1] - times[i]) for i in range(args.warmup, len(times) - 1)]
-    ms = statistics.median(gaps)
-    del student, teacher, opt
-    if cuda:
-        torch.cuda.empty_cache()
-    return {"ceiling_step_ms": ms, "ceiling_img_per_s": b / (ms / 1e3)}
+
+    return step
 
 
 def StepProfile(start: int, n: int, cuda: bool) -> Any:  # noqa: N802 - a Callback factory (Lightning imported lazily)

@@ -21,8 +21,8 @@ from PIL import Image, ImageOps
 from torch.utils.data import Dataset
 from torchvision.datasets import CIFAR10
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes
-from torchvision.io import ImageReadMode, decode_image
 
+from scfs.data.image_decode import decode_file_rgb
 from scfs.data.shapes import ShapesSpec, ensure_shapes, load_shapes
 from scfs.errors import ReportedError
 
@@ -124,7 +124,7 @@ def decode_rgb(path: str | os.PathLike, min_side: int | None = None) -> torch.Te
         if reduced is not None:
             return reduced
     try:
-        img = decode_image(str(path), mode=ImageReadMode.RGB, apply_exif_orientation=True)
+        img = decode_file_rgb(path)
         if img.dtype != torch.uint8:  # 16-bit PNG
             img = F.to_dtype(img, torch.uint8, scale=True)
         if img.ndim == 3 and img.shape[0] == 3 and img.numel() > 0:

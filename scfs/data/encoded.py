@@ -2,8 +2,9 @@
 
 Why: on the ImageNet recipe the DataLoader workers spend most of their time decoding JPEGs and cutting crops, and
 the GPU waits for them. With `data.decode=gpu` a worker only reads each file's bytes; the training module decodes
-the whole batch at once on its device (`torchvision.io.decode_jpeg(list, device=...)`: nvJPEG on CUDA, libjpeg on
-the CPU, so the same code path runs and is tested on a CPU-only machine) and makes every view there
+the whole batch at once on its device (torchvision's `decode_jpeg(list, device=...)` through
+`scfs.data.image_decode`: nvJPEG on CUDA, libjpeg on the CPU, so the same code path runs and is tested on a
+CPU-only machine) and makes every view there
 (`BatchMultiCrop` on a list of images of different sizes, `scfs.data.batch_aug.pack_images`).
 
 Which files travel encoded: JPEGs with three colour components (YCbCr) and no EXIF rotation, i.e. the files whose
@@ -31,9 +32,9 @@ from typing import Any, NamedTuple
 
 import torch
 from PIL import Image
-from torchvision.io import ImageReadMode, decode_jpeg
 
 from scfs.data.datasets import ImageDecodeError, ImageFileDataset, decode_rgb, shown_path
+from scfs.data.image_decode import decode_jpeg_rgb
 
 JPEG_MAGIC = b"\xff\xd8\xff"
 
@@ -135,7 +136,7 @@ def decode_images(batch: EncodedImages, labels: torch.Tensor | None, device: tor
     errors: dict[int, str] = {}
     if jpegs:
         try:
-            decoded = decode_jpeg([items[i] for i in jpegs], mode=ImageReadMode.RGB, device=device)
+            decoded = decode_jpeg_rgb([items[i] for i in jpegs], device)
         except RuntimeError:  # the batched call names no file: find the culprit(s) one by one
             decoded = [_decode_one(items[i], batch.paths[i], device, errors, i) for i in jpegs]
         for i, img in zip(jpegs, decoded):
@@ -166,7 +167,7 @@ def _decode_one(data: torch.Tensor, path: str, device: torch.device, errors: dic
     """One JPEG on `device`; if the device decoder rejects it, on the host (`decode_rgb`: libjpeg, then PIL);
     None (and `errors[index]` set) when neither reads it."""
     try:
-        return decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
+        return decode_jpeg_rgb(data, device)
     except RuntimeError as dev_err:
         try:
             img = decode_rgb(path)

@@ -40,7 +40,13 @@ def extract_pooled(backbone: nn.Module, loader: DataLoader, device: torch.device
                    progress: bool = False, desc: str = "features",
                    l2: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """`backbone.pooled` over `loader` in eval mode: raw float32 features and labels, on the CPU. `l2`:
-    L2-normalised on `device` first, as kNN compares them (cosine similarity)."""
+    L2-normalised on `device` first, as kNN compares them (cosine similarity).
+
+    Runs eagerly even when the backbone (or its blocks) were compiled for training (`compile=true`): BatchNorm in
+    eval mode, the evaluation batch size and a partial last batch each fail the training graphs' guards, so a
+    compiled pass would make dynamo trace and inductor lower new graphs (and CUDA graph trees record them, in a
+    memory pool of their own) for a pass that runs once every few epochs. The weights are the same either way;
+    the compiled and eager features differ only by the kernels' float rounding."""
     was_training = backbone.training
     backbone.eval()
     feats, labels = [], []
@@ -50,10 +56,11 @@ def extract_pooled(backbone: nn.Module, loader: DataLoader, device: torch.device
 
         it = tqdm(loader, desc=desc, leave=False, dynamic_ncols=True)
     try:
-        for x, y in it:
-            f = backbone.pooled(x.to(device, non_blocking=True)).float()
-            feats.append((F.normalize(f, dim=1) if l2 else f).cpu())
-            labels.append(torch.as_tensor(y).cpu())
+        with torch.compiler.set_stance("force_eager"):
+            for x, y in it:
+                f = backbone.pooled(x.to(device, non_blocking=True)).float()
+                feats.append((F.normalize(f, dim=1) if l2 else f).cpu())
+                labels.append(torch.as_tensor(y).cpu())
     finally:
         backbone.train(was_training)
     return torch.cat(feats), torch.cat(labels).long()

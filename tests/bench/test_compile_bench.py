@@ -32,3 +32,23 @@ def test_cold_and_carried_rows_hit_the_carried_cache(tmp_path):
     assert rows["cold"]["fx_cache"].startswith("0 hit") and rows["cold"]["artifacts_mb"] > 0
     assert rows["carried"]["fx_cache"].endswith(" 0 miss") and rows["carried"]["loaded_artifacts"] > 0
     assert rows["carried"]["loss"] == rows["cold"]["loss"]
+
+
+def test_a_row_is_timed_by_the_step_benchmarks_clock(monkeypatch):
+    """`measure` times its steps with `scfs.bench.step.time_steps` (the step benchmark's measurement), reads the
+    graphs right after the first steps, and keeps the row's keys."""
+    from scfs.bench import step as step_bench
+
+    seen: list[tuple[int, int]] = []
+    real = step_bench.time_steps
+
+    def spy(step, warmup, steps, cuda, after_warmup=None):
+        seen.append((warmup, steps))
+        return real(step, warmup, steps, cuda, after_warmup)
+
+    monkeypatch.setattr(step_bench, "time_steps", spy)
+    cfg = bench.compose("default", "cpu", True, "model", False, [])
+    row = bench.measure(cfg, "cpu", 2, 3, None, None)
+    assert seen == [(2, 3)]
+    assert set(row) == {"first_s", "step_ms", "graphs", "loss", "loaded_artifacts", "fx_cache", "aot_cache"}
+    assert row["first_s"] > 0 and row["step_ms"] > 0 and row["graphs"] == 0 and isinstance(row["loss"], float)

@@ -307,3 +307,28 @@ def test_markdown_says_why_a_ceiling_is_missing() -> None:
     md = markdown({"meta": meta, "rows": [{"method": "dino", "B": 8, "setting": "bf16", "step_ms": 4.0,
                                            "img_per_s": 2000.0, "ceiling_error": "ValueError: no views"}]})
     assert "| dino | 8 | bf16 | 4.0 | 2000 |" in md and "| - (ValueError: no views) | - |" in md
+
+
+def test_time_steps_times_each_step_after_the_warmup_and_reads_counters_between() -> None:
+    """The clock both step benchmarks share: one gap per timed step (its own sleep, not its neighbours'), the
+    warm-up's wall seconds, `after_warmup` once between the warm-up and the first timed step, the last result."""
+    import time
+
+    from scfs.bench.step import time_steps
+
+    naps = [0.05, 0.0, 0.2, 0.1]
+    calls: list[str] = []
+
+    def step(i: int) -> int:
+        calls.append(f"step{i}")
+        time.sleep(naps[i])
+        return i
+
+    clock, last = time_steps(step, 2, 2, cuda=False, after_warmup=lambda: calls.append("warm"))
+    assert calls == ["step0", "step1", "warm", "step2", "step3"] and last == 3
+    gaps = clock.step_ms(2)
+    assert len(gaps) == 2 and gaps[0] >= 200 and 100 <= gaps[1] < 200
+    assert 0.05 <= clock.warmup_s(2) < 0.2
+    calls.clear()
+    clock, last = time_steps(step, 2, 0, cuda=False, after_warmup=lambda: calls.append("warm"))
+    assert calls == ["step0", "step1", "warm"] and clock.step_ms(2) == [] and clock.warmup_s(2) >= 0.05

@@ -14,9 +14,6 @@ from PIL import Image
 from scfs.data import datasets as ds
 from scfs.data.datasets import ImageDecodeError, ImageFolderLayoutError, build_dataset, decode_rgb
 
-# torchvision 0.29 deprecates its image codecs in favour of TorchCodec; decode_rgb still uses them on purpose.
-pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
-
 RNG = np.random.default_rng(0)
 RGB = (RNG.random((12, 10, 3)) * 255).astype(np.uint8)  # H=12, W=10
 

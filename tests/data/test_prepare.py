@@ -19,7 +19,6 @@ from scfs.data.prepare import PrepareError, extract_archive, main, prepare_cifar
 REPO = Path(__file__).resolve().parents[2]
 SHARED = Path(os.environ.get("SCFS_SHARED_DATA", REPO.parent / "shared" / "data"))
 SHARED_CIFAR = SHARED / "cifar10-jpeg.tar.xz"
-pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
 
 
 def _jpeg() -> bytes:

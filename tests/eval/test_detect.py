@@ -83,7 +83,6 @@ def test_default_faster_rcnn_from_random_init_with_trainable_bn(tmp_path, det_cf
     assert doc["model"]["norm"] == "bn" and doc["model"]["trainable_layers"] == 5
 
 
-@pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")
 def test_coco_format_files_on_disk(tmp_path, shapes_root, det_cfg):
     """The COCO path end to end: an image folder + COCO json files (here shapes written out as PNG files)."""
     from PIL import Image
@@ -287,7 +286,6 @@ def test_boxes_outside_the_image_are_clipped_or_dropped_and_empty_images_counted
     assert CocoDetectionDataset(missing, train=False).stats["skipped_missing_files"] == 1
 
 
-@pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")
 def test_voc_is_read_without_download_and_converted_to_coco(tmp_path):
     from PIL import Image
 

@@ -15,7 +15,6 @@ from PIL import Image
 from scfs.data.datasets import ImageDecodeError
 from scfs.train import run
 
-pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
 RNG = np.random.default_rng(0)
 FOLDER = ["data=folder", "++data.batch_aug=false", "batch_size=4", "eval.knn_k=[3]"]
 

@@ -17,8 +17,6 @@ from rel_helpers import PYTHON, cli_overrides, subprocess_env
 
 from scfs.data.datasets import ImageFolderLayoutError, build_dataset, shown_path
 
-pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
-
 
 def _img(path: Path, seed: int = 0) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)

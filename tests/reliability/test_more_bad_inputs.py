@@ -23,8 +23,6 @@ from scfs.models import Backbone
 from scfs.reliability import RunFolderBusyError, RunFolderLock
 from scfs.train import run
 
-pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
-
 
 def _oom(*args, **kwargs):
     raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 3.00 GiB")

@@ -18,7 +18,8 @@ What one call does:
    SimpleProfiler (`+trainer.profiler=simple`) and splits a step's host time into the loader's `next`, the batch
    transfer with the views made on the device, the training batch and the per-batch hooks.
 3. the step benchmark in a subprocess: `python -m scfs.bench.step --batch <B> --setting <setting> --method
-   <method> --no-ceiling`, its `img_per_s`.
+   <method> --no-ceiling`, its `img_per_s` (`--step-record FILE`: the figure of an existing step record instead,
+   e.g. one measured in an earlier call on the same machine when one call cannot hold both compiles).
 4. the record `imagenet-e2e-<gpu>-<date>[-<commit>].{json,md}`: both figures, their ratio against the target,
    the first epoch's seconds, the profile split, the settings each side ran (a mismatch between them is named), the
    exact commands, the commit, torch / lightning versions and the GPU.
@@ -294,6 +295,30 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def step_row(rows: list[dict], method: str, batch: int, setting: str) -> dict | None:
+    """The step record's row of this method, batch and setting (a `--vary` suffix of the setting ignored)."""
+    return next((r for r in rows if r.get("method") == method and r.get("B") == batch
+                 and str(r.get("setting", "")).split(" ")[0] == setting), None)
+
+
+def read_step_record(path: Path, method: str, batch: int, setting: str) -> dict[str, Any]:
+    """The step figure from an existing `scfs.bench.step` record instead of a new measurement (a slot too short
+    for both compiles, or the committed record a speed claim cites): its row of this method, batch and setting."""
+    try:
+        rec = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise E2EError(f"--step-record {path}: not a readable JSON step record ({err})") from None
+    row = step_row(rec.get("rows", []), method, batch, setting)
+    if row is None or "img_per_s" not in row:
+        raise E2EError(f"--step-record {path}: no {method} row at B={batch} with setting {setting} (pass --batch and "
+                       "--setting of a row it has, or leave --step-record out to measure the step)")
+    meta = rec.get("meta", {})
+    return {"command": f"{meta.get('command', 'python -m scfs.bench.step')} (record {path}, {meta.get('gpu', '?')}, "
+                       f"{meta.get('date', '?')})", "setting": setting, "B": batch, "record": str(path),
+            "settings": step_settings(setting),
+            **{k: row.get(k) for k in ("img_per_s", "step_ms", "warmup_s", "peak_GiB", "aug_ms")}}
+
+
 def rate(v: float) -> str:
     """img/s as a table shows it: whole numbers on a GPU, three significant digits for the CPU flow's few."""
     return f"{v:.0f}" if v >= 100 else f"{v:.3g}"
@@ -371,14 +396,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=None, help="num_workers of the real run (default: the recipe's)")
     ap.add_argument("--method", choices=("scfs", "dino"), default="scfs")
     ap.add_argument("--setting", choices=tuple(SETTINGS), default=None,
-                    help=f"the step benchmark's setting (default {DEFAULT_SETTING}, the recipe's default path; "
-                         f"{TINY_SETTING} with --tiny)")
+                    help=f"the step benchmark's setting (default {DEFAULT_SETTING}, its default path: the recipe's "
+                         f"compile and memory format in bf16; {TINY_SETTING} with --tiny)")
     ap.add_argument("--profile", action="store_true", help="SimpleProfiler in the real run: where a step's time goes")
     ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                     help="Hydra override for the real run (repeatable), e.g. trainer.precision=bf16-mixed")
     ap.add_argument("--step-override", action="append", default=[], metavar="KEY=VALUE",
                     help="Hydra override for the step benchmark (repeatable)")
     ap.add_argument("--no-step", dest="step", action="store_false", help="skip the step benchmark (no ratio)")
+    ap.add_argument("--step-record", type=Path, default=None,
+                    help="take the step's img/s from this scfs.bench.step JSON record instead of measuring it")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--tiny", action="store_true",
                     help="tiny network and crops, fp32, eager on both sides (the CPU test; a flow check on a GPU)")
@@ -400,6 +427,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{prog}: error: no CUDA GPU found by nvidia-smi (use --device cpu --tiny)", file=sys.stderr)
         return 2
     try:
+        recorded = read_step_record(args.step_record, args.method, args.batch, setting) if args.step_record else None
         root, data = build_data(args)
     except E2EError as err:
         print(f"{prog}: error: {err}", file=sys.stderr)
@@ -451,7 +479,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"decode={decode}: " + (f"{row['summary']['img_per_s']} img/s" if "summary" in row
                                           else row["error"]), flush=True)
             save_record(result, stem, markdown)
-        if args.step:
+        if recorded is not None:
+            result["step"] = recorded
+        elif args.step:
             step_out = work / "step"
             cmd = step_command(args.batch, setting, args.method, step_out, tiny=args.tiny, device=args.device,
                                overrides=args.step_override)
@@ -460,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
             step: dict[str, Any] = {"command": shown(cmd), "setting": setting, "B": args.batch, "returncode": rc,
                                     "wall_s": round(secs, 1), "settings": step_settings(setting)}
             rows = [r for f in sorted(step_out.glob("step-*.json")) for r in json.loads(f.read_text())["rows"]]
-            row = next((r for r in rows if r.get("method") == args.method and r.get("B") == args.batch), None)
+            row = step_row(rows, args.method, args.batch, setting)
             if rc != 0 or row is None or "error" in row:
                 step["error"] = (row or {}).get("error") or f"exit {rc}: {last_line(work / 'step.log')}"
                 failed = True

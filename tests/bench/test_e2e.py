@@ -153,6 +153,23 @@ def test_record_name_and_markdown() -> None:
     assert "precision: real run 16-mixed, step bf16-mixed" in md and "- step benchmark: `python -m s`" in md
 
 
+def test_step_figure_from_an_existing_record(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    rec = {"meta": {"command": "python -m scfs.bench.step --batch 64", "gpu": "NVIDIA H200", "date": "2026-12-01"},
+           "rows": [{"method": "scfs", "B": 64, "setting": "bf16_cl", "img_per_s": 600.0},
+                    {"method": "scfs", "B": 64, "setting": "bf16_cl_graphs", "img_per_s": 968.0, "step_ms": 66.1}]}
+    path = tmp_path / "step.json"
+    path.write_text(json.dumps(rec))
+    step = e2e.read_step_record(path, "scfs", 64, "bf16_cl_graphs")
+    assert step["img_per_s"] == 968.0 and step["settings"]["precision"] == "bf16-mixed"
+    assert "record" in step["command"] and "NVIDIA H200" in step["command"]
+    with pytest.raises(e2e.E2EError, match="no scfs row at B=32 with setting bf16_cl_graphs"):
+        e2e.read_step_record(path, "scfs", 32, "bf16_cl_graphs")
+    assert e2e.main(["--device", "cpu", "--tiny", "--step-record", str(tmp_path / "none.json"), "--photos",
+                     str(tmp_path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("scfs.bench.e2e: error: --step-record") and len(err.splitlines()) == 1
+
+
 @pytest.mark.slow
 def test_whole_cli_on_the_cpu_writes_the_record(tmp_path: Path) -> None:
     """The real `python -m scfs.train +experiment=imagenet` and `python -m scfs.bench.step`, tiny, on the CPU."""

@@ -22,7 +22,8 @@ What one call does:
    e.g. one measured in an earlier call on the same machine when one call cannot hold both compiles).
 4. the record `imagenet-e2e-<gpu>-<date>[-<commit>].{json,md}`: both figures, their ratio against the target,
    the first epoch's seconds, the profile split, the settings each side ran (a mismatch between them is named), the
-   exact commands, the commit, torch / lightning versions and the GPU.
+   exact commands, the commit, torch / lightning versions and the GPU; the subprocesses' logs beside it in
+   `<record>-logs/`.
 
 Profile times are the host's: with CUDA the step is queued asynchronously, so a part's time includes waiting for
 the GPU wherever the host synchronises (a GPU-bound run shows it in the training batch; a loader-bound run in
@@ -302,13 +303,17 @@ def step_row(rows: list[dict], method: str, batch: int, setting: str) -> dict | 
 
 
 def read_step_record(path: Path, method: str, batch: int, setting: str) -> dict[str, Any]:
-    """The step figure from an existing `scfs.bench.step` record instead of a new measurement (a slot too short
-    for both compiles, or the committed record a speed claim cites): its row of this method, batch and setting."""
+    """The step figure from an existing record instead of a new measurement (a slot too short for both compiles,
+    or the committed record a speed claim cites): the row of this method, batch and setting of a `scfs.bench.step`
+    record, or the step of an e2e record."""
     try:
         rec = json.loads(path.read_text())
     except (OSError, ValueError) as err:
         raise E2EError(f"--step-record {path}: not a readable JSON step record ({err})") from None
-    row = step_row(rec.get("rows", []), method, batch, setting)
+    rows = rec.get("rows", [])
+    if isinstance(rec.get("step"), dict):  # an e2e record: the step it measured
+        rows = [{"method": rec.get("meta", {}).get("method"), **rec["step"]}]
+    row = step_row(rows, method, batch, setting)
     if row is None or "img_per_s" not in row:
         raise E2EError(f"--step-record {path}: no {method} row at B={batch} with setting {setting} (pass --batch and "
                        "--setting of a row it has, or leave --step-record out to measure the step)")
@@ -337,14 +342,17 @@ def gpu_name() -> str | None:
 
 
 def commit() -> str | None:
-    """`COMMIT` from the environment (a device copy may lack .git), else git's short HEAD."""
+    """`COMMIT` from the environment (a device copy may lack .git), else git's short HEAD, `-dirty` when tracked
+    files differ from it (the record then measured code that no commit holds)."""
     if os.environ.get("COMMIT"):
         return os.environ["COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=30)
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], capture_output=True, timeout=30).returncode == 1
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
+    sha = out.stdout.strip() if out.returncode == 0 else ""
+    return (sha + ("-dirty" if dirty else "")) or None
 
 
 def record_stem(out: Path, gpu: str, date: str, sha: str | None, tag: str = "") -> Path:
@@ -504,10 +512,14 @@ def main(argv: list[str] | None = None) -> int:
                 r["mismatch"] = mismatches(r.get("settings", {}), st["settings"])
         md = save_record(result, stem, markdown)
     finally:
+        logs = stem.parent / f"{stem.name}-logs"  # the subprocesses' output: a failed or odd row is read there
+        logs.mkdir(parents=True, exist_ok=True)
+        for log in work.glob("*.log"):
+            shutil.copy2(log, logs / log.name)
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)
     print(md)
-    print(f"record: {stem}.json, {stem}.md", flush=True)
+    print(f"record: {stem}.json, {stem}.md; logs in {logs}", flush=True)
     return 1 if failed else 0
 
 

@@ -162,6 +162,9 @@ def test_step_figure_from_an_existing_record(tmp_path: Path, capsys: pytest.Capt
     step = e2e.read_step_record(path, "scfs", 64, "bf16_cl_graphs")
     assert step["img_per_s"] == 968.0 and step["settings"]["precision"] == "bf16-mixed"
     assert "record" in step["command"] and "NVIDIA H200" in step["command"]
+    e2e_rec = tmp_path / "e2e.json"  # an e2e record's own step, e.g. from an earlier call on the same machine
+    e2e_rec.write_text(json.dumps({"meta": {"method": "scfs"}, "step": {**step, "B": 64}}))
+    assert e2e.read_step_record(e2e_rec, "scfs", 64, "bf16_cl_graphs")["img_per_s"] == 968.0
     with pytest.raises(e2e.E2EError, match="no scfs row at B=32 with setting bf16_cl_graphs"):
         e2e.read_step_record(path, "scfs", 32, "bf16_cl_graphs")
     assert e2e.main(["--device", "cpu", "--tiny", "--step-record", str(tmp_path / "none.json"), "--photos",
@@ -193,5 +196,6 @@ def test_whole_cli_on_the_cpu_writes_the_record(tmp_path: Path) -> None:
         assert r["profile"]["steps"] == 8 and r["profile"]["ms_per_step"]["batch"] > 0
         assert r["compare"]["ratio"] > 0 and r["mismatch"] == []
     assert rec["step"]["img_per_s"] > 0 and rec["step"]["setting"] == "fp32"
+    assert {p.name for p in (out / f"{js.stem}-logs").iterdir()} == {"run-cpu.log", "run-gpu.log", "step.log"}
     md = js.with_suffix(".md").read_text()
     assert "| cpu | 0 | 32-true | eager | 4 | 2 |" in md and "- step benchmark: `python -m scfs.bench.step" in md

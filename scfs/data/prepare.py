@@ -4,17 +4,21 @@
     python -m scfs.data.prepare imagenet-samples --archive ../shared/data/imagenet-samples-100.tar.xz \
         --out data/imagenet-samples
     python -m scfs.data.prepare extract --archive my-images.tar.gz --out data/my-images   # alias: folder
+    python -m scfs.data.prepare repeat --photos data/imagenet-samples --out data/imagenet-e2e --repeat 100
 
 Why this way: archives are untrusted input, so members are passed through tarfile's ``data`` filter (no
 absolute paths, no ``..``, no links leaving the output, no devices) and extraction goes to a temp dir that is
 renamed into place only when complete, so an interrupted or refused run leaves no half-extracted dataset.
 A single top-level folder in the archive (``cifar10/``) is stripped, so ``--out DIR`` gets ``DIR/train/...``.
+``repeat`` makes an ImageFolder tree of hard links to a few photos, each repeated, so that an epoch of a real
+training run decodes thousands of real JPEGs from a 100-photo sample (``scfs.bench.e2e``).
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import shutil
 import sys
@@ -181,6 +185,75 @@ def prepare_cifar10(archive: str | os.PathLike, out: str | os.PathLike, **kw) ->
     return extract_archive(archive, out, check=_check_splits("train", "test"), **kw)
 
 
+PHOTO_EXT = (".jpg", ".jpeg", ".png")
+REPEAT_MARK = ".scfs-repeat.json"
+
+
+def _link(src: Path, dst: Path) -> None:
+    """A hard link (no extra disk, the page cache shared by all repeats, as the files of one photo would be on a
+    real dataset's disk only once per repeat); a copy where the two folders are on different file systems."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def repeat_photos(photos: str | os.PathLike, out: str | os.PathLike, repeat: int = 100, classes: int = 10,
+                  val_per_class: int = 2, log: Log = print) -> dict[str, int]:
+    """``out/train/cNN/rRRR-<photo>``: every photo of ``photos`` linked ``repeat`` times, photo i in class
+    i % ``classes``; ``out/val/cNN/<photo>``: the first ``val_per_class`` photos of each class, once (the kNN of
+    the run's end reads val/). Returns {"photos", "train", "val", "classes"}.
+
+    Idempotent: a tree this function made with the same inputs is kept as is (its marker file says so); one made
+    with other inputs is rebuilt; a non-empty folder it did not make is refused, never written into."""
+    photos, out = Path(photos), Path(out)
+    if repeat < 1 or classes < 1 or val_per_class < 0:
+        raise PrepareError(f"repeat={repeat}, classes={classes}, val_per_class={val_per_class}: repeat and classes "
+                           "must be >= 1, val_per_class >= 0")
+    if not photos.is_dir():
+        raise PrepareError(f"photos folder {photos} not found: make it with `python -m scfs.data.prepare "
+                           "imagenet-samples --archive .gpudata/imagenet-samples-100.tar.xz --out "
+                           f"{photos}`")
+    files = sorted(p for p in photos.rglob("*") if p.is_file() and p.suffix.lower() in PHOTO_EXT)
+    if not files:
+        raise PrepareError(f"no photos (*.jpg, *.jpeg, *.png) under {photos}: pass the folder made by "
+                           "`python -m scfs.data.prepare imagenet-samples`")
+    spec = {"photos": str(photos.resolve()), "files": [f.relative_to(photos).as_posix() for f in files],
+            "repeat": repeat, "classes": classes, "val_per_class": val_per_class}
+    mark = out / REPEAT_MARK
+    if out.is_dir() and any(out.iterdir()):
+        if not mark.is_file():
+            raise PrepareError(f"{out} exists and was not made by `prepare repeat` (no {REPEAT_MARK}): pass a new "
+                               "or empty --out")
+        done = json.loads(mark.read_text())
+        if done.get("spec") == spec:
+            log(f"{out} already holds {done['counts']['train']} train and {done['counts']['val']} val links to "
+                f"{len(files)} photos: nothing done")
+            return done["counts"]
+        mark.unlink()
+        for split in ("train", "val"):
+            shutil.rmtree(out / split, ignore_errors=True)
+    counts = {"photos": len(files), "train": 0, "val": 0, "classes": min(classes, len(files))}
+    seen = [0] * classes
+    for i, f in enumerate(files):
+        c = i % classes
+        name = f"{i:04d}-{f.name}"  # photos of one name in two subfolders stay apart
+        d = out / "train" / f"c{c:02d}"
+        d.mkdir(parents=True, exist_ok=True)
+        for r in range(repeat):
+            _link(f, d / f"r{r:03d}-{name}")
+            counts["train"] += 1
+        if seen[c] < val_per_class:
+            (out / "val" / f"c{c:02d}").mkdir(parents=True, exist_ok=True)
+            _link(f, out / "val" / f"c{c:02d}" / name)
+            counts["val"] += 1
+            seen[c] += 1
+    mark.write_text(json.dumps({"spec": spec, "counts": counts}, indent=1))
+    log(f"{out}: {counts['train']} train images ({len(files)} photos x {repeat}) and {counts['val']} val images in "
+        f"{counts['classes']} classes, hard links to {photos}")
+    return counts
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m scfs.data.prepare", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -200,11 +273,24 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--force", action="store_true", help="replace an existing output folder")
         s.add_argument("--no-strip", dest="strip", action="store_false",
                        help="keep a single top-level folder of the archive")
+    r = sub.add_parser("repeat", help="folder of photos -> OUT/{train,val}/<class>/ hard links, each photo repeated")
+    r.add_argument("--photos", required=True, type=Path, help="folder of photos (e.g. data/imagenet-samples)")
+    r.add_argument("--out", required=True, type=Path, help="output ImageFolder tree (e.g. data/imagenet-e2e)")
+    r.add_argument("--repeat", type=int, default=100, help="links per photo in train/ (default 100)")
+    r.add_argument("--classes", type=int, default=10, help="class folders (default 10)")
+    r.add_argument("--val-per-class", type=int, default=2, help="photos per class linked once into val/")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "repeat":
+        try:
+            repeat_photos(args.photos, args.out, args.repeat, args.classes, args.val_per_class)
+        except PrepareError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        return 0
     kw = {"sha256": args.sha256, "sums": args.sums, "strip": args.strip, "force": args.force}
     try:
         if args.command == "cifar10":

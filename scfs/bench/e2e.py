@@ -1,0 +1,527 @@
+"""End-to-end training speed: a real `python -m scfs.train +experiment=imagenet` run on real JPEGs, beside the
+step benchmark at the same batch, and where the difference goes.
+
+Why: `scfs.bench.step` times the training step on synthetic images already on the GPU; a user sees the speed of
+the whole run (DataLoader workers decoding and cropping JPEGs, host-to-device copies, the colour ops on the device,
+the Lightning loop, callbacks, logging). The run's own `summary.json` figure (`img_per_s`: the median over the
+epochs after the first of steps x batch / epoch wall seconds; epoch 0 holds the compile) is that speed. The target
+is e2e >= 95 % of the step benchmark's img/s at the same batch.
+
+What one call does:
+1. data: an ImageFolder tree of hard links to the sample photos (`scfs.data.prepare.repeat_photos`): each photo
+   `--repeat` times in 10 class folders, so one epoch decodes ~10,000 real JPEGs (100 photos x 100), plus a small
+   val/ for the kNN pass at the run's end (outside the timed epochs). `--root DIR` uses an existing tree instead.
+2. the real run, as a user runs it, once per `--decode` mode: `python -m scfs.train +experiment=imagenet
+   data.root=<tree> batch_size=<B> global_batch_size=null trainer.max_epochs=<epochs> data.decode=<mode>
+   eval.figure=false hydra.run.dir=<dir>` (the recipe's compile, precision, workers, logger and checkpoints as
+   shipped; the recipe already has no kNN before or during training). `--profile` adds Lightning's
+   SimpleProfiler (`+trainer.profiler=simple`) and splits a step's host time into the loader's `next`, the batch
+   transfer with the views made on the device, the training batch and the per-batch hooks.
+3. the step benchmark in a subprocess: `python -m scfs.bench.step --batch <B> --setting <setting> --method
+   <method> --no-ceiling`, its `img_per_s` (`--step-record FILE`: the figure of an existing step record instead,
+   e.g. one measured in an earlier call on the same machine when one call cannot hold both compiles).
+4. the record `imagenet-e2e-<gpu>-<date>[-<commit>].{json,md}`: both figures, their ratio against the target,
+   the first epoch's seconds, the profile split, the settings each side ran (a mismatch between them is named), the
+   exact commands, the commit, torch / lightning versions and the GPU; the subprocesses' logs beside it in
+   `<record>-logs/`.
+
+Profile times are the host's: with CUDA the step is queued asynchronously, so a part's time includes waiting for
+the GPU wherever the host synchronises (a GPU-bound run shows it in the training batch; a loader-bound run in
+`next`). SimpleProfiler sums the whole fit; epoch 0's excess over a steady epoch (the compile) is taken out of
+the training batch.
+
+`--device cpu --tiny` runs the same flow on the CPU in seconds (tiny backbone and crops, fp32, eager, no workers).
+Usage:
+    python -m scfs.bench.e2e --archive .gpudata/imagenet-samples-100.tar.xz [--photos data/imagenet-samples]
+        [--batch 64] [--epochs 3] [--decode cpu gpu] [--profile] [--out benchmarks/results]
+    python -m scfs.bench.e2e --device cpu --tiny --photos DIR --repeat 4 --batch 8 --out /tmp/x
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from scfs.bench.records import save_record
+from scfs.names import DATA_DECODE
+
+TARGET = 0.95  # e2e img/s over the step benchmark's at the same batch
+DEFAULT_PHOTOS, DEFAULT_TREE = Path("data/imagenet-samples"), Path("data/imagenet-e2e")
+# The tiny CPU flow: the step benchmark's tiny network and crops, fp32 and eager on both sides, no workers.
+TINY_TRAIN = ["trainer.precision=32-true", "compile=false", "num_workers=0", "logger=csv"]
+TINY_SETTING = "fp32"
+TINY_STEP = ["--tiny", "--warmup", "2", "--steps", "5"]
+# SimpleProfiler action names (strategy class names vary: SingleDeviceStrategy, DDPStrategy) -> parts of a step
+NEXT, EPOCH, BATCH = "[_TrainingEpochLoop].train_dataloader_next", "run_training_epoch", "run_training_batch"
+BATCH_HOOKS = (".on_train_batch_start", ".on_train_batch_end", ".on_before_batch_transfer")
+
+
+class E2EError(RuntimeError):
+    """Bad input (the data to train on), said in one line."""
+
+
+# ---- commands ----------------------------------------------------------------------------------------------------
+def train_command(root: Path, batch: int, epochs: int, decode: str, run_dir: Path, *, method: str = "scfs",
+                  workers: int | None = None, profile: bool = False, tiny: bool = False, device: str = "cuda",
+                  overrides: list[str] | None = None) -> list[str]:
+    """`python -m scfs.train +experiment=imagenet ...` as a user types it, plus only what makes it a measurement:
+    the data, batch, epochs, decode mode and the run folder (and the figure off: it is drawn after training, on
+    the wall clock of the slot but not of the epochs). `tiny`: the CPU flow's network and crops, fp32, eager."""
+    from scfs.bench.step import TINY
+
+    cmd = [sys.executable, "-m", "scfs.train", "+experiment=imagenet", f"method={method}", f"data.root={root}",
+           f"batch_size={batch}", "global_batch_size=null", f"trainer.max_epochs={epochs}", f"data.decode={decode}",
+           "eval.figure=false", f"hydra.run.dir={run_dir}"]
+    if workers is not None:
+        cmd.append(f"num_workers={workers}")
+    if device == "cpu":
+        cmd.append("trainer.accelerator=cpu")
+    if profile:
+        cmd.append("+trainer.profiler=simple")
+    if tiny:
+        cmd += [o for o in TINY_TRAIN if not (workers is not None and o.startswith("num_workers="))] + TINY
+    return cmd + list(overrides or [])
+
+
+def step_command(batch: int, setting: str, method: str, out: Path, *, tiny: bool = False, device: str = "cuda",
+                 overrides: list[str] | None = None) -> list[str]:
+    """`python -m scfs.bench.step` for the one row compared: same method and batch, the recipe's default path."""
+    cmd = [sys.executable, "-m", "scfs.bench.step", "--batch", str(batch), "--setting", setting, "--method", method,
+           "--no-ceiling", "--strict", "--device", device, "--out", str(out)]
+    cmd += TINY_STEP if tiny else []
+    for o in overrides or []:
+        cmd += ["--override", o]
+    return cmd
+
+
+def shown(cmd: list[str]) -> str:
+    """A command as one pastes it: `python -m ...` (the interpreter's path says nothing on another machine)."""
+    return shlex.join(["python", *cmd[1:]] if cmd and cmd[0] == sys.executable else cmd)
+
+
+def run_logged(cmd: list[str], log: Path, timeout: float, env: dict[str, str] | None = None) -> tuple[int, float]:
+    """Run `cmd` with its output in `log`; (return code, wall seconds); 124 when it ran past `timeout`."""
+    t0 = time.perf_counter()
+    with log.open("w") as f:
+        try:
+            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}).returncode
+        except subprocess.TimeoutExpired:
+            rc = 124
+    return rc, time.perf_counter() - t0
+
+
+def last_line(log: Path) -> str:
+    """The last non-empty line of a log: a failing scfs CLI's one-line error."""
+    lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()] if log.is_file() else []
+    return lines[-1][:300] if lines else "no output"
+
+
+# ---- the profiler report -----------------------------------------------------------------------------------------
+def parse_simple_profiler(text: str) -> dict[str, dict[str, float]]:
+    """{action: {"mean_s", "calls", "total_s"}} of the last SimpleProfiler report (extended table) in `text`, a
+    run's log; {} when there is none. Rows are `|  action\\t|  mean\\t|  calls\\t|  total\\t|  percent\\t|`."""
+    start = text.rfind("Profiler Report")
+    if start < 0:
+        return {}
+    out: dict[str, dict[str, float]] = {}
+    for line in text[start:].splitlines()[1:]:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 5 or cells[0] in ("Action", "Total"):
+            if out and not line.strip():  # the blank line after the table ends it
+                break
+            continue
+        try:
+            mean, calls, total = float(cells[1]), int(cells[2]), float(cells[3])
+        except ValueError:
+            continue
+        out[cells[0]] = {"mean_s": mean, "calls": calls, "total_s": total}
+    return out
+
+
+def profile_split(actions: dict[str, dict[str, float]], epoch_seconds: list[float]) -> dict[str, Any]:
+    """Host ms per training step by part, from a SimpleProfiler report over the whole fit:
+
+    * `next`: the loader's `next` (waiting for the workers' batch, pinned);
+    * `to_device`: the batch transfer and `on_after_batch_transfer` (the views or the colour ops, the GPU decode);
+    * `batch`: `run_training_batch` (forward, backward, optimizer, EMA), epoch 0's excess over a steady epoch (the
+      compile) taken out;
+    * `hooks`: every callback and module hook of a batch (on_train_batch_start / end, on_before_batch_transfer);
+    * `loop`: the rest of the epochs' time (the loop itself, epoch-end hooks), per step.
+    Also the five heaviest per-batch hooks by total seconds (`top_hooks`)."""
+    def total(name: str) -> float:
+        return sum(v["total_s"] for k, v in actions.items() if k == name)
+
+    steps = int(actions.get(BATCH, {}).get("calls", 0))
+    if not steps:
+        return {"error": "no run_training_batch in the profiler report"}
+    excess = 0.0
+    if len(epoch_seconds) > 1:
+        excess = max(epoch_seconds[0] - statistics.median(epoch_seconds[1:]), 0.0)
+    to_device = sum(v["total_s"] for k, v in actions.items() if k.endswith(".batch_to_device"))
+    hooks = {k: v["total_s"] for k, v in actions.items() if k.endswith(BATCH_HOOKS)}
+    parts_s = {"next": total(NEXT), "to_device": to_device, "batch": max(total(BATCH) - excess, 0.0),
+               "hooks": sum(hooks.values())}
+    epochs_s = total(EPOCH) - excess
+    parts_s["loop"] = max(epochs_s - sum(parts_s.values()), 0.0)
+    per_step = {k: 1e3 * v / steps for k, v in parts_s.items()}
+    top = sorted(hooks.items(), key=lambda kv: -kv[1])[:5]
+    return {"steps": steps, "compile_excess_s": round(excess, 2), "ms_per_step": per_step,
+            "step_ms": 1e3 * epochs_s / steps,
+            "share": {k: v / epochs_s for k, v in parts_s.items()} if epochs_s > 0 else {},
+            "top_hooks": [{"hook": k, "ms_per_step": 1e3 * v / steps} for k, v in top]}
+
+
+# ---- comparison --------------------------------------------------------------------------------------------------
+def compare(e2e_img_s: float | None, step_img_s: float | None, batch: int, target: float = TARGET) -> dict[str, Any]:
+    """e2e / step against the target: met, or missed by how many points; the missing time per step in ms
+    (batch / e2e - batch / step) and the e2e img/s the target asks for."""
+    if not e2e_img_s or not step_img_s:
+        return {"verdict": "no ratio (a side has no img/s)"}
+    ratio = e2e_img_s / step_img_s
+    met = ratio >= target
+    return {"ratio": ratio, "target": target, "met": met, "needed_img_per_s": target * step_img_s,
+            "missing_ms_per_step": 1e3 * batch * (1 / e2e_img_s - 1 / step_img_s),
+            "verdict": "met" if met else f"missed by {100 * (target - ratio):.1f} points "
+                                         f"({target * step_img_s:.0f} img/s needed)"}
+
+
+def run_settings(run_dir: Path) -> dict[str, Any]:
+    """What the real run ran with, from its composed config (`<run_dir>/.hydra/config.yaml`)."""
+    from omegaconf import OmegaConf
+
+    path = run_dir / ".hydra" / "config.yaml"
+    if not path.is_file():
+        return {}
+    cfg = OmegaConf.load(path)
+
+    def get(key: str) -> Any:
+        return OmegaConf.select(cfg, key, default=None)
+
+    return {"precision": str(get("trainer.precision")), "channels_last": bool(get("backbone.channels_last")),
+            "compile": bool(get("compile")), "compile_mode": str(get("compile_mode")),
+            "num_workers": get("num_workers"), "decode": str(get("data.decode")),
+            "colour_on_device": bool(get("data.colour_on_device")), "backbone": str(get("backbone.name")),
+            "logger": str(get("logger.name") or "-"),
+            "progress_bar": bool(get("trainer.enable_progress_bar")),
+            "finite_check_every_n_steps": get("finite_check_every_n_steps")}
+
+
+def step_settings(setting: str) -> dict[str, Any]:
+    """The step benchmark's precision, memory format and compile for a `--setting` (step.SETTINGS)."""
+    from scfs.bench.step import SETTINGS
+
+    precision, cl, comp = SETTINGS[setting]
+    return {"precision": precision, "channels_last": cl, "compile": bool(comp),
+            "compile_mode": comp if isinstance(comp, str) else "default"}
+
+
+def mismatches(run: dict[str, Any], step: dict[str, Any]) -> list[str]:
+    """The settings in which the real run and the step benchmark differ (each then measures another step)."""
+    return [f"{k}: real run {run[k]}, step {step[k]}" for k in ("precision", "channels_last", "compile", "compile_mode")
+            if k in run and run[k] != step[k] and not (k == "compile_mode" and not run.get("compile"))]
+
+
+# ---- the record --------------------------------------------------------------------------------------------------
+def markdown(result: dict) -> str:
+    m = result["meta"]
+    st = result.get("step") or {}
+    lines = [f"# End-to-end training speed (`+experiment=imagenet`, real JPEGs): {m['gpu']}, {m['date']}", "",
+             f"Commit `{m.get('commit') or 'unknown'}`; made by `{m['command']}`. torch {m['torch']}, lightning "
+             f"{m['lightning']}, {m['cpus']} CPU cores. Data: {m['data']}.", "",
+             "e2e img/s = the run's `summary.json` `img_per_s`: the median over the epochs after the first of steps x "
+             "batch / epoch wall seconds (epoch 0 holds the compile). step img/s = `scfs.bench.step` (synthetic uint8 "
+             f"images on the device, median step) at the same batch. Target: e2e >= {100 * TARGET:.0f} % of step.", "",
+             "| decode | workers | precision | compile | B | epochs | e2e img/s | step img/s (setting) | e2e / step | "
+             f"target {100 * TARGET:.0f} % | missing ms/step | first epoch s | epoch s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    step_cell = (f"{rate(st['img_per_s'])} ({st['setting']})" if st.get("img_per_s") else
+                 f"- ({st.get('error', 'not run')[:80]})")
+    for r in result["rows"]:
+        s, c = r.get("settings", {}), r.get("compare", {})
+        e2e = r.get("summary", {})
+        if "error" in r:
+            lines.append(f"| {r['decode']} | {s.get('num_workers', '-')} | {s.get('precision', '-')} | "
+                         f"{s.get('compile_mode', '-') if s.get('compile') else 'eager' if s else '-'} | {r['B']} | "
+                         f"{r['epochs']} | error: {r['error'][:120]} | {step_cell} | - | - | - | - | - |")
+            continue
+        ratio = f"{100 * c['ratio']:.1f} %" if "ratio" in c else "-"
+        missing = f"{c['missing_ms_per_step']:.1f}" if "missing_ms_per_step" in c else "-"
+        img = rate(e2e["img_per_s"]) if e2e.get("img_per_s") else "-"
+        lines.append(f"| {r['decode']} | {s.get('num_workers', '-')} | {s.get('precision', '-')} | "
+                     f"{s.get('compile_mode') if s.get('compile') else 'eager'} | {r['B']} | {r['epochs']} | {img} | "
+                     f"{step_cell} | {ratio} | {c.get('verdict', '-')} | {missing} | {e2e.get('first_epoch_s', '-')} | "
+                     f"{', '.join(str(x) for x in e2e.get('epoch_seconds', []))} |")
+    prof = [r for r in result["rows"] if r.get("profile") and "error" not in r["profile"]]
+    if prof:
+        lines += ["", "Where a step's host time goes (`--profile`: Lightning's SimpleProfiler over the whole fit, "
+                  "epoch 0's excess over a steady epoch taken out of the training batch), ms per step: `next` = the "
+                  "loader's next batch (waiting for the workers), to device = the transfer and "
+                  "`on_after_batch_transfer` (views or colour ops; the GPU decode), batch = forward, backward, "
+                  "optimizer, EMA, hooks = the callbacks' and module's per-batch hooks, loop = the rest. With CUDA a "
+                  "part includes the waits for the GPU at the host's syncs in it. step bench = the step "
+                  "benchmark's step at this batch; missing = what the e2e step takes beyond it.", "",
+                  "| decode | next | to device | batch | hooks | loop | e2e step (profiled) | step bench | missing | "
+                  "heaviest hooks |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in prof:
+            p = r["profile"]
+            ms = p["ms_per_step"]
+            bench = f"{st['step_ms']:.1f}" if st.get("step_ms") else "-"
+            missing = f"{p['step_ms'] - st['step_ms']:.1f}" if st.get("step_ms") else "-"
+            hooks = ", ".join(f"{h['hook']} {h['ms_per_step']:.2f}" for h in p["top_hooks"][:3])
+            lines.append(f"| {r['decode']} | {ms['next']:.1f} | {ms['to_device']:.1f} | {ms['batch']:.1f} | "
+                         f"{ms['hooks']:.1f} | {ms['loop']:.1f} | {p['step_ms']:.1f} | {bench} | {missing} | "
+                         f"{hooks} |")
+    diffs = sorted({d for r in result["rows"] for d in r.get("mismatch", [])})
+    if diffs:
+        lines += ["", "The two sides ran different settings (the step benchmark's `--setting` against the recipe as "
+                  "shipped), so part of the gap is the step itself: " + "; ".join(diffs) + "."]
+    lines += ["", "Commands:", ""]
+    lines += [f"- real run, decode={r['decode']}: `{r['command']}`" for r in result["rows"]]
+    if st.get("command"):
+        lines.append(f"- step benchmark: `{st['command']}`")
+    return "\n".join(lines) + "\n"
+
+
+def step_row(rows: list[dict], method: str, batch: int, setting: str) -> dict | None:
+    """The step record's row of this method, batch and setting (a `--vary` suffix of the setting ignored)."""
+    return next((r for r in rows if r.get("method") == method and r.get("B") == batch
+                 and str(r.get("setting", "")).split(" ")[0] == setting), None)
+
+
+def read_step_record(path: Path, method: str, batch: int, setting: str) -> dict[str, Any]:
+    """The step figure from an existing record instead of a new measurement (a slot too short for both compiles,
+    or the committed record a speed claim cites): the row of this method, batch and setting of a `scfs.bench.step`
+    record, or the step of an e2e record."""
+    try:
+        rec = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise E2EError(f"--step-record {path}: not a readable JSON step record ({err})") from None
+    rows = rec.get("rows", [])
+    if isinstance(rec.get("step"), dict):  # an e2e record: the step it measured
+        rows = [{"method": rec.get("meta", {}).get("method"), **rec["step"]}]
+    row = step_row(rows, method, batch, setting)
+    if row is None or "img_per_s" not in row:
+        raise E2EError(f"--step-record {path}: no {method} row at B={batch} with setting {setting} (pass --batch and "
+                       "--setting of a row it has, or leave --step-record out to measure the step)")
+    meta = rec.get("meta", {})
+    return {"command": f"{meta.get('command', 'python -m scfs.bench.step')} (record {path}, {meta.get('gpu', '?')}, "
+                       f"{meta.get('date', '?')})", "setting": setting, "B": batch, "record": str(path),
+            "settings": step_settings(setting),
+            **{k: row.get(k) for k in ("img_per_s", "step_ms", "warmup_s", "peak_GiB", "aug_ms")}}
+
+
+def rate(v: float) -> str:
+    """img/s as a table shows it: whole numbers on a GPU, three significant digits for the CPU flow's few."""
+    return f"{v:.0f}" if v >= 100 else f"{v:.3g}"
+
+
+def gpu_name() -> str | None:
+    """The first GPU's name from nvidia-smi, without creating a CUDA context in this process (the run and the
+    step benchmark each get the whole GPU)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    names = out.stdout.strip().splitlines() if out.returncode == 0 else []
+    return names[0].strip() if names else None
+
+
+def commit() -> str | None:
+    """`COMMIT` from the environment (a device copy may lack .git), else git's short HEAD, `-dirty` when tracked
+    files differ from it (the record then measured code that no commit holds)."""
+    if os.environ.get("COMMIT"):
+        return os.environ["COMMIT"]
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=30)
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], capture_output=True, timeout=30).returncode == 1
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    sha = out.stdout.strip() if out.returncode == 0 else ""
+    return (sha + ("-dirty" if dirty else "")) or None
+
+
+def record_stem(out: Path, gpu: str, date: str, sha: str | None, tag: str = "") -> Path:
+    """`<out>/imagenet-e2e-<gpu>-<date>[-<commit>][<tag>]`, the GPU's name shortened as the step records do."""
+    short = re.sub(r"[^a-z0-9]+", "", gpu.lower().replace("nvidia", "")) or "gpu"
+    return out / (f"imagenet-e2e-{short}-{date}" + (f"-{sha}" if sha else "") + tag)
+
+
+def build_data(args: argparse.Namespace) -> tuple[Path, str]:
+    """The ImageFolder tree the run trains on, and its description for the record."""
+    from scfs.data.prepare import PrepareError, extract_archive, repeat_photos
+
+    if args.root is not None:
+        if not (args.root / "train").is_dir():
+            raise E2EError(f"--root {args.root}: no train/<class>/ folders there; pass an ImageFolder tree, or "
+                           "--photos DIR to build one")
+        n = sum(1 for p in (args.root / "train").rglob("*") if p.is_file())
+        return args.root, f"{args.root} ({n} train files)"
+    if args.archive is not None and not args.photos.is_dir():
+        try:
+            extract_archive(args.archive, args.photos, log=lambda s: print(s, flush=True))
+        except PrepareError as err:
+            raise E2EError(str(err)) from None
+    try:
+        counts = repeat_photos(args.photos, args.tree, args.repeat, classes=10, log=lambda s: print(s, flush=True))
+    except PrepareError as err:
+        raise E2EError(str(err)) from None
+    return args.tree, (f"{args.tree}: {counts['train']} train JPEG decodes per epoch ({counts['photos']} photos of "
+                       f"{args.photos} x {args.repeat} hard links, {counts['classes']} classes), {counts['val']} val")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from scfs.bench.step import DEFAULT_SETTING, SETTINGS
+
+    ap = argparse.ArgumentParser(prog="python -m scfs.bench.e2e", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--photos", type=Path, default=DEFAULT_PHOTOS,
+                    help="folder of photos (python -m scfs.data.prepare imagenet-samples ...), linked into --tree")
+    ap.add_argument("--archive", type=Path, default=None,
+                    help="the sample photos' archive (.gpudata/imagenet-samples-100.tar.xz): extracted into --photos "
+                         "first when that folder is missing")
+    ap.add_argument("--tree", type=Path, default=DEFAULT_TREE, help="where the linked ImageFolder tree is made")
+    ap.add_argument("--repeat", type=int, default=100, help="links per photo in train/ (100 photos x 100 = 10,000)")
+    ap.add_argument("--root", type=Path, default=None, help="train on this existing ImageFolder tree instead")
+    ap.add_argument("--batch", type=int, default=64, help="per-GPU batch of both sides")
+    ap.add_argument("--epochs", type=int, default=3, help="epochs of the real run (>= 2: epoch 0 is the compile)")
+    ap.add_argument("--decode", nargs="+", choices=DATA_DECODE, default=["cpu"],
+                    help="data.decode of the real run: one run per mode")
+    ap.add_argument("--workers", type=int, default=None, help="num_workers of the real run (default: the recipe's)")
+    ap.add_argument("--method", choices=("scfs", "dino"), default="scfs")
+    ap.add_argument("--setting", choices=tuple(SETTINGS), default=None,
+                    help=f"the step benchmark's setting (default {DEFAULT_SETTING}, its default path: the recipe's "
+                         f"compile and memory format in bf16; {TINY_SETTING} with --tiny)")
+    ap.add_argument("--profile", action="store_true", help="SimpleProfiler in the real run: where a step's time goes")
+    ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                    help="Hydra override for the real run (repeatable), e.g. trainer.precision=bf16-mixed")
+    ap.add_argument("--step-override", action="append", default=[], metavar="KEY=VALUE",
+                    help="Hydra override for the step benchmark (repeatable)")
+    ap.add_argument("--no-step", dest="step", action="store_false", help="skip the step benchmark (no ratio)")
+    ap.add_argument("--step-record", type=Path, default=None,
+                    help="take the step's img/s from this scfs.bench.step JSON record instead of measuring it")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument("--tiny", action="store_true",
+                    help="tiny network and crops, fp32, eager on both sides (the CPU test; a flow check on a GPU)")
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds per subprocess")
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    ap.add_argument("--keep", type=Path, default=None, help="keep the runs' folders and logs here (default: a tmp dir)")
+    ap.add_argument("--tag", default="", help="suffix of the record's name")
+    args = ap.parse_args(argv)
+    if args.epochs < 2:
+        ap.error(f"--epochs {args.epochs}: needs >= 2 (the run's img/s is the median over the epochs after the first)")
+    if args.batch < 1 or args.repeat < 1:
+        ap.error("--batch and --repeat must be >= 1")
+    if args.device == "cpu" and not args.tiny:
+        ap.error("--device cpu runs the tiny flow only: add --tiny (ResNet-50 at 224 px on the CPU takes hours)")
+    setting = args.setting or (TINY_SETTING if args.tiny else DEFAULT_SETTING)
+    prog = "scfs.bench.e2e"
+    gpu = "cpu" if args.device == "cpu" else gpu_name()
+    if gpu is None:
+        print(f"{prog}: error: no CUDA GPU found by nvidia-smi (use --device cpu --tiny)", file=sys.stderr)
+        return 2
+    try:
+        recorded = read_step_record(args.step_record, args.method, args.batch, setting) if args.step_record else None
+        root, data = build_data(args)
+    except E2EError as err:
+        print(f"{prog}: error: {err}", file=sys.stderr)
+        return 2
+
+    import lightning
+    import torch
+
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    date, sha = dt.date.today().isoformat(), commit()
+    meta = {"gpu": gpu, "date": date, "commit": sha, "torch": torch.__version__, "lightning": lightning.__version__,
+            "python": platform.python_version(), "cpus": cpus, "data": data, "batch": args.batch,
+            "epochs": args.epochs, "method": args.method, "target": TARGET,
+            "command": "python -m scfs.bench.e2e " + shlex.join(argv if argv is not None else sys.argv[1:])}
+    result: dict[str, Any] = {"meta": meta, "rows": [], "step": None}
+    stem = record_stem(args.out, gpu, date, sha, args.tag + ("-tiny" if args.tiny else ""))
+    work = args.keep or Path(tempfile.mkdtemp(prefix="scfs-e2e-"))
+    work.mkdir(parents=True, exist_ok=True)
+    # one compile cache for both sides: the step benchmark reuses the kernels the runs compiled (warm-up only)
+    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or str(Path("~/.cache/scfs/torch-compile").expanduser())
+    # the CPU flow: one thread per process on both sides, so a busy shared host does not swamp either with spinning
+    env = {"OMP_NUM_THREADS": "1", "SCFS_THREADS": "1"} if args.device == "cpu" else {}
+    failed = False
+    try:
+        for decode in args.decode:
+            run_dir = work / f"run-{decode}"
+            shutil.rmtree(run_dir, ignore_errors=True)
+            cmd = train_command(root, args.batch, args.epochs, decode, run_dir, method=args.method,
+                                workers=args.workers, profile=args.profile, tiny=args.tiny, device=args.device,
+                                overrides=args.override)
+            print(f"real run, decode={decode}: {shown(cmd)}", flush=True)
+            rc, secs = run_logged(cmd, work / f"run-{decode}.log", args.timeout, env)
+            row: dict[str, Any] = {"decode": decode, "B": args.batch, "epochs": args.epochs, "command": shown(cmd),
+                                   "returncode": rc, "wall_s": round(secs, 1), "settings": run_settings(run_dir)}
+            summary_file = run_dir / "summary.json"
+            if rc != 0 or not summary_file.is_file():
+                why = last_line(work / f"run-{decode}.log")
+                row["error"] = ("timed out" if rc == 124 else f"exit {rc}") + f": {why}"
+                failed = True
+            else:
+                s = json.loads(summary_file.read_text())
+                row["summary"] = {k: s.get(k) for k in ("img_per_s", "first_epoch_s", "epoch_seconds", "steps",
+                                                         "epochs", "seconds")}
+                if args.profile:
+                    actions = parse_simple_profiler((work / f"run-{decode}.log").read_text(errors="replace"))
+                    row["profile"] = (profile_split(actions, list(s.get("epoch_seconds") or []))
+                                      if actions else {"error": "no SimpleProfiler report in the run's log"})
+            result["rows"].append(row)
+            print(f"decode={decode}: " + (f"{row['summary']['img_per_s']} img/s" if "summary" in row
+                                          else row["error"]), flush=True)
+            save_record(result, stem, markdown)
+        if recorded is not None:
+            result["step"] = recorded
+        elif args.step:
+            step_out = work / "step"
+            cmd = step_command(args.batch, setting, args.method, step_out, tiny=args.tiny, device=args.device,
+                               overrides=args.step_override)
+            print(f"step benchmark: {shown(cmd)}", flush=True)
+            rc, secs = run_logged(cmd, work / "step.log", args.timeout, {**env, "TORCHINDUCTOR_CACHE_DIR": cache})
+            step: dict[str, Any] = {"command": shown(cmd), "setting": setting, "B": args.batch, "returncode": rc,
+                                    "wall_s": round(secs, 1), "settings": step_settings(setting)}
+            rows = [r for f in sorted(step_out.glob("step-*.json")) for r in json.loads(f.read_text())["rows"]]
+            row = step_row(rows, args.method, args.batch, setting)
+            if rc != 0 or row is None or "error" in row:
+                step["error"] = (row or {}).get("error") or f"exit {rc}: {last_line(work / 'step.log')}"
+                failed = True
+            else:
+                step.update({k: row.get(k) for k in ("img_per_s", "step_ms", "warmup_s", "peak_GiB", "aug_ms")})
+            result["step"] = step
+        st = result["step"] or {}
+        for r in result["rows"]:
+            r["compare"] = compare((r.get("summary") or {}).get("img_per_s"), st.get("img_per_s"), args.batch)
+            if st:
+                r["mismatch"] = mismatches(r.get("settings", {}), st["settings"])
+        md = save_record(result, stem, markdown)
+    finally:
+        logs = stem.parent / f"{stem.name}-logs"  # the subprocesses' output: a failed or odd row is read there
+        logs.mkdir(parents=True, exist_ok=True)
+        for log in work.glob("*.log"):
+            shutil.copy2(log, logs / log.name)
+        if args.keep is None:
+            shutil.rmtree(work, ignore_errors=True)
+    print(md)
+    print(f"record: {stem}.json, {stem}.md; logs in {logs}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

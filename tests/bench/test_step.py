@@ -316,7 +316,7 @@ def test_time_steps_times_each_step_after_the_warmup_and_reads_counters_between(
 
     from scfs.bench.step import time_steps
 
-    naps = [0.05, 0.0, 0.2, 0.1]
+    naps = [0.05, 0.0, 0.5, 0.1]  # gaps far apart: a loaded machine stretches a nap, not by 0.4 s
     calls: list[str] = []
 
     def step(i: int) -> int:
@@ -327,8 +327,8 @@ def test_time_steps_times_each_step_after_the_warmup_and_reads_counters_between(
     clock, last = time_steps(step, 2, 2, cuda=False, after_warmup=lambda: calls.append("warm"))
     assert calls == ["step0", "step1", "warm", "step2", "step3"] and last == 3
     gaps = clock.step_ms(2)
-    assert len(gaps) == 2 and gaps[0] >= 200 and 100 <= gaps[1] < 200
-    assert 0.05 <= clock.warmup_s(2) < 0.2
+    assert len(gaps) == 2 and gaps[0] >= 500 and 100 <= gaps[1] < 500
+    assert 0.05 <= clock.warmup_s(2) < 0.5
     calls.clear()
     clock, last = time_steps(step, 2, 0, cuda=False, after_warmup=lambda: calls.append("warm"))
     assert calls == ["step0", "step1", "warm"] and clock.step_ms(2) == [] and clock.warmup_s(2) >= 0.05

@@ -103,6 +103,9 @@ run imagenet-gpu-decode "python -m scfs.train +experiment=imagenet data.decode=g
   "data.root=data/imagenet-smoke global_batch_size=32 num_workers=4 $E $SHORT name=smoke-imagenet-gpu-decode" &
 run bench-loader "python -m scfs.bench.loader --photos data/imagenet-samples --repeat 8 --decode cpu gpu" \
   "--batches 6 --warmup 2 --out $OUT/loader" &
+run bench-e2e "python -m scfs.bench.e2e --archive .gpudata/imagenet-samples-100.tar.xz --profile" \
+  "--photos data/imagenet-samples --tree data/imagenet-e2e --repeat 2 --batch 16 --epochs 2 --setting bf16_cl \
+  --override compile=false --out $OUT/e2e" &
 if [ "$NGPU" -ge 2 ]; then  # DDP next to one GPU at the same global batch: time per epoch and kNN side by side
   run ddp-2gpu "python -m scfs.train +experiment=cifar10 trainer=ddp trainer.devices=2 sync_bn=true" \
     "global_batch_size=512 trainer.max_epochs=2 $E name=smoke-ddp" &

@@ -35,11 +35,11 @@ def test_smoke_runs_every_readme_command_and_reports_failures(tmp_path):
                 "linear-fast", "linear-full", "detect", "precision", "notebook-02", "search-centred",
                 "precision-centred", "cifar10-vit", "cifar10-vit-dino", "imagenet-vit", "search-check-vit",
                 "attention", "knn-vit", "study-local-gpus", "study-table", "bench-step-vit", "imagenet-gpu-decode",
-                "bench-loader"}
+                "bench-loader", "bench-e2e"}
     assert set(by_id) == expected
     assert by_id["detect"][1] == "FAIL" and "detect went wrong" in by_id["detect"][5]
     # PASS = the README still holds the command (else "not in README.md") and the stand-in ran it
     assert all(r[1] == "PASS" for i, r in by_id.items() if i != "detect"), [r for r in rows if r[1] != "PASS"]
     record = next((tmp_path / "rec").glob("gpu-smoke-*.md")).read_text()
-    assert "30 of 31 PASS" in record and "Commit `test`" in record
+    assert "31 of 32 PASS" in record and "Commit `test`" in record
 

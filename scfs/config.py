@@ -202,3 +202,7 @@ def check_accelerator(trainer: Any, key: str = "trainer") -> None:
     if isinstance(devices, int) and not isinstance(devices, bool) and devices > n:
         raise ConfigError(f"config key {key}.devices={devices} is invalid: torch sees {n} CUDA GPU(s) here; use "
                           f"{key}.devices={n} or fewer (or -1 for all)")
+    precision = str(trainer.get("precision", "32-true"))
+    if precision.startswith("bf16") and not torch.cuda.is_bf16_supported(including_emulation=False):
+        raise ConfigError(f"config key {key}.precision={precision} is invalid: this GPU has no native bfloat16 "
+                          f"(before Ampere); use {key}.precision=16-mixed (fp16 with loss scaling)")

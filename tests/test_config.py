@@ -213,6 +213,12 @@ def test_check_accelerator_names_the_key_and_the_fix(monkeypatch):
     check_accelerator({"accelerator": "gpu", "devices": 1})
     with pytest.raises(ConfigError, match=r"trainer.devices=3 is invalid: torch sees 1 CUDA GPU"):
         check_accelerator({"accelerator": "cuda", "devices": 3})
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    check_accelerator({"accelerator": "gpu", "precision": "bf16-mixed"})
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation)
+    check_accelerator({"accelerator": "gpu", "precision": "16-mixed"})
+    with pytest.raises(ConfigError, match=r"trainer.precision=bf16-mixed is invalid: .*no native bfloat16.*16-mixed"):
+        check_accelerator({"accelerator": "gpu", "precision": "bf16-mixed"})
 
 
 @pytest.mark.parametrize("trainer", ["cpu", "ddp"])

@@ -119,26 +119,62 @@ def student_forward(student: nn.ModuleDict, g: torch.Tensor, loc: torch.Tensor |
     s_g = student["backbone"](g)
     pool = student["backbone"].pool  # the representation: GAP of layer4 (CNN), the CLS token (ViT)
     pooled_g = pool(s_g)
-    outs = [student["head"](pooled_g)]
     s_l = student["backbone"](loc) if loc is not None else {}
-    if s_l:
-        outs.append(student["head"](pool(s_l)))
+    head = student["head"]
+    if not s_l:
+        logits = head(pooled_g)
+    elif head.rows_independent:  # one head call on all views' rows: half the head's ops and its backward's
+        logits = head(torch.cat([pooled_g, pool(s_l)]))
+    else:  # BatchNorm in the head: each view batch keeps its own batch statistics
+        logits = torch.cat([head(pooled_g), head(pool(s_l))])
     heads = student["stage_heads"]
+    stage_global, stage_local = {}, {}
+    for s in stages:
+        if local_heads and s_l:
+            stage_global[s], stage_local[s] = _stage_head_pair(heads[s], s_g[s], s_l[s])
+        else:
+            stage_global[s] = heads[s](s_g[s])
     return {
         "pooled_global": pooled_g,
-        "logits": torch.cat(outs) if len(outs) > 1 else outs[0],
-        "stage_global": {s: heads[s](s_g[s]) for s in stages},
-        "stage_local": {s: heads[s](s_l[s]) for s in stages} if local_heads and s_l else {},
+        "logits": logits,
+        "stage_global": stage_global,
+        "stage_local": stage_local,
         "queries": {s: s_l[s].detach().mean(dim=(2, 3)) for s in stages} if s_l else {},
         "local_size": {s: int(s_l[s].shape[-1]) for s in stages} if s_l else {},
     }
 
 
+def _stage_head_pair(head: StageHead, x_g: torch.Tensor, x_l: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A stage head on the global and the local maps: `(head(x_g), head(x_l))`. The maps are pooled separately
+    (their residual branch's BatchNorm keeps per-batch statistics); the projection runs once on both pooled batches
+    when its rows are independent, which halves its ops and its backward's."""
+    if not head.proj.rows_independent:
+        return head(x_g), head(x_l)
+    out = head.proj(torch.cat([head.pool(x_g), head.pool(x_l)]))
+    n_g = x_g.shape[0]
+    return out[:n_g], out[n_g:]
+
+
 def teacher_forward(teacher: nn.ModuleDict, g: torch.Tensor, stages: Sequence[str]) -> dict[str, Any]:
     """The teacher's part of a step that does not depend on the student (call it under `torch.no_grad`): its
-    global-view maps (searched later by the student's queries), DINO head logits and stage head logits, one graph
-    under `compile=true` for the reason given in `student_forward`."""
+    global-view maps (searched later by the student's queries), DINO head logits and the stage heads' pooled
+    (pre-projection) features, one graph under `compile=true` for the reason given in `student_forward`. The loss
+    projects the pooled features together with the local targets' (`teacher_stage_logits`)."""
     maps = teacher["backbone"](g)
     heads = teacher["stage_heads"]
     return {"maps": maps, "logits": teacher["head"](teacher["backbone"].pool(maps)),
-            "stage_global": {s: heads[s](maps[s]) for s in stages}}
+            "stage_pooled": {s: heads[s].pool(maps[s]) for s in stages}}
+
+
+def teacher_stage_logits(head: StageHead, pooled: torch.Tensor, target: torch.Tensor | None
+                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The teacher's stage head logits of its global views, from their pooled features (`teacher_forward`'s
+    `stage_pooled`), and of the pooled features of a local term's target (None: no target): one projection call on
+    both when its rows are independent, which halves the projection's ops (the eager step is host-bound)."""
+    if target is None:
+        return head.proj(pooled), None
+    if not head.proj.rows_independent:  # BatchNorm in the projection: each batch keeps its own statistics
+        return head.proj(pooled), head.proj(target)
+    out = head.proj(torch.cat([pooled, target]))
+    n = pooled.shape[0]
+    return out[:n], out[n:]

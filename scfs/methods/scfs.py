@@ -12,8 +12,10 @@ from torch import nn
 from torch.profiler import record_function
 
 from scfs.methods.dino import DINO
-from scfs.methods.losses import DINOLoss, sharpened_cross_entropy
+from scfs.methods.losses import DINOLoss, sharpened_cross_entropy, stacked_dino_losses
+from scfs.methods.networks import teacher_stage_logits
 from scfs.methods.registry import register
+from scfs.models.heads import as_dtype
 from scfs.names import LOCAL_TARGETS, WEIGHTINGS, search_centred, search_settings
 
 
@@ -75,27 +77,48 @@ class SCFS(DINO):
 
     def loss_terms(self, st: dict[str, Any], te: dict[str, Any], b: int, n_local: int, temp: float | torch.Tensor,
                    logs: dict[str, Any], diagnostics: bool) -> torch.Tensor:
+        """DINO's loss plus the stage terms. The eager step is host-bound, so the terms are grouped into few ops:
+        per stage, the teacher's projection runs once on its global views' and its local target's pooled features
+        (`teacher_stage_logits`); the stages' heads share one output size, so their global terms are one stacked
+        `DINOLoss` computation and their local terms one stacked cross-entropy (one softmax and one log-softmax per
+        kind of term for all stages). The per-stage values and their sum are those of the per-stage terms."""
         loss = super().loss_terms(st, te, b, n_local, temp, logs, diagnostics)
+        if not self.stages:
+            return loss
         w = self.method_cfg.get("stage_weight", 0.5)
+        teacher_g, targets = [], []
         for s in self.stages:
-            loss_g = self.stage_losses[s](st["stage_global"][s], te["stage_global"][s], temp)
+            with record_function(f"scfs/stage_{s}_local"):
+                target = self._local_target(s, st["stage_local"].get(s), st["queries"].get(s),
+                                            st["local_size"].get(s, 1), te["maps"][s][:b], b, n_local, logs,
+                                            diagnostics)
+                with torch.no_grad():
+                    t_g, t_l = teacher_stage_logits(self.teacher["stage_heads"][s], te["stage_pooled"][s], target)
+            teacher_g.append(t_g)
+            targets.append(t_l)
+        losses_g = stacked_dino_losses(
+            [self.stage_losses[s] for s in self.stages], torch.stack([st["stage_global"][s] for s in self.stages]),
+            torch.stack(teacher_g), temp).unbind(0)
+        losses_l: tuple[torch.Tensor | None, ...] = (None,) * len(self.stages)
+        if all(t is not None for t in targets):
+            losses_l = sharpened_cross_entropy(torch.stack([st["stage_local"][s] for s in self.stages]),
+                                               torch.stack(targets), temp,
+                                               self.method_cfg.get("student_temp", 0.1)).unbind(0)
+        for s, loss_g, loss_l in zip(self.stages, losses_g, losses_l, strict=True):
             logs[f"loss/{s}_global"] = loss_g
             stage_loss = loss_g
-            with record_function(f"scfs/stage_{s}_local"):
-                loss_l = self._local_term(s, st["stage_local"].get(s), st["queries"].get(s),
-                                          st["local_size"].get(s, 1), te["maps"][s][:b], b, n_local, temp, logs,
-                                          diagnostics)
             if loss_l is not None:
                 logs[f"loss/{s}_local"] = loss_l
                 stage_loss = stage_loss + loss_l
             loss = loss + w * stage_loss
         return loss
 
-    def _local_term(self, stage: str, sl_out: torch.Tensor | None, queries: torch.Tensor | None, local_size: int,
-                    t_global1: torch.Tensor, b: int, n_local: int, temp: float | torch.Tensor, logs: dict,
-                    diagnostics: bool) -> torch.Tensor | None:
-        """The stage's local term: the student's stage head logits on its local maps (`sl_out`) matched with the
-        teacher's stage head on its global-view-1 map searched by the student's pooled local features."""
+    def _local_target(self, stage: str, sl_out: torch.Tensor | None, queries: torch.Tensor | None, local_size: int,
+                      t_global1: torch.Tensor, b: int, n_local: int, logs: dict, diagnostics: bool
+                      ) -> torch.Tensor | None:
+        """The teacher's target of the stage's local term before its projection (None without one): its stage
+        head's pooled feature of its global-view-1 map searched by the student's pooled local features, whose logits
+        are matched with the student's stage head logits on its local maps (`sl_out`)."""
         if self.local_target == "none" or sl_out is None or queries is None:
             return None
         head = self.teacher["stage_heads"][stage]
@@ -106,24 +129,23 @@ class SCFS(DINO):
                 size = max(local_size, 1)
                 crops = random_feature_crops(t_global1, n_local, out_size=size,
                                              scale=tuple(self.search_cfg.get("roi_scale", (0.05, 0.25))))
-                tl_out = head(crops)
-            else:
-                tl_out, found = head.forward_searched(
-                    t_global1, queries.view(n_local, b, -1).to(t_global1.dtype), mode=self.weighting,
-                    topk=self.search_cfg.get("topk", 0.25),
-                    temperature=self.search_cfg.get("temperature", 0.1),
-                    backend=self.search_cfg.get("backend", "auto"),
-                    centre=search_centred(self.search_cfg),
-                )
-                if diagnostics:  # only on the steps whose logs are written
-                    sim = found.similarity
-                    p = found.weights.clamp_min(0).flatten(2)
-                    p = p / p.sum(-1, keepdim=True).clamp_min(1e-12)
-                    ent = -(p * p.clamp_min(1e-12).log()).sum(-1).mean() / math.log(max(p.shape[-1], 2))
-                    logs[f"search/{stage}_sim_mean"] = sim.mean()
-                    logs[f"search/{stage}_sim_max"] = sim.amax(dim=(2, 3)).mean()
-                    logs[f"search/{stage}_weight_entropy"] = ent
-        return sharpened_cross_entropy(sl_out, tl_out, temp, self.method_cfg.get("student_temp", 0.1))
+                return head.pool(crops)
+            tl_pooled, found = head.pool_searched(
+                t_global1, as_dtype(queries.view(n_local, b, -1), t_global1.dtype), mode=self.weighting,
+                topk=self.search_cfg.get("topk", 0.25),
+                temperature=self.search_cfg.get("temperature", 0.1),
+                backend=self.search_cfg.get("backend", "auto"),
+                centre=search_centred(self.search_cfg),
+            )
+            if diagnostics:  # only on the steps whose logs are written
+                sim = found.similarity
+                p = found.weights.clamp_min(0).flatten(2)
+                p = p / p.sum(-1, keepdim=True).clamp_min(1e-12)
+                ent = -(p * p.clamp_min(1e-12).log()).sum(-1).mean() / math.log(max(p.shape[-1], 2))
+                logs[f"search/{stage}_sim_mean"] = sim.mean()
+                logs[f"search/{stage}_sim_max"] = sim.amax(dim=(2, 3)).mean()
+                logs[f"search/{stage}_weight_entropy"] = ent
+        return tl_pooled
 
     def uniform_loss(self) -> float:
         u = super().uniform_loss()

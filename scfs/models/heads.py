@@ -56,6 +56,8 @@ class DINOHead(nn.Module):
         if norm_last_layer:
             self.last_layer.parametrizations.weight.original0.requires_grad = False
         self.out_dim = out_dim
+        # no BatchNorm: each row's logits depend on that row alone, so callers may run several batches as one
+        self.rows_independent = not (use_bn or bottleneck_bn)
 
     @staticmethod
     def _init_weights(m: nn.Module) -> None:
@@ -65,7 +67,9 @@ class DINOHead(nn.Module):
                 nn.init.zeros_(m.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.normalize(self.bottleneck_norm(self.mlp(x)), dim=-1, eps=1e-6)
+        x = self.bottleneck_norm(self.mlp(x))
+        # F.normalize(x, dim=-1, eps=1e-6) with the norm broadcast by the division instead of an expand_as op
+        x = x / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(1e-6)
         return self.last_layer(x)
 
 
@@ -82,10 +86,10 @@ def pooled_conv_bn(z: torch.Tensor, conv: nn.Conv2d, bn: nn.BatchNorm2d) -> torc
     carry TF32 rounding, like any float32 matmul."""
     n, mid, h, w = z.shape
     training = bn.training or bn.running_mean is None
-    acc = torch.promote_types(z.dtype, torch.float32)  # float32, or float64 for float64 maps
+    acc = torch.float64 if z.dtype == torch.float64 else torch.float32  # torch.promote_types would dispatch an op
     with torch.autocast(device_type=z.device.type, enabled=False):
-        zf = z.to(acc).permute(0, 2, 3, 1).reshape(n, h * w, mid)  # a view for channels_last maps
-        w3 = conv.weight.to(acc).flatten(1)  # (C, mid)
+        zf = as_dtype(z, acc).permute(0, 2, 3, 1).reshape(n, h * w, mid)  # a view for channels_last maps
+        w3 = as_dtype(conv.weight, acc).flatten(1)  # (C, mid)
         ybar = zf.mean(1) @ w3.T  # (n, C): the pooled conv output
         if training:
             m_count = n * h * w
@@ -104,14 +108,22 @@ def pooled_conv_bn(z: torch.Tensor, conv: nn.Conv2d, bn: nn.BatchNorm2d) -> torc
                         bn.num_batches_tracked.add_(1)
                         if bn.momentum is None:
                             factor = 1.0 / float(bn.num_batches_tracked)
-                    bn.running_mean.mul_(1 - factor).add_(mean.detach(), alpha=factor)
-                    bn.running_var.mul_(1 - factor).add_(var.detach() * (m_count / (m_count - 1)), alpha=factor)
+                    # both running stats in two foreach ops (the same elementwise arithmetic as mul_ then add_)
+                    stats = [bn.running_mean, bn.running_var]
+                    torch._foreach_mul_(stats, 1 - factor)
+                    torch._foreach_add_(stats, [mean, var * (m_count / (m_count - 1))], alpha=factor)
         else:
-            mean, var = bn.running_mean.to(acc), bn.running_var.to(acc)
+            mean, var = as_dtype(bn.running_mean, acc), as_dtype(bn.running_var, acc)
         out = (ybar - mean) * torch.rsqrt(var + bn.eps)
         if bn.affine:
-            out = out * bn.weight.to(acc) + bn.bias.to(acc)
-    return out.to(z.dtype)
+            out = out * as_dtype(bn.weight, acc) + as_dtype(bn.bias, acc)
+    return as_dtype(out, z.dtype)
+
+
+def as_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`x.to(dtype)` without dispatching an op when it is already of that dtype (`to` would return `x` itself): the
+    eager step dispatches every op from the host, and most of these casts are no-ops outside autocast."""
+    return x if x.dtype == dtype else x.to(dtype)
 
 
 # The residual branch's norm layers: BatchNorm as published; GroupNorm(1, C) (per-sample statistics, as timm's
@@ -198,16 +210,22 @@ class StageHead(nn.Module):
         Returns `(logits (N*B, out_dim), SearchOutput)`; the SearchOutput's `features` are the *projected*
         weighted maps when the commuted path is used.
         """
+        pooled, out = self.pool_searched(feats, queries, **search_kwargs)
+        return self.proj(pooled), out
+
+    def pool_searched(self, feats: torch.Tensor, queries: torch.Tensor, **search_kwargs):
+        """`pool` of the searched features of `feats` by `queries` (the pre-projection part of `forward_searched`):
+        `(pooled (N*B, C), SearchOutput)`."""
         from scfs.search import feature_search
 
         if self.final_relu:
             out = feature_search(feats, queries, **search_kwargs)
-            return self(out.features), out
+            return self.pool(out.features), out
         out = feature_search(feats, queries, weight=self.conv1.weight.flatten(1), **search_kwargs)
         n, b = queries.shape[:2]
         h, w = feats.shape[-2:]
         branch = getattr(self, "_branch_pool", self.branch_pool)(out.features)
         # GAP of the searched map itself: mean_hw a[n,b,h,w] * feats[b,:,h,w]
-        a = out.weights.to(feats.dtype).flatten(2)  # (N,B,HW)
+        a = as_dtype(out.weights, feats.dtype).flatten(2)  # (N,B,HW)
         gap_x = torch.einsum("nbp,bcp->nbc", a, feats.flatten(2)).reshape(n * b, -1) / (h * w)
-        return self.proj(gap_x.to(branch.dtype) + branch), out
+        return as_dtype(gap_x, branch.dtype) + branch, out

@@ -25,13 +25,13 @@ def _last(tmp_path) -> dict:
 
 
 def test_nan_loss_term_stops_naming_step_and_term_and_keeps_last_good(tmp_path, shapes_root, monkeypatch):
-    original = SCFS._local_term
+    original = SCFS._local_target
 
     def nan_at_step_2(self, stage, *args, **kwargs):
         out = original(self, stage, *args, **kwargs)
         return out * float("nan") if self.global_step == 2 and stage == "layer3" else out
 
-    monkeypatch.setattr(SCFS, "_local_term", nan_at_step_2)
+    monkeypatch.setattr(SCFS, "_local_target", nan_at_step_2)
     with pytest.raises(FloatingPointError) as info:
         run(compose_cfg(EVERY_STEP, data_root=shapes_root), tmp_path)
     msg = str(info.value)

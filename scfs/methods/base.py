@@ -140,10 +140,11 @@ class SelfDistillation(L.LightningModule):
 
     def _compile(self) -> None:
         """`torch.compile` what `compile_scope` names. `model`: the step's student and teacher calls (one graph
-        each); in place (`nn.Module.compile`) also what runs outside them: both backbones (evaluation passes) and the
-        teacher's stage heads (RoI crops, the searched branch). `blocks`: only the backbones' repeated blocks
-        (`repeated_blocks`), in place, so blocks of one shape share one compiled graph and the cold compile traces
-        and lowers a block instead of a network; stems and heads run eager. The losses are one graph in both.
+        each); in place (`nn.Module.compile`) also what runs outside them: both backbones (other callers; the kNN
+        passes run them eager, `scfs.eval.features`) and the teacher's stage heads (RoI crops, the searched branch).
+        `blocks`: only the backbones' repeated blocks (`repeated_blocks`), in place, so blocks of one shape share
+        one compiled graph and the cold compile traces and lowers a block instead of a network; stems and heads run
+        eager. The losses are one graph in both.
         Parameter names, checkpoints and the EMA are unchanged. `compile_mode="reduce-overhead"` replays the graphs
         as CUDA graphs (the step is launch-bound at small batches)."""
         # dynamic=False: one static graph per input shape (global and local views). Without it the second shape

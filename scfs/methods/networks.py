@@ -21,7 +21,7 @@ from scfs.names import VIT_LAST_STAGE, backbone_arch
 # traces those calls inside `student_forward` / `teacher_forward` (no graphs of their own); the per-module compiled
 # calls that remain (RoI crops, the searched branch, calls outside the step) stay within this bound.
 GRAPHS_PER_STAGE = 3
-RECOMPILE_SLACK = 8  # dynamo's default limit: the eval passes (BN in eval mode) and other callers' graphs
+RECOMPILE_SLACK = 8  # dynamo's default limit: graphs of callers outside the step (the kNN passes run eager)
 
 
 def raise_recompile_limit(n_stages: int) -> int:
@@ -59,8 +59,9 @@ def raise_block_recompile_limit(blocks: Sequence[nn.Module]) -> int:
     """Raise dynamo's per-code-object graph limit for `compile_scope=blocks`, and return it.
 
     Every compiled block enters through the same code object, and each block structure needs a graph per step
-    context (the student's global and local views with grad, the teacher's without) plus the evaluation passes
-    (BN in eval mode, other batch sizes). Past the limit dynamo would run the rest of the blocks eager, silently.
+    context (the student's global and local views with grad, the teacher's without) plus callers outside the
+    step (the kNN passes run eager, `scfs.eval.features`). Past the limit dynamo would run the rest of the blocks
+    eager, silently.
     Only ever raised, as `raise_recompile_limit`."""
     import torch._dynamo.config as dynamo_config
 

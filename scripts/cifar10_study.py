@@ -108,6 +108,13 @@ def committed(pattern: str) -> dict[str, dict]:
             for rec in committed_records(pattern) for r in rec.get("runs", [])}
 
 
+def linear_prior(rows: dict[str, dict]) -> float:
+    """Seconds to plan for one linear probe: the slowest probe in committed rows that timed theirs (their probe is
+    the current one: rows from before the timing carry none), else LINEAR_S."""
+    timed = [float(r["linear_s"]) for r in rows.values() if r.get("linear_s")]
+    return max(timed) if timed else LINEAR_S
+
+
 def committed_stages(pattern: str) -> dict[int, float]:
     """Aggregate epochs per minute by runs side by side, from the ramps of committed records (the lower figure for a
     count measured twice: a plan that assumes the slower pace is not cut by the deadline)."""
@@ -129,6 +136,8 @@ class Job:
     samples: list[tuple[float, float]] = field(default_factory=list)  # (time, epochs done)
     linear: subprocess.Popen | None = None
     side_by_side: int = 1
+    linear_t0: float | None = None
+    linear_s: float | None = None  # wall seconds of its probe, once done
 
     def progress(self) -> float | None:
         """Epochs done so far, from the tail of the run's progress bar (None before the first training step)."""
@@ -193,6 +202,7 @@ def row_of(job: Job, commit: str) -> dict | None:
             "command": cmd,
             "linear_command": "python -m scfs.eval.linear ckpt=<its last.ckpt> +experiment=cifar10 "
                               "data.root=data/cifar10 fast=true",
+            "linear_s": round(job.linear_s, 1) if job.linear_s is not None else None,
             "commit": commit, "side_by_side": job.side_by_side}
 
 
@@ -247,7 +257,7 @@ def main_run(a: argparse.Namespace) -> int:
     def start(run: Run) -> Job:
         d = Path(a.runs) / run.key
         d.mkdir(parents=True, exist_ok=True)
-        left_min = max((a.deadline - time.time() - LINEAR_S) / 60.0, 1.0)
+        left_min = max((a.deadline - time.time() - probe_s) / 60.0, 1.0)
         cmd = [sys.executable, "-m", TRAIN_MODULE, "-m", f"+study={run.study}", *RECIPE, *run.overrides(),
                f"hydra.sweep.dir={d}", "hydra.sweep.subdir=.", "hydra.sweeper.reuse=false",
                f"chunk_minutes={left_min:.1f}", *a.extra]
@@ -276,13 +286,14 @@ def main_run(a: argparse.Namespace) -> int:
         alone_s = (60.0 / alone[0]["aggregate_epochs_per_min"] if alone
                    else 60.0 / prior[1] if 1 in prior else SECONDS_PER_EPOCH_ALONE)
         per_run_s = (n + 1) / (agg * (1 + MARGINAL_GAIN / n)) if agg else alone_s
-        need_new = compile_s + run.epochs * per_run_s + LINEAR_S
-        need_old = max((j.remaining() * per_run_s + LINEAR_S for j in training()), default=0.0)
+        need_new = compile_s + run.epochs * per_run_s + probe_s
+        need_old = max((j.remaining() * per_run_s + probe_s for j in training()), default=0.0)
         return now + max(need_new, need_old) < a.deadline
 
     # counts measured in committed windows are not ramped again: their runs start together, compiles overlapping
     prior = committed_stages(a.committed)
     compile_s = max([COMPILE_S] + [r["first_epoch_s"] for r in done_rows.values() if r.get("first_epoch_s")])
+    probe_s = linear_prior(done_rows)  # replaced by this window's slowest probe once one has ended
     measured: set[int] = set(prior) if a.ramp else set()
     ramp_open = a.ramp and not all(k in prior for k in range(1, a.parallel + 1))
     if prior and a.ramp:
@@ -334,6 +345,7 @@ def main_run(a: argparse.Namespace) -> int:
                 stage_t0 = None  # one run fewer trains: measure the new count afresh
                 if ok and ck.is_file() and row_of_train_ok(s, j.run):
                     lin = open(j.dir / "linear.log", "w")  # noqa: SIM115
+                    j.linear_t0 = time.time()
                     j.linear = subprocess.Popen(
                         [sys.executable, "-m", LINEAR_MODULE, f"ckpt={ck}", "+experiment=cifar10",
                          "data.root=data/cifar10", "fast=true", "logger.wandb=false", f"hydra.run.dir={j.dir}/linear"],
@@ -350,6 +362,8 @@ def main_run(a: argparse.Namespace) -> int:
                     print(f"[study] {j.run.key} did not finish its epochs: not recorded", flush=True)
             elif j.phase == "linear" and j.linear is not None and j.linear.poll() is not None:
                 j.phase = "done"
+                j.linear_s = time.time() - (j.linear_t0 or time.time())
+                probe_s = max(j.linear_s for j in jobs if j.linear_s is not None)
                 row = row_of(j, commit)
                 if row is not None and row["linear_top1"] is not None:
                     record["runs"].append(row)

@@ -86,6 +86,7 @@ def test_runs_records_skips_and_renders(study, tmp_path: Path) -> None:
     keys = sorted(f"{r['method']}-s{r['seed']}" for r in rec["runs"])
     assert keys == ["dino-s1", "scfs-s0", "scfs-s1"]  # dino s0 was in the committed record
     assert all(r["linear_top1"] == 60.0 and r["commit"] == "abc1234" for r in rec["runs"])
+    assert all(0 < r["linear_s"] < 60 for r in rec["runs"])  # each probe's wall time, the next window's prior
     assert [st["runs"] for st in rec["concurrency"]["stages"]][:2] == [1, 2]
     assert (out / "ramp.done").is_file()  # the ramp reached --parallel: work waiting for it may start
     parts = sorted((out / "slim").glob("scfs-soft-s0-e12.pt.part*"))
@@ -108,6 +109,13 @@ def test_a_run_that_would_miss_the_deadline_is_not_started(study, tmp_path: Path
     assert rc == 0
     assert json.loads(next(out.glob("cifar10-quality-*.json")).read_text())["runs"] == []
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_probe_prior_is_the_slowest_timed_probe_of_committed_rows(study) -> None:
+    """Rows recorded before probes were timed carry no `linear_s` and do not set the prior; timed rows do."""
+    assert study.linear_prior({}) == study.LINEAR_S
+    assert study.linear_prior({"a": {"linear_s": None}, "b": {}}) == study.LINEAR_S
+    assert study.linear_prior({"a": {"linear_s": 31.5}, "b": {"linear_s": 42.0}, "c": {}}) == 42.0
 
 
 def test_render_pairs_seeds_with_a_t_interval(study) -> None:

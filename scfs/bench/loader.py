@@ -39,26 +39,10 @@ from typing import Any
 import torch
 
 from scfs.bench.records import save_record
+from scfs.data.prepare import PrepareError, repeat_photos
 from scfs.names import DATA_DECODE
 
 TARGETS = {"ResNet-50 SCFS B=32 (2x published)": 542, "ResNet-50 SCFS B=64 (2x published)": 922}
-IMAGE_EXT = (".jpg", ".jpeg", ".png", ".JPEG")
-
-
-def link_tree(photos: Path, dest: Path, repeat: int, classes: int = 10) -> Path:
-    """`dest/train/cNN/<i>-<name>` links to the photos (round robin over `classes` folders), `repeat` times."""
-    files = sorted(p for p in photos.rglob("*") if p.suffix in IMAGE_EXT)
-    if not files:
-        raise FileNotFoundError(f"no images (*.jpg, *.jpeg, *.png) under {photos}: pass a folder of photos, e.g. "
-                                "the output of `python -m scfs.data.prepare imagenet-samples --archive ... --out DIR`")
-    for r in range(repeat):
-        for i, f in enumerate(files):
-            d = dest / "train" / f"c{i % classes:02d}"
-            d.mkdir(parents=True, exist_ok=True)
-            link = d / f"{r}-{f.name}"
-            if not link.exists():
-                link.symlink_to(f.resolve())
-    return dest
 
 
 def crops_config() -> dict[str, Any]:
@@ -214,8 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         if args.photos is not None:
             try:
-                root = link_tree(args.photos, Path(tmp) / "tree", args.repeat)
-            except FileNotFoundError as err:
+                root = Path(tmp) / "tree"
+                repeat_photos(args.photos, root, args.repeat, val_per_class=0, log=lambda _: None)
+            except PrepareError as err:
                 ap.error(str(err))
             meta["images"] = f"{args.photos} (linked {args.repeat}x into a tree)"
         else:

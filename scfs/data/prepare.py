@@ -216,7 +216,7 @@ def repeat_photos(photos: str | os.PathLike, out: str | os.PathLike, repeat: int
                            f"{photos}`")
     files = sorted(p for p in photos.rglob("*") if p.is_file() and p.suffix.lower() in PHOTO_EXT)
     if not files:
-        raise PrepareError(f"no photos (*.jpg, *.jpeg, *.png) under {photos}: pass the folder made by "
+        raise PrepareError(f"no images (*.jpg, *.jpeg, *.png) under {photos}: pass the folder made by "
                            "`python -m scfs.data.prepare imagenet-samples`")
     spec = {"photos": str(photos.resolve()), "files": [f.relative_to(photos).as_posix() for f in files],
             "repeat": repeat, "classes": classes, "val_per_class": val_per_class}

@@ -54,8 +54,10 @@ def test_loader_benchmark_compares_cpu_and_device_decoding(tmp_path: Path, monke
 
 
 def test_loader_benchmark_names_an_empty_photo_folder(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="no images"):
-        loader.link_tree(tmp_path, tmp_path / "tree", 1)
+    from scfs.data.prepare import PrepareError, repeat_photos
+
+    with pytest.raises(PrepareError, match="no images"):
+        repeat_photos(tmp_path, tmp_path / "tree", 1)
 
 
 @pytest.mark.parametrize("args, message", [

@@ -37,6 +37,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python scripts/cifar10_study.py` on a machine where scfs is not installed
     sys.path.insert(0, str(ROOT))
 
+from scfs.bench.records import source_commit  # noqa: E402  (after the path: scfs may not be installed)
+
 # every run is one job of its study's Hydra multirun (`python -m scfs.train -m +study=<name> <the job's overrides>`),
 # with the data root and these settings for a run whose progress is read from its log
 RECIPE = ["data.root=data/cifar10", "logger=csv", "eval.figure=false", "trainer.enable_progress_bar=true"]
@@ -167,11 +169,6 @@ def rate(job: Job, since: float) -> float | None:
     return (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0])
 
 
-def git_commit() -> str:
-    return os.environ.get("COMMIT") or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                                      text=True).stdout.strip() or "unknown"
-
-
 def row_of(job: Job, commit: str) -> dict | None:
     """The record row of a finished run (None when training or the probe did not finish)."""
     sj = job.dir / "summary.json"
@@ -235,7 +232,7 @@ def main_run(a: argparse.Namespace) -> int:
     if a.test_epochs:
         runs = [Run(r.method, r.variant, r.seed, a.test_epochs, r.study) for r in runs if r.epochs == 100]
     todo = [r for r in runs if r.key not in done_rows and (not a.only or r.key in a.only)]
-    commit = git_commit()
+    commit = source_commit() or "unknown"
     # one record per window, named by its commit too: two windows of one day do not share a file name
     record_path = out / f"cifar10-quality-{date}-{commit}.json"
     record = json.loads(record_path.read_text()) if record_path.is_file() else {"runs": [], "concurrency": {}}

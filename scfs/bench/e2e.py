@@ -55,7 +55,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from scfs.bench.records import save_record
+from scfs.bench.records import save_record, source_commit
 from scfs.names import DATA_DECODE
 
 TARGET = 0.95  # e2e img/s over the step benchmark's at the same batch
@@ -341,20 +341,6 @@ def gpu_name() -> str | None:
     return names[0].strip() if names else None
 
 
-def commit() -> str | None:
-    """`COMMIT` from the environment (a device copy may lack .git), else git's short HEAD, `-dirty` when tracked
-    files differ from it (the record then measured code that no commit holds)."""
-    if os.environ.get("COMMIT"):
-        return os.environ["COMMIT"]
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=30)
-        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], capture_output=True, timeout=30).returncode == 1
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    sha = out.stdout.strip() if out.returncode == 0 else ""
-    return (sha + ("-dirty" if dirty else "")) or None
-
-
 def record_stem(out: Path, gpu: str, date: str, sha: str | None, tag: str = "") -> Path:
     """`<out>/imagenet-e2e-<gpu>-<date>[-<commit>][<tag>]`, the GPU's name shortened as the step records do."""
     short = re.sub(r"[^a-z0-9]+", "", gpu.lower().replace("nvidia", "")) or "gpu"
@@ -445,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    date, sha = dt.date.today().isoformat(), commit()
+    date, sha = dt.date.today().isoformat(), source_commit()
     meta = {"gpu": gpu, "date": date, "commit": sha, "torch": torch.__version__, "lightning": lightning.__version__,
             "python": platform.python_version(), "cpus": cpus, "data": data, "batch": args.batch,
             "epochs": args.epochs, "method": args.method, "target": TARGET,

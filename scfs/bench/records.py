@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,3 +16,17 @@ def save_record(result: dict, stem: Path, markdown: Callable[[dict], str]) -> st
     md = markdown(result)
     stem.with_suffix(".md").write_text(md)
     return md
+
+
+def source_commit() -> str | None:
+    """The commit a record measured: `COMMIT` from the environment (a device machine's copy of the tree may lack
+    .git), else git's short HEAD, `-dirty` when tracked files differ from it (code that no commit holds)."""
+    if os.environ.get("COMMIT"):
+        return os.environ["COMMIT"]
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=30)
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], capture_output=True, timeout=30).returncode == 1
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    sha = out.stdout.strip() if out.returncode == 0 else ""
+    return (sha + ("-dirty" if dirty else "")) or None

@@ -46,7 +46,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from scfs.bench.records import save_record
+from scfs.bench.records import save_record, source_commit
 from scfs.names import CONF_DIR
 
 # ../shared/MEASUREMENTS.md: the published SCFS implementation, one H200, synthetic input (measured separately):
@@ -639,7 +639,7 @@ def run(args: argparse.Namespace) -> dict:
     meta = {"suite": suite, "gpu": gpu if args.device == "cpu" else torch.cuda.get_device_name(), "date": stamp,
             "torch": torch.__version__, "lightning": lightning.__version__, "python": platform.python_version(),
             "processes": args.devices, "data": args.data, "warmup": args.warmup, "steps": args.steps,
-            "command": "python -m scfs.bench.step " + " ".join(sys.argv[1:]),
+            "command": "python -m scfs.bench.step " + " ".join(sys.argv[1:]), "commit": source_commit(),
             "host_us_per_op": host_us_per_op(args.device), "overrides": list(args.override or [])}
     compare = json.loads(Path(args.compare).read_text()) if args.compare else None
     rows: list[dict] = []

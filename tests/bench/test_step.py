@@ -17,6 +17,7 @@ def test_step_benchmark_tiny_cpu_writes_json_and_markdown(tmp_path: Path) -> Non
     (js,) = tmp_path.glob("step-cpu-*-tiny.json")
     rec = json.loads(js.read_text())
     assert rec["meta"]["processes"] == 1 and rec["meta"]["data"] == "synthetic" and rec["meta"]["host_us_per_op"] > 0
+    assert rec["meta"]["commit"]  # the record names the code it measured
     assert {(r["method"], r["B"]) for r in rec["rows"]} == {("scfs", 8), ("dino", 8)}
     for r in rec["rows"]:
         assert r["step_ms"] > 0 and r["img_per_s"] > 0 and r["steps"] == 2 and r["world"] == 1

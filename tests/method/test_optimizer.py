@@ -129,3 +129,22 @@ def test_fused_step_through_the_last_layer_unfreezing(optim, shapes_root):
     if optim == "sgd":
         for k, v in states["false"].items():
             torch.testing.assert_close(states["true"][k], v, rtol=1e-5, atol=1e-6, msg=k)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("scale", [1e-3, 10.0])  # under the limit (no clipping) and over it
+def test_one_group_clip_is_torchs_foreach_clip(dtype: torch.dtype, scale: float) -> None:
+    """`clip_grad_norm_one_group_` leaves out only a no-op cast: the clipped gradients equal torch's, bit for bit."""
+    from scfs.optim import clip_grad_norm_one_group_
+
+    g = torch.Generator().manual_seed(0)
+    grads = [(torch.randn(shape, generator=g) * scale).to(dtype) for shape in [(7, 3), (5,), (2, 4, 4)]]
+    params = [torch.zeros_like(x, requires_grad=True) for x in grads]
+    for p, x in zip(params, grads):
+        p.grad = x.clone()
+    torch.nn.utils.clip_grad_norm_(params, 1.5, foreach=True)
+    ours = [x.clone() for x in grads]
+    clip_grad_norm_one_group_(ours, 1.5)
+    for p, x in zip(params, ours):
+        assert torch.equal(p.grad, x)
+    assert any(not torch.equal(a, b) for a, b in zip(grads, ours)) == (scale > 1)

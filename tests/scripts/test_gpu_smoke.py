@@ -18,18 +18,29 @@ exit 0
 """
 
 
-@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
-def test_smoke_runs_every_readme_command_and_reports_failures(tmp_path):
-    fake = tmp_path / "fakepy"
-    fake.write_text(FAKE_PY)
-    fake.chmod(0o755)
-    env = {**os.environ, "PY": str(fake), "OUT": str(tmp_path / "out"), "COMMIT": "test",
+FAKE_NVIDIA_SMI = """#!/bin/sh
+case "$*" in *index*) printf '0\\n1\\n';; *name*) printf 'Stand-in GPU\\nStand-in GPU\\n';; esac
+"""
+
+
+def run_smoke(tmp_path: Path, gpus: int) -> tuple[subprocess.CompletedProcess, dict[str, list[str]]]:
+    """The smoke script with the stand-in interpreter; with gpus=2 a stand-in nvidia-smi lists two GPUs."""
+    for name, text in (("fakepy", FAKE_PY), ("nvidia-smi", FAKE_NVIDIA_SMI if gpus else "#!/bin/sh\nexit 1\n")):
+        (tmp_path / name).write_text(text)
+        (tmp_path / name).chmod(0o755)
+    env = {**os.environ, "PY": str(tmp_path / "fakepy"), "OUT": str(tmp_path / "out"), "COMMIT": "test",
            "REC_DIR": str(tmp_path / "rec"), "PATH": f"{tmp_path}:{os.environ['PATH']}"}
     res = subprocess.run(["bash", "scripts/gpu_smoke.sh"], cwd=REPO, env=env, capture_output=True, text=True,
                          timeout=120)
-    assert res.returncode == 1, res.stdout + res.stderr  # one row fails on purpose
     rows = [line.split("\t") for line in (tmp_path / "out" / "rows.tsv").read_text().splitlines()]
-    by_id = {r[0]: r for r in rows}
+    return res, {r[0]: r for r in rows}
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_smoke_runs_every_readme_command_and_reports_failures(tmp_path):
+    res, by_id = run_smoke(tmp_path, gpus=0)
+    assert res.returncode == 1, res.stdout + res.stderr  # one row fails on purpose
+    rows = list(by_id.values())
     expected = {"cifar10", "cifar10-eager", "cifar10-dino", "search-hard", "search-softmax", "search-roi",
                 "search-none", "imagenet", "resume-stop", "resume-auto", "search-check", "bench-step", "knn",
                 "linear-fast", "linear-full", "detect", "precision", "notebook-02", "search-centred",
@@ -43,3 +54,12 @@ def test_smoke_runs_every_readme_command_and_reports_failures(tmp_path):
     record = next((tmp_path / "rec").glob("gpu-smoke-*.md")).read_text()
     assert "31 of 32 PASS" in record and "Commit `test`" in record
 
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_two_gpu_rows_name_readme_commands(tmp_path):
+    """On a two-GPU machine the DDP rows run too: their README commands must be in the README as well."""
+    _, by_id = run_smoke(tmp_path, gpus=2)
+    ddp = {i: r for i, r in by_id.items() if i.startswith("ddp-")}
+    assert set(ddp) == {"ddp-2gpu", "ddp-1gpu-same-batch"}
+    assert all(r[1] == "PASS" for r in ddp.values()), list(ddp.values())

@@ -159,7 +159,8 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
             host, up, up_host = "-", "-", "-"
         else:
             h = r["ms_per_step"] - floor
-            host, up = f"{h:.3f}", f"{old / r['ms_per_step']:.1f}x"
+            # at or under the floor: the host work hides behind the device's (or within the noise of the floor)
+            host, up = (f"{h:.3f}" if h > 0 else "~0"), f"{old / r['ms_per_step']:.1f}x"
             up_host = f"{(old - floor) / h:.1f}x" if h > 0 else "-"
         lines.append(f"| {r['case']} | {r['heads']} | {r['samples']} | {r['steps_per_epoch']} | {r['path']} | "
                      f"{r['epochs_timed']} | {r['ms_per_epoch']:.1f} | {r['ms_per_step']:.3f} | {host} | {up} | "

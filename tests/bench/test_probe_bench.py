@@ -11,3 +11,12 @@ def test_probe_bench_rows_and_table():
     assert rows[3]["heads"] == 21 and rows[3]["samples"] == 540 and rows[3]["steps_per_epoch"] == 5
     text = table(rows)
     assert text.count("\n") == 1 + len(rows) and "| single | 1 | 600 | 5 | per-epoch |" in text
+
+
+def test_host_work_under_the_floor_reads_as_none():
+    """A path at or under the arithmetic floor (its host work hidden behind the device's) shows ~0, never a
+    negative time or a speed-up divided by it."""
+    rows = [{"case": "single", "path": p, "heads": 1, "samples": 10, "steps_per_epoch": 1, "epochs_timed": 1,
+             "ms_per_epoch": ms, "ms_per_step": ms} for p, ms in zip(PATHS, (4.0, 1.1, 1.2))]
+    line = table(rows).splitlines()[3]
+    assert "| 1.100 | ~0 | 3.6x | - |" in line, line

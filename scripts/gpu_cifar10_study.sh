@@ -6,7 +6,7 @@
 #
 #   COMMIT=$(git rev-parse --short HEAD) OUT=$OUT MINUTES=25 PARALLEL=4 bash scripts/gpu_cifar10_study.sh start
 #   OUT=$OUT bash scripts/gpu_cifar10_study.sh watch 540
-#   OUT=$OUT bash scripts/gpu_cifar10_study.sh collect
+#   OUT=$OUT bash scripts/gpu_cifar10_study.sh collect 540
 #
 # MINUTES: from `start` until every run's linear probe has ended (runs that would not make it are left for the next
 # window). 25 fits a 30-minute lease: about 90 s to start the machine, 30 s of data, 25 min, a last `collect`.
@@ -15,10 +15,15 @@
 # teachers (fp16, in parts of 15 MiB) so that the figures can be redrawn after the window. AFTER_RAMP='<commands>'
 # runs in the study's tree once the ramp has measured (the GPU gate, say: `COMMIT=.. OUT=$S/smoke bash
 # scripts/gpu_smoke.sh`); whatever it writes under $S/extra comes back with `watch` and `collect`.
+# AFTER_STUDY='<commands>' runs in the study's tree the moment the study has ended (its last probe recorded), so the
+# window's next work needs no command from outside in time (a machine goes back 30 s after a command returns); `$S`
+# is the study folder there, and what it writes under $S/extra comes back. `collect SECONDS` waits for both, at most
+# SECONDS (default 540), then copies back what there is.
 set -uo pipefail
-W=/tmp/study-tree; S=/tmp/study; OUT=${OUT:-/tmp/out}; PY=${PY:-python3}
+W=${STUDY_TREE:-/tmp/study-tree}; S=${STUDY_DIR:-/tmp/study}; OUT=${OUT:-/tmp/out}; PY=${PY:-python3}
 mkdir -p "$OUT"
-study_alive() { [ -f "$S/study.pid" ] && kill -0 "$(cat "$S/study.pid")" 2>/dev/null; }
+alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+study_alive() { alive "$S/study.pid"; }
 copy_back() {
   [ -d "$S/out" ] || return 0
   (cd "$S" && tar czf "$OUT/study.tgz" out/*.json out/*.md out/*.png logs runs/*/summary.json runs/*/knn_curve.json \
@@ -54,23 +59,33 @@ start)
     setsid nohup bash -c "until [ -f $S/out/ramp.done ] || ! kill -0 \$(cat $S/study.pid); do sleep 5; done
       cd $W && $AFTER_RAMP" > "$S/logs/after_ramp.log" 2>&1 < /dev/null &
   fi
+  if [ -n "${AFTER_STUDY:-}" ]; then
+    mkdir -p "$S/extra"
+    setsid nohup bash -c "while kill -0 \$(cat $S/study.pid) 2>/dev/null; do sleep 5; done
+      export S=$S; cd $W && $AFTER_STUDY" > "$S/logs/after_study.log" 2>&1 < /dev/null &
+    echo $! > "$S/after_study.pid"
+  fi
   sleep 5; cat "$S/logs/study.log"
   ;;
 watch)
   end=$(( $(date +%s) + ${2:-540} ))
-  while [ "$(date +%s)" -lt "$end" ] && study_alive; do sleep 15; done
+  while [ "$(date +%s)" -lt "$end" ] && { study_alive || alive "$S/after_study.pid"; }; do sleep 15; done
   grep "^\[study\]" "$S/logs/study.log" | tail -n 30
+  [ -f "$S/logs/after_study.log" ] && { echo "after the study:"; tail -n 5 "$S/logs/after_study.log"; }
   nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
   copy_back
   ;;
 collect)
-  while study_alive; do sleep 10; done
+  end=$(( $(date +%s) + ${2:-540} ))
+  while [ "$(date +%s)" -lt "$end" ] && study_alive; do sleep 10; done
+  while [ "$(date +%s)" -lt "$end" ] && alive "$S/after_study.pid"; do sleep 10; done
   for _ in $(seq 24); do  # a figure being drawn (both seed-0 probes done) gets two minutes to finish
     [ -f "$S/figure.pid" ] && kill -0 "$(cat "$S/figure.pid")" 2>/dev/null \
       && ls "$S"/runs/{scfs-soft,dino-dino}-s0-e100/linear/metrics.json > /dev/null 2>&1 || break; sleep 5; done
   cat "$S/logs/study.log" | grep -v "^\[study\] +.*start" | tail -n 60
-  tail -n 3 "$S/logs/figure.log"
-  copy_back; ls -la "$OUT" "$OUT/slim" 2>/dev/null
+  tail -n 3 "$S/logs/figure.log" 2>/dev/null
+  [ -f "$S/logs/after_study.log" ] && { echo "after the study:"; tail -n 20 "$S/logs/after_study.log"; }
+  copy_back; ls -la "$OUT"; [ ! -d "$OUT/slim" ] || ls -la "$OUT/slim"
   ;;
-*) echo "usage: $0 start|watch SECONDS|collect"; exit 2 ;;
+*) echo "usage: $0 start|watch SECONDS|collect [SECONDS]"; exit 2 ;;
 esac

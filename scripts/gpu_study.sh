@@ -28,12 +28,9 @@ if [ "$rc" -ne 0 ] || grep -q '"stopped_by_chunk_budget": true' "$DIR"/*/summary
 else
   echo "done: $OUT/$STUDY.md (and .json, _knn.png)"
   if [ -n "${PRECISION:-}" ]; then  # the search precision of the study's teachers, raw and centred, per method
-    ARGS=$($PY -c "import json, sys, pathlib; runs = sorted(pathlib.Path(sys.argv[1]).glob('*/summary.json'), key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0); by = {}
-for p in runs: s = json.loads(p.read_text()); by.setdefault(s['method'].upper(), []).append(s['checkpoint'])
-print(' '.join(f'{k}=' + ','.join(v) for k, v in by.items()))" "$DIR")
     for read_out in raw centred; do
-      $PY -m scfs.eval.precision $ARGS random --random-seeds 0 1 2 $([ $read_out = centred ] && echo --centre) \
-        $PRECISION --out "$OUT/precision-$read_out" 2>&1 | tail -n 12
+      $PY -m scfs.eval.precision --multirun "$DIR" random --random-seeds 0 1 2 \
+        $([ $read_out = centred ] && echo --centre) $PRECISION --out "$OUT/precision-$read_out" 2>&1 | tail -n 12
     done
   fi
 fi

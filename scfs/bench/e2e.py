@@ -44,7 +44,6 @@ import datetime as dt
 import json
 import os
 import platform
-import re
 import shlex
 import shutil
 import statistics
@@ -55,7 +54,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from scfs.bench.records import save_record, source_commit
+from scfs.bench.records import device_slug, save_record, source_commit
 from scfs.names import DATA_DECODE
 
 TARGET = 0.95  # e2e img/s over the step benchmark's at the same batch
@@ -342,9 +341,8 @@ def gpu_name() -> str | None:
 
 
 def record_stem(out: Path, gpu: str, date: str, sha: str | None, tag: str = "") -> Path:
-    """`<out>/imagenet-e2e-<gpu>-<date>[-<commit>][<tag>]`, the GPU's name shortened as the step records do."""
-    short = re.sub(r"[^a-z0-9]+", "", gpu.lower().replace("nvidia", "")) or "gpu"
-    return out / (f"imagenet-e2e-{short}-{date}" + (f"-{sha}" if sha else "") + tag)
+    """`<out>/imagenet-e2e-<gpu>-<date>[-<commit>][<tag>]`, the GPU named by `device_slug` as in the step records."""
+    return out / (f"imagenet-e2e-{device_slug(gpu)}-{date}" + (f"-{sha}" if sha else "") + tag)
 
 
 def build_data(args: argparse.Namespace) -> tuple[Path, str]:

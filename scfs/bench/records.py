@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -30,3 +31,10 @@ def source_commit() -> str | None:
         return None
     sha = out.stdout.strip() if out.returncode == 0 else ""
     return (sha + ("-dirty" if dirty else "")) or None
+
+
+def device_slug(name: str) -> str:
+    """A GPU's name as it appears in record file names ("NVIDIA H200" -> "h200"): lower case, the vendor and every
+    character a file name could trip on dropped, so the records of one GPU sort together whichever benchmark wrote
+    them; "gpu" when nothing is left."""
+    return re.sub(r"[^a-z0-9]+", "", name.lower().replace("nvidia", "")) or "gpu"

@@ -38,7 +38,6 @@ import itertools
 import json
 import os
 import platform
-import re
 import statistics
 import sys
 import time
@@ -46,7 +45,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from scfs.bench.records import save_record, source_commit
+from scfs.bench.records import device_slug, save_record, source_commit
 from scfs.names import CONF_DIR
 
 # ../shared/MEASUREMENTS.md: the published SCFS implementation, one H200, synthetic input (measured separately):
@@ -630,8 +629,7 @@ def run(args: argparse.Namespace) -> dict:
     import torch
 
     rank = int(os.environ.get("RANK", "0"))
-    gpu = "cpu" if args.device == "cpu" else re.sub(r"[^a-z0-9]+", "", torch.cuda.get_device_name().lower()
-                                                     .replace("nvidia", ""))
+    gpu = "cpu" if args.device == "cpu" else device_slug(torch.cuda.get_device_name())
     stamp = dt.date.today().isoformat()
     suite = args.suite
     name = f"step-{gpu}-{stamp}" + ("" if suite == "resnet50" else f"-{suite}") + (

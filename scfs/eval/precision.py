@@ -20,6 +20,9 @@ Several checkpoints per label (`SCFS=a.ckpt,b.ckpt,c.ckpt`, one per training see
 random init) are also pooled over seeds: the mean, each seed's value and a 95 % Student-t interval over seeds
 beside each seed's within-seed interval (`scfs.eval.seeds`).
 
+`--multirun runs/multirun/<study>-<time>` adds the teachers of a finished multirun (a study): each method's
+checkpoints from its jobs' `summary.json`, one seed group per method in job order.
+
 `--centre` scores the search with the similarity centred on each image's mean feature (`feature_search(centre=
 True)`) instead of the published raw cosine.
 """
@@ -41,6 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from scfs.errors import ReportedError
 from scfs.eval.search_maps import eval_mode, resolve_backbones, sample_crop_boxes, search_batch
 from scfs.names import CONF_DIR, SEARCH_STAGES, WEIGHTINGS, search_label
 from scfs.plotting import new_figure
@@ -494,6 +498,47 @@ def seed_groups(specs: Sequence[str], random_seeds: Sequence[int] = ()) -> tuple
     return out, groups
 
 
+class MultirunFolderError(ReportedError, ValueError):
+    """`--multirun DIR` names no finished multirun: the message says which folder or job and what to run."""
+
+
+def multirun_checkpoints(sweep_dir: str | Path) -> list[str]:
+    """The teachers of a finished multirun as seed groups, `METHOD=a.ckpt,b.ckpt` per method (upper case, methods
+    in the order they first appear), read from the jobs' `summary.json` (`method`, `checkpoint`), so a study's
+    folder is scored without listing its checkpoints by hand. Each list is in job-number order, the order of the
+    sweep's seeds, because the gain over init pairs a group's k-th checkpoint with the k-th `--random-seeds`."""
+    root = Path(sweep_dir)
+    if not root.is_dir():
+        raise MultirunFolderError(f"--multirun {root}: no such folder; pass the multirun's hydra.sweep.dir "
+                                  "(e.g. runs/multirun/<study>-<time>)")
+
+    def job_number(summary: Path) -> tuple[int, int, str]:
+        name = summary.parent.name
+        return (0, int(name), "") if name.isdigit() else (1, 0, name)
+
+    summaries = sorted(root.glob("*/summary.json"), key=job_number)
+    if not summaries:
+        raise MultirunFolderError(f"--multirun {root}: no job folder there has a summary.json, so there are no "
+                                  "checkpoints to score; run the study until its jobs finish (scripts/gpu_study.sh "
+                                  "says done), or name the checkpoints themselves")
+    groups: dict[str, list[str]] = {}
+    unfinished: list[str] = []
+    for f in summaries:
+        try:
+            summary = json.loads(f.read_text())
+        except ValueError:
+            summary = {}
+        if summary.get("stopped_by_chunk_budget") or not summary.get("checkpoint") or not summary.get("method"):
+            unfinished.append(f.parent.name)
+        else:
+            groups.setdefault(str(summary["method"]).upper(), []).append(str(summary["checkpoint"]))
+    if unfinished:
+        raise MultirunFolderError(f"--multirun {root}: job(s) {', '.join(unfinished)} did not finish (stopped by "
+                                  "the chunk budget, or summary.json without method and checkpoint); run the study "
+                                  "again until it says done, or name the checkpoints themselves")
+    return [f"{method}=" + ",".join(ckpts) for method, ckpts in groups.items()]
+
+
 def default_stages(backbones: dict[str, nn.Module]) -> list[str]:
     """The stages one report compares: the published layer2..4 for CNNs, the middle and the last block for ViTs
     (of one depth); CNNs and ViTs have no stage in common, so they are refused together."""
@@ -516,9 +561,12 @@ def _parser() -> argparse.ArgumentParser:
     doc = __doc__ or ""
     p = argparse.ArgumentParser(prog="python -m scfs.eval.precision", description=doc.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=doc.split("\n\n", 1)[-1])
-    p.add_argument("ckpts", nargs="+", metavar="CKPT",
+    p.add_argument("ckpts", nargs="*", metavar="CKPT",
                    help="checkpoint file, LABEL=file, LABEL=a.ckpt,b.ckpt,c.ckpt (one per training seed, pooled over "
                         "seeds), or 'random'")
+    p.add_argument("--multirun", type=Path, metavar="DIR",
+                   help="a finished Hydra multirun (its hydra.sweep.dir): each method's teachers from its jobs' "
+                        "summary.json, as METHOD=a.ckpt,b.ckpt in job order, before the CKPTs")
     p.add_argument("--random-seeds", type=int, nargs="+", default=[], metavar="SEED",
                    help="random init at each of these seeds, pooled over seeds like a checkpoint list")
     p.add_argument("--which", default="teacher", choices=("teacher", "student"))
@@ -556,14 +604,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """`python -m scfs.eval.precision CKPT [CKPT ...]`: the report files and a one-line summary per backbone."""
     from scfs.data.shapes import ShapesSpec, ensure_shapes, load_shapes
 
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not args.ckpts and args.multirun is None:
+        parser.error("nothing to score: name checkpoints, 'random', or --multirun DIR")
+    ckpts = [*multirun_checkpoints(args.multirun), *args.ckpts] if args.multirun is not None else args.ckpts
     t0 = time.time()
     spec = ShapesSpec(image_size=args.image_size, n_train=args.n_train, n_val=args.n_val,
                       num_classes=args.num_classes, max_objects=args.max_objects, seed=args.data_seed,
                       clutter=args.clutter, object_scale=tuple(args.object_scale))
     val = load_shapes(ensure_shapes(args.data_root, spec), "val")
     n = args.limit or len(val)
-    specs, groups = seed_groups(args.ckpts, args.random_seeds)
+    specs, groups = seed_groups(ckpts, args.random_seeds)
     backbones, paths = load_backbones(specs, args.which, args.backbone, args.seed)
     args.stages = args.stages or default_stages(backbones)
     report = precision_report(backbones, val.images[:n], val.masks[:n], val.objects[:n], stages=args.stages,

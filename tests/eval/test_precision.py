@@ -135,3 +135,77 @@ def test_mean_ci_uses_per_image_means_and_report_carries_intervals():
     assert rep.lift["colour"]["soft"]["layer2"] == pytest.approx(1.0 - 0.25, abs=1e-3)
     assert rep.chance_interval[0] <= rep.chance <= rep.chance_interval[1]
     assert rep.best_stage("colour", "soft") == "layer2" and "±" in rep.markdown()
+
+
+# ---- a multirun folder as the checkpoints to score ---------------------------------------------------------------
+def _fake_multirun(root, jobs):
+    """A multirun folder of job folders `<n>/summary.json` with the given (method, checkpoint, extra) entries."""
+    for n, (method, ckpt, *extra) in enumerate(jobs):
+        job = root / str(n)
+        job.mkdir(parents=True)
+        summary = {"method": method, "checkpoint": ckpt, **(extra[0] if extra else {})}
+        (job / "summary.json").write_text(json.dumps(summary))
+    return root
+
+
+def test_multirun_checkpoints_groups_by_method_in_job_number_order(tmp_path):
+    from scfs.eval.precision import multirun_checkpoints
+
+    jobs = [("scfs" if n % 2 == 0 else "dino", f"/c/{n}.ckpt") for n in range(12)]
+    sweep = _fake_multirun(tmp_path / "sweep", jobs)
+    (sweep / ".hydra").mkdir()  # folders without a summary (the sweep's own config, a running job) are not jobs
+    (sweep / "12").mkdir()
+    # job 10 comes after job 9, not after job 1 as the folder names would sort
+    assert multirun_checkpoints(sweep) == ["SCFS=/c/0.ckpt,/c/2.ckpt,/c/4.ckpt,/c/6.ckpt,/c/8.ckpt,/c/10.ckpt",
+                                           "DINO=/c/1.ckpt,/c/3.ckpt,/c/5.ckpt,/c/7.ckpt,/c/9.ckpt,/c/11.ckpt"]
+    one = _fake_multirun(tmp_path / "one", [("dino", "/d.ckpt")])
+    assert multirun_checkpoints(one) == ["DINO=/d.ckpt"]
+
+
+def test_multirun_checkpoints_refuses_a_folder_without_finished_jobs(tmp_path):
+    from scfs.eval.precision import MultirunFolderError, multirun_checkpoints
+
+    (tmp_path / "empty" / "0").mkdir(parents=True)
+    with pytest.raises(MultirunFolderError, match="no job folder there has a summary.json.*run the study"):
+        multirun_checkpoints(tmp_path / "empty")
+    with pytest.raises(MultirunFolderError, match="no such folder"):
+        multirun_checkpoints(tmp_path / "missing")
+    cut = _fake_multirun(tmp_path / "cut", [("scfs", "/a.ckpt"), ("dino", "/b.ckpt", {"stopped_by_chunk_budget": True}),
+                                            ("dino", "")])
+    with pytest.raises(MultirunFolderError, match=r"job\(s\) 1, 2 did not finish.*run the study again"):
+        multirun_checkpoints(cut)
+
+
+def test_precision_cli_scores_a_multirun_folder_before_the_named_checkpoints(tmp_path, monkeypatch):
+    import scfs.eval.precision as precision
+
+    sweep = _fake_multirun(tmp_path / "sweep", [("scfs", "/s0.ckpt"), ("dino", "/d0.ckpt"), ("scfs", "/s1.ckpt")])
+    seen = []
+
+    class Loaded(Exception):
+        pass
+
+    def load_backbones(specs, *args):
+        seen.extend(specs)
+        raise Loaded
+
+    monkeypatch.setattr(precision, "load_backbones", load_backbones)
+    with pytest.raises(Loaded):
+        main(["--multirun", str(sweep), "random", "--random-seeds", "0", "1", "--data-root", str(tmp_path / "shapes"),
+              "--n-train", "4", "--n-val", "6"])
+    assert seen == ["SCFS [1]=/s0.ckpt", "SCFS [2]=/s1.ckpt", "DINO=/d0.ckpt", "random init [seed 0]=random@0",
+                    "random init [seed 1]=random@1"]
+
+
+def test_precision_cli_says_in_one_line_what_a_multirun_folder_lacks(tmp_path, capsys):
+    from scfs.cli import run_reporting_errors
+
+    (tmp_path / "sweep").mkdir()
+    with pytest.raises(SystemExit) as done:
+        run_reporting_errors("scfs.eval.precision", main, ["--multirun", str(tmp_path / "sweep"), "random"])
+    err = capsys.readouterr().err.strip()
+    assert done.value.code == 1 and len(err.splitlines()) == 1
+    assert err.startswith("scfs.eval.precision: error: --multirun ") and "scripts/gpu_study.sh" in err
+    with pytest.raises(SystemExit) as done:
+        main([])
+    assert done.value.code == 2 and "--multirun DIR" in capsys.readouterr().err

@@ -1,0 +1,27 @@
+"""The record helpers the benchmarks share: one GPU name slug, so records of one GPU carry one name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from scfs.bench import e2e
+from scfs.bench.records import device_slug
+
+
+@pytest.mark.parametrize(("name", "slug"), [
+    ("NVIDIA H200", "h200"),
+    ("NVIDIA A100-SXM4-80GB", "a100sxm480gb"),
+    ("NVIDIA GeForce RTX 4090", "geforcertx4090"),
+    ("Tesla T4", "teslat4"),
+    ("NVIDIA", "gpu"),
+    ("", "gpu"),
+])
+def test_device_slug_keeps_letters_and_digits_without_the_vendor(name: str, slug: str) -> None:
+    assert device_slug(name) == slug
+
+
+def test_end_to_end_records_are_named_by_the_slug() -> None:
+    assert e2e.record_stem(Path("r"), "NVIDIA A100-SXM4-80GB", "2026-12-02", None, "-tiny") == Path(
+        "r/imagenet-e2e-a100sxm480gb-2026-12-02-tiny")

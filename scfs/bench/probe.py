@@ -4,6 +4,7 @@
 
     python -m scfs.bench.probe                      # both cases, 4 epochs a run (the first is warm-up), 3 runs
     python -m scfs.bench.probe --cases single --epochs 6 --repeats 5 --device cuda
+    python -m scfs.bench.probe --device cuda --out benchmarks/results   # also a record: probe-<device>-<date>-<commit>
 
 Cases: `single` is the final run (one head on the whole split), `grid` the sweep (the default 21 (lr, wd) heads on
 90 % of it). Each run trains `--epochs` epochs through a Lightning Trainer; an epoch's time is the wall clock
@@ -16,17 +17,22 @@ as real ones: the loop's cost does not depend on the values.
 from __future__ import annotations
 
 import argparse
+import datetime
 import logging
 import math
+import platform
 import statistics
+import sys
 import time
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
 
+from scfs.bench.records import device_slug, save_record, source_commit
 from scfs.eval.linear import EpochOrder, FeatureProbe, GridSGD, LinearProbe, _trainer, feature_loader
 
 LR_GRID = [0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0]  # conf/eval/linear.yaml
@@ -53,6 +59,11 @@ class EpochClock(L.Callback):
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._sync(pl_module)
         self.seconds.append(time.perf_counter() - self._t0)
+
+
+def uses_cuda(accelerator: str) -> bool:
+    """Whether Lightning's `accelerator` setting puts the probe on the GPU."""
+    return accelerator in ("cuda", "gpu") or (accelerator == "auto" and torch.cuda.is_available())
 
 
 def case_grid(case: str) -> tuple[list[float], list[float], float]:
@@ -99,9 +110,8 @@ def one_run(path: str, features: torch.Tensor, labels: torch.Tensor, lrs: Sequen
         torch.set_num_threads(1)
     try:
         if path == "arithmetic":
-            cuda = accelerator in ("cuda", "gpu") or (accelerator == "auto" and torch.cuda.is_available())
             return arithmetic_run(LinearProbe(*args, feature_norm="bn"), features, labels, epochs, batch_size, seed,
-                                  torch.device("cuda" if cuda else "cpu"))
+                                  torch.device("cuda" if uses_cuda(accelerator) else "cpu"))
         return _fit(path, args, features, labels, epochs, batch_size, accelerator, seed)
     finally:
         torch.set_num_threads(threads)
@@ -168,6 +178,27 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def record_markdown(result: dict[str, Any]) -> str:
+    """The record's markdown: what ran where (command, commit, device, sizes), then `table`."""
+    m = result["meta"]
+    return (f"# Linear-probe training loop: {m['device']}, {m['date']}\n\n"
+            f"Commit `{m['commit']}`, `{m['command']}`; torch {m['torch']}, lightning {m['lightning']}. "
+            f"Random features, {m['n']} x {m['dim']}, {m['classes']} classes, batch {m['batch_size']}; "
+            f"{m['epochs']} epochs a run (the first left out as warm-up), {m['repeats']} run(s), the paths taking "
+            "turns; median over the timed epochs. `per-minibatch` = one Lightning step a minibatch on a feature "
+            "loader; `per-epoch` = one Lightning step an epoch on features kept on the device (`FeatureProbe`, "
+            "what `fast=true` runs); `arithmetic` = the minibatches' own work in a bare loop, the floor under "
+            "both.\n\n" + table(result["rows"]) + "\n")
+
+
+def record_stem(out: Path, accelerator: str) -> Path:
+    """<out>/probe-<device>-<date>[-<commit>]: the device's slug ("h200", "cpu"), so records of a GPU sort
+    together."""
+    name = device_slug(torch.cuda.get_device_name()) if uses_cuda(accelerator) else "cpu"
+    commit = source_commit()
+    return out / f"probe-{name}-{datetime.date.today():%Y-%m-%d}{'-' + commit if commit else ''}"
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
@@ -178,6 +209,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--device", default="cpu", help="Lightning accelerator: cpu, cuda or auto")
+    ap.add_argument("--out", type=Path, default=None, help="folder for a record (<stem>.json + .md); none if unset")
     a = ap.parse_args(argv)
     if a.epochs < 2 or a.repeats < 1:
         ap.error(f"--epochs {a.epochs} --repeats {a.repeats}: need at least 2 epochs (1 warm-up) and 1 run")
@@ -186,6 +218,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
     rows = measure(a.cases, a.n, a.dim, a.classes, a.epochs, a.repeats, a.batch_size, a.device)
     print(table(rows), flush=True)
+    if a.out is not None:
+        stem = record_stem(a.out, a.device)
+        cuda = uses_cuda(a.device)
+        meta = {"command": "python -m scfs.bench.probe " + " ".join(sys.argv[1:] if argv is None else argv),
+                "commit": source_commit() or "unknown", "date": f"{datetime.date.today():%Y-%m-%d}",
+                "device": torch.cuda.get_device_name() if cuda else f"cpu ({platform.processor() or 'unknown'})",
+                "torch": torch.__version__, "lightning": L.__version__, "n": a.n, "dim": a.dim,
+                "classes": a.classes, "batch_size": a.batch_size, "epochs": a.epochs, "repeats": a.repeats}
+        save_record({"meta": meta, "rows": rows}, stem, record_markdown)
+        print(f"record: {stem}.json, .md", flush=True)
 
 
 if __name__ == "__main__":

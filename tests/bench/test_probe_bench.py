@@ -1,6 +1,8 @@
 """The probe benchmark runs end to end on a small size and reports every path of every case."""
 
-from scfs.bench.probe import PATHS, measure, table
+import json
+
+from scfs.bench.probe import PATHS, main, measure, table
 
 
 def test_probe_bench_rows_and_table():
@@ -20,3 +22,16 @@ def test_host_work_under_the_floor_reads_as_none():
              "ms_per_epoch": ms, "ms_per_step": ms} for p, ms in zip(PATHS, (4.0, 1.1, 1.2))]
     line = table(rows).splitlines()[3]
     assert "| 1.100 | ~0 | 3.6x | - |" in line, line
+
+
+def test_out_writes_a_record_naming_command_commit_and_device(tmp_path, monkeypatch):
+    monkeypatch.setenv("COMMIT", "abc1234")
+    main(["--cases", "single", "--n", "300", "--dim", "4", "--classes", "3", "--epochs", "2", "--repeats", "1",
+          "--batch-size", "100", "--out", str(tmp_path)])
+    (js,) = tmp_path.glob("probe-cpu-*-abc1234.json")
+    rec = json.loads(js.read_text())
+    assert rec["meta"]["commit"] == "abc1234"
+    assert rec["meta"]["command"].startswith("python -m scfs.bench.probe --cases")
+    assert [r["path"] for r in rec["rows"]] == list(PATHS)
+    md = js.with_suffix(".md").read_text()
+    assert "Commit `abc1234`" in md and "| single | 1 | 300 | 3 | per-epoch |" in md

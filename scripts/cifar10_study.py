@@ -464,23 +464,58 @@ def render(record: dict, committed_rows: dict[str, dict] | None = None) -> str:
     return "\n".join(out) + "\n"
 
 
+ABLATION = (("soft", "tab:red", "soft search (SCFS)"), ("hard", "tab:orange", "hard search"),
+            ("roi", "tab:purple", "random RoIs, no search"), ("none", "tab:green", "stage heads only, no local term"))
+
+
+def _curve(run: dict) -> dict[int, float]:
+    return {p["epoch"]: p["top1_k20"] for p in run.get("curve") or []}
+
+
+def gaps_to_dino(record: dict, seed: int = 0, epochs: int = 100) -> dict[str, list[tuple[int, float]]]:
+    """Each SCFS variant's kNN20 minus DINO's at the same epoch, same seed and schedule: {variant: [(epoch, gap)]}
+    over the epochs both curves hold. A gap that closes by the end is speed; one that stays is a better result."""
+    def run_of(method: str, variant: str) -> dict | None:
+        return next((r for r in record["runs"] if r["method"] == method and r["variant"] == variant
+                     and r["seed"] == seed and r["epochs"] == epochs and r.get("curve")), None)
+
+    dino = run_of("dino", "dino")
+    if dino is None:
+        return {}
+    base = _curve(dino)
+    out = {}
+    for variant, _, _ in ABLATION:
+        run = run_of("scfs", variant)
+        if run is not None:
+            out[variant] = [(e, y - base[e]) for e, y in sorted(_curve(run).items()) if e in base]
+    return out
+
+
 def curve_figure(record: dict, out: Path, epochs: int = 100) -> Path:
-    """kNN20 of the teacher against epochs, SCFS (soft) vs DINO: each seed a thin line, the mean over seeds bold, and
-    a band of mean ± std where there are two seeds or more."""
+    """kNN20 of the teacher against epochs. Left: SCFS (soft) vs DINO, each seed a thin line, the mean over seeds
+    bold, a band of mean ± std where there are two seeds or more, and the longer pair (seed 0, its own cosine
+    schedule) dashed. Right, once an ablation run exists: each variant's gap to DINO (seed 0), which tells a lead
+    that closes (faster training) from one that stays (better features)."""
     import numpy as np
 
     from scfs.plotting import new_figure
 
-    fig = new_figure(6.0, 3.8, dpi=120)
-    ax = fig.add_subplot(1, 1, 1)
+    gaps = gaps_to_dino(record, 0, epochs)
+    two = any(v != "soft" for v in gaps)
+    fig = new_figure(11.0 if two else 6.0, 3.8, dpi=120)
+    ax = fig.add_subplot(1, 2 if two else 1, 1)
     for method, variant, colour, label in (("scfs", "soft", "tab:red", "SCFS"), ("dino", "dino", "tab:blue", "DINO")):
         runs = [r for r in record["runs"] if r["method"] == method and r["variant"] == variant
                 and r["epochs"] == epochs and r.get("curve")]
+        for r in (r for r in record["runs"] if r["method"] == method and r["variant"] == variant
+                  and r["epochs"] > epochs and r.get("curve")):
+            c = sorted(_curve(r).items())
+            ax.plot([e for e, _ in c], [y for _, y in c], color=colour, lw=1.4, ls="--",
+                    label=f"{label}, {r['epochs']}-epoch schedule (seed {r['seed']})")
         if not runs:
             continue
         xs = sorted({p["epoch"] for r in runs for p in r["curve"]})
-        ys = np.array([[next((p["top1_k20"] for p in r["curve"] if p["epoch"] == x), np.nan) for x in xs]
-                       for r in runs])
+        ys = np.array([[_curve(r).get(x, np.nan) for x in xs] for r in runs])
         for y in ys:
             ax.plot(xs, y, color=colour, lw=0.7, alpha=0.5)
         mean = np.nanmean(ys, axis=0)
@@ -490,9 +525,21 @@ def curve_figure(record: dict, out: Path, epochs: int = 100) -> Path:
             ax.fill_between(xs, mean - sd, mean + sd, color=colour, alpha=0.2, lw=0)
     ax.set_xlabel("epoch")
     ax.set_ylabel("kNN top-1, k=20 (%)")
-    ax.set_title(f"CIFAR-10, ResNet-18, {epochs} epochs: teacher kNN20 (band: ± std over seeds)", fontsize=9)
+    ax.set_title(f"CIFAR-10, ResNet-18: teacher kNN20 ({epochs} epochs; band: ± std over seeds)", fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="lower right", fontsize=7)
+    if two:
+        bx = fig.add_subplot(1, 2, 2)
+        for variant, colour, label in ABLATION:
+            if variant in gaps:
+                bx.plot([e for e, _ in gaps[variant]], [g for _, g in gaps[variant]], color=colour, lw=1.6,
+                        marker="o", ms=3, label=f"{variant}: {label}")
+        bx.axhline(0.0, color="tab:blue", lw=1.0, label="DINO")
+        bx.set_xlabel("epoch")
+        bx.set_ylabel("kNN20 minus DINO's (points)")
+        bx.set_title(f"What each part adds, seed 0, {epochs} epochs: gap to DINO", fontsize=9)
+        bx.grid(alpha=0.3)
+        bx.legend(loc="upper right", fontsize=7)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(out)

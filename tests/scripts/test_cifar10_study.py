@@ -148,6 +148,22 @@ def test_curve_figure_draws_a_band_over_seeds(study, tmp_path: Path) -> None:
     assert out.stat().st_size > 5000
 
 
+def test_gaps_to_dino_pair_epochs_of_the_same_seed_and_schedule(study, tmp_path: Path) -> None:
+    def row(m: str, v: str, seed: int, epochs: int, ys: dict[int, float]) -> dict:
+        return {"method": m, "variant": v, "seed": seed, "epochs": epochs,
+                "curve": [{"epoch": e, "top1_k20": y} for e, y in ys.items()]}
+
+    rows = [row("dino", "dino", 0, 100, {10: 40.0, 20: 50.0, 30: 60.0}),
+            row("dino", "dino", 1, 100, {10: 0.0, 20: 0.0, 30: 0.0}),  # another seed: not the baseline
+            row("scfs", "soft", 0, 100, {10: 45.0, 20: 52.0, 30: 62.0}),
+            row("scfs", "none", 0, 100, {10: 45.0, 20: 50.5}),  # a shorter curve: its own epochs only
+            row("scfs", "hard", 0, 200, {10: 99.0})]  # another schedule: not compared
+    gaps = study.gaps_to_dino({"runs": rows})
+    assert gaps == {"soft": [(10, 5.0), (20, 2.0), (30, 2.0)], "none": [(10, 5.0), (20, 0.5)]}
+    out = study.curve_figure({"runs": rows}, tmp_path / "two-panels.png")
+    assert out.stat().st_size > 5000
+
+
 def test_plan_is_the_jobs_of_the_hydra_study_configs(study) -> None:
     """The window runner and `python -m scfs.train -m +study=...` run the same jobs: the seed pairs, the ablation
     and the long pair, each once, the central claim first."""

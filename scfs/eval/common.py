@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torchvision.transforms.v2.functional as F
@@ -24,6 +24,9 @@ from torchvision.transforms import InterpolationMode, v2
 
 from scfs.data.multicrop import IMAGENET_MEAN, IMAGENET_STD, EvalTransform, as_uint8_chw
 from scfs.names import CONF_DIR
+
+if TYPE_CHECKING:
+    from scfs.eval.features import FeatureSet
 
 log = logging.getLogger("scfs.eval")
 EVAL_CONF_DIR = str(CONF_DIR / "eval")
@@ -214,6 +217,29 @@ def build_split(cfg: DictConfig, split: str, transform: Any):
     from scfs.data.datasets import build_dataset
 
     return build_dataset(to_plain(cfg.data), split, transform)
+
+
+def eval_backbone_and_splits(cfg: DictConfig, device: torch.device
+                             ) -> tuple[nn.Module, CheckpointInfo, ResizeCenterCrop, dict[str, Any]]:
+    """The backbone under test on `device`, its description, the eval view and the train / val splits seen
+    through it: what the kNN and linear CLIs start from."""
+    backbone, info = load_eval_backbone(cfg)
+    backbone.to(device)
+    tf = eval_transform(cfg)
+    return backbone, info, tf, {"train": build_split(cfg, "train", tf), "val": build_split(cfg, "val", tf)}
+
+
+def split_features(cfg: DictConfig, backbone: nn.Module, info: CheckpointInfo, split: str, dataset: Any,
+                   device: torch.device) -> FeatureSet:
+    """Pooled features of `dataset`, split `split` of `cfg.data`, under the backbone, through the feature cache
+    (`cfg.feature_cache`): the kNN and linear CLIs key and extract them alike."""
+    from scfs.eval.features import cached_features, dataset_key
+
+    return cached_features(backbone, dataset, model_id=info.model_id,
+                           data_key=dataset_key(to_plain(cfg.data), split, dataset),
+                           cache_dir=cfg.get("feature_cache"), device=device, batch_size=int(cfg.batch_size),
+                           num_workers=int(cfg.num_workers), progress=bool(cfg.get("progress", True)),
+                           desc=f"{split} features")
 
 
 def class_names(dataset: Any, num_classes: int) -> list[str]:

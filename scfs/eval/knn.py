@@ -195,15 +195,13 @@ def run_knn(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any
     """kNN evaluation of `cfg.ckpt` on `cfg.data` (train split = memory bank, val split = queries); writes the
     report into `run_dir` and returns the metrics document (also `<run_dir>/metrics.json`)."""
     from scfs.eval.common import (
-        build_split,
         class_names,
-        eval_transform,
-        load_eval_backbone,
+        eval_backbone_and_splits,
         make_run_dir,
         resolve_device,
+        split_features,
         to_plain,
     )
-    from scfs.eval.features import cached_features, dataset_key
     from scfs.eval.report import EvalLogger, EvalResult, confusion_matrix
     from scfs.reliability import scrub
 
@@ -211,16 +209,9 @@ def run_knn(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any
     ks = parse_ks(cfg.ks)  # before any feature is computed
     run_dir = make_run_dir(cfg, run_dir)
     device = resolve_device(cfg.get("device"))
-    backbone, info = load_eval_backbone(cfg)
-    backbone.to(device)
-    tf = eval_transform(cfg)
-    sets = {"train": build_split(cfg, "train", tf), "val": build_split(cfg, "val", tf)}
+    backbone, info, tf, sets = eval_backbone_and_splits(cfg, device)
     t_load = time.time()
-    feats = {split: cached_features(backbone, ds, model_id=info.model_id, data_key=dataset_key(to_plain(cfg.data),
-                                    split, ds), cache_dir=cfg.get("feature_cache"), device=device,
-                                    batch_size=int(cfg.batch_size), num_workers=int(cfg.num_workers),
-                                    progress=bool(cfg.get("progress", True)), desc=f"{split} features")
-             for split, ds in sets.items()}
+    feats = {split: split_features(cfg, backbone, info, split, ds, device) for split, ds in sets.items()}
     t_feat = time.time()
     tr, va = feats["train"], feats["val"]
     num_classes = int(getattr(sets["train"], "num_classes", 0) or int(max(tr.labels.max(), va.labels.max())) + 1)

@@ -574,14 +574,13 @@ def run_linear(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, 
         RandomResizedCropFlip,
         build_split,
         class_names,
+        eval_backbone_and_splits,
         eval_size,
-        eval_transform,
-        load_eval_backbone,
         make_run_dir,
         resolve_device,
+        split_features,
         to_plain,
     )
-    from scfs.eval.features import cached_features, dataset_key
     from scfs.eval.report import EvalLogger, EvalResult, confusion_matrix, topk_accuracy
     from scfs.reliability import scrub
 
@@ -593,18 +592,11 @@ def run_linear(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, 
     device = resolve_device(cfg.get("device"))
     if not fast:  # the full protocol trains in a Lightning Trainer: its accelerator is checked before any work
         check_accelerator(cfg.get("trainer"))
-    backbone, info = load_eval_backbone(cfg)
-    backbone.to(device)
-    tf = eval_transform(cfg)
-    sets = {"train": build_split(cfg, "train", tf), "val": build_split(cfg, "val", tf)}
+    backbone, info, tf, sets = eval_backbone_and_splits(cfg, device)
     t_load = time.time()
 
     def features(split: str):
-        ds = sets[split]
-        return cached_features(backbone, ds, model_id=info.model_id, data_key=dataset_key(to_plain(cfg.data), split,
-                               ds), cache_dir=cfg.get("feature_cache"), device=device,
-                               batch_size=int(cfg.batch_size), num_workers=int(cfg.num_workers),
-                               progress=bool(cfg.get("progress", True)), desc=f"{split} features")
+        return split_features(cfg, backbone, info, split, sets[split], device)
 
     va = features("val")  # the final evaluation always uses the eval view: cached in both paths
     # the sweep scores its held-out part on the eval view too, so it needs the training split's eval features

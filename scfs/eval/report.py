@@ -75,6 +75,14 @@ class EvalResult:
 
 
 # ---- figures (matplotlib's Agg canvas directly: no pyplot, no global backend switch in notebooks) -------------
+def _save(fig, ax, title: str, path: Path) -> Path:
+    """Title the report figure's axes, lay it out and write it to `path`."""
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+    return path
+
+
 def plot_confusion(confusion: np.ndarray, names: Sequence[str], path: Path, title: str) -> Path:
     n = len(names)
     fig = new_figure(max(4.0, 0.45 * n + 2), max(3.5, 0.45 * n + 1.5))
@@ -92,10 +100,7 @@ def plot_confusion(confusion: np.ndarray, names: Sequence[str], path: Path, titl
                             color="white" if rows[i, j] > 0.5 else "black")
     ax.set_xlabel("predicted")
     ax.set_ylabel("true")
-    ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path)
-    return path
+    return _save(fig, ax, title, path)
 
 
 def plot_per_class(per_class: list[dict[str, Any]], path: Path, title: str) -> Path:
@@ -106,10 +111,7 @@ def plot_per_class(per_class: list[dict[str, Any]], path: Path, title: str) -> P
         ax.set_xticks(range(len(per_class)), labels=[r["name"] for r in per_class], rotation=90, fontsize=7)
     ax.set_ylim(0, 100)
     ax.set_ylabel("accuracy (%)")
-    ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path)
-    return path
+    return _save(fig, ax, title, path)
 
 
 def plot_knn_curve(curve: list[dict[str, float]], path: Path, title: str) -> Path:
@@ -124,10 +126,7 @@ def plot_knn_curve(curve: list[dict[str, float]], path: Path, title: str) -> Pat
     ax.set_xlabel("k")
     ax.set_ylabel("accuracy (%)")
     ax.legend()
-    ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path)
-    return path
+    return _save(fig, ax, title, path)
 
 
 # ---- W&B ---------------------------------------------------------------------------------------------------

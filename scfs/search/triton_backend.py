@@ -28,6 +28,28 @@ def unavailable_reason(feats: torch.Tensor) -> str | None:
 
 
 @triton.jit
+def _tile(N, P, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr):
+    """This program's tile (grid: pixel tiles, images, channel splits): pid_p, image b, split, its pixels p and
+    their mask pm, the query lanes nn and their mask nm. Inlined into each kernel."""
+    pid_p = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    split = tl.program_id(2)
+    p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+    pm = p < P
+    nn = tl.arange(0, BLOCK_N)
+    nm = nn < N
+    return pid_p, b, split, p, pm, nn, nm
+
+
+@triton.jit
+def _channel_split(split, C_PER_SPLIT, C):
+    """[c_lo, c_hi): the channels of channel split `split`."""
+    c_lo = split * C_PER_SPLIT
+    c_hi = tl.minimum(c_lo + C_PER_SPLIT, C)
+    return c_lo, c_hi
+
+
+@triton.jit
 def _fwd_kernel(
     f_ptr,
     sfb,
@@ -64,13 +86,7 @@ def _fwd_kernel(
     WRITE_OUT: tl.constexpr,
     WRITE_A: tl.constexpr,
 ):
-    pid_p = tl.program_id(0)
-    b = tl.program_id(1).to(tl.int64)
-    split = tl.program_id(2)
-    p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
-    pm = p < P
-    nn = tl.arange(0, BLOCK_N)
-    nm = nn < N
+    pid_p, b, split, p, pm, nn, nm = _tile(N, P, BLOCK_N, BLOCK_P)
     nbp = (nn[:, None] * B + b) * P + p[None, :]
     npm = nm[:, None] & pm[None, :]
     if COMPUTE_SIM:
@@ -105,8 +121,7 @@ def _fwd_kernel(
     else:
         a = tl.load(ain_ptr + nbp, mask=npm, other=0.0)
     if WRITE_OUT:
-        c_lo = split * C_PER_SPLIT
-        c_hi = tl.minimum(c_lo + C_PER_SPLIT, CG)
+        c_lo, c_hi = _channel_split(split, C_PER_SPLIT, CG)
         for c0 in range(c_lo, c_hi, BLOCK_C):
             cc = c0 + tl.arange(0, BLOCK_C)
             m = (cc < c_hi)[:, None] & pm[None, :]
@@ -140,15 +155,9 @@ def _bwd_a_kernel(
     BLOCK_C: tl.constexpr,
     BLOCK_P: tl.constexpr,
 ):
-    pid_p = tl.program_id(0)
-    b = tl.program_id(1).to(tl.int64)
-    split = tl.program_id(2)
-    p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
-    pm = p < P
-    nn = tl.arange(0, BLOCK_N)
+    _, b, split, p, pm, nn, _ = _tile(N, P, BLOCK_N, BLOCK_P)
     dacc = tl.zeros([BLOCK_N, BLOCK_P], dtype=tl.float32)
-    c_lo = split * C_PER_SPLIT
-    c_hi = tl.minimum(c_lo + C_PER_SPLIT, CG)
+    c_lo, c_hi = _channel_split(split, C_PER_SPLIT, CG)
     for c0 in range(c_lo, c_hi, BLOCK_C):
         cc = c0 + tl.arange(0, BLOCK_C)
         m = (cc < c_hi)[:, None] & pm[None, :]
@@ -193,13 +202,7 @@ def _bwd_f_kernel(
     BLOCK_C: tl.constexpr,
     BLOCK_P: tl.constexpr,
 ):
-    pid_p = tl.program_id(0)
-    b = tl.program_id(1).to(tl.int64)
-    split = tl.program_id(2)
-    p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
-    pm = p < P
-    nn = tl.arange(0, BLOCK_N)
-    nm = nn < N
+    pid_p, b, split, p, pm, nn, nm = _tile(N, P, BLOCK_N, BLOCK_P)
     npm = nm[:, None] & pm[None, :]
     nbp = (nn[:, None] * B + b) * P + p[None, :]
     ds = tl.load(ds_ptr + nbp, mask=npm, other=0.0)
@@ -209,8 +212,7 @@ def _bwd_f_kernel(
     inv = 1.0 / tl.maximum(fn, eps)
     t = tl.where(clamped, 0.0, tl.sum(ds * s, axis=0))
     dsi = ds * inv[None, :]
-    c_lo = split * C_PER_SPLIT
-    c_hi = tl.minimum(c_lo + C_PER_SPLIT, C)
+    c_lo, c_hi = _channel_split(split, C_PER_SPLIT, C)
     for c0 in range(c_lo, c_hi, BLOCK_C):
         cc = c0 + tl.arange(0, BLOCK_C)
         cm = cc < c_hi
@@ -235,6 +237,12 @@ def _tiling(n: int, b: int, c: int, p: int, dev: torch.device) -> tuple[int, int
     c_per = triton.cdiv(triton.cdiv(c, splits), block_c) * block_c
     splits = triton.cdiv(c, c_per)
     return block_p, block_c, tiles, splits, c_per
+
+
+def _blocks(n: int, block_c: int, block_p: int) -> dict[str, int]:
+    """The block sizes every kernel is launched with: query lanes (a power of two, at least 16 as tl.dot needs),
+    channels, pixels."""
+    return {"BLOCK_N": max(16, triton.next_power_of_2(n)), "BLOCK_C": block_c, "BLOCK_P": block_p}
 
 
 class _TritonOps:
@@ -278,9 +286,7 @@ class _TritonOps:
             p,
             c_per,
             eps,
-            BLOCK_N=max(16, triton.next_power_of_2(n)),
-            BLOCK_C=block_c,
-            BLOCK_P=block_p,
+            **_blocks(n, block_c, block_p),
             COMPUTE_SIM=a_in is None,
             WRITE_OUT=out3 is not None,
             WRITE_A=a_out is not None,
@@ -305,9 +311,7 @@ class _TritonOps:
             cg,
             p,
             c_per,
-            BLOCK_N=max(16, triton.next_power_of_2(n)),
-            BLOCK_C=block_c,
-            BLOCK_P=block_p,
+            **_blocks(n, block_c, block_p),
         )
         return da.sum(0), dg
 
@@ -335,9 +339,7 @@ class _TritonOps:
             c_per,
             eps,
             HAS_ADD=dg_add is not None,
-            BLOCK_N=max(16, triton.next_power_of_2(n)),
-            BLOCK_C=block_c,
-            BLOCK_P=block_p,
+            **_blocks(n, block_c, block_p),
         )
         return dq
 

@@ -8,6 +8,8 @@
 #   on PYTHONPATH, .gpudata/cifar10-jpeg.tar.xz for the CIFAR-10 studies); repeat the same call until it says done.
 #   PRECISION='<precision options>' (e.g. '--image-size 64 --local-size 32' for STUDY=shapes_long) then scores the
 #   search precision of the teachers, raw and centred, against random init (python -m scfs.eval.precision).
+#   ATTENTION='<figure options>' (e.g. '--folder data/imagenet-samples --size 32' for STUDY=cifar10_vit) then draws
+#   each method's CLS attention per head beside its search (python -m scfs.workbench.docs_figures attention).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 WANDB_MODE=offline
 STUDY=${STUDY:-cifar10_seeds}; OUT=${OUT:-/tmp/study}; PY=${PY:-python3}; mkdir -p "$OUT"
@@ -32,5 +34,9 @@ else
       $PY -m scfs.eval.precision --multirun "$DIR" random --random-seeds 0 1 2 \
         $([ $read_out = centred ] && echo --centre) $PRECISION --out "$OUT/precision-$read_out" 2>&1 | tail -n 12
     done
+  fi
+  if [ -n "${ATTENTION:-}" ]; then  # a ViT study: the first teacher of each method, $OUT/attention-<method>.png
+    $PY -m scfs.workbench.docs_figures attention --multirun "$DIR" $ATTENTION --out "$OUT/attention.png" 2>&1 \
+      | tail -n 4
   fi
 fi

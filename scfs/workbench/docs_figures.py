@@ -4,6 +4,7 @@
     python -m scfs.workbench.docs_figures photos SCFS=<ckpt> DINO=<ckpt> --folder data/imagenet-samples --size 64
     python -m scfs.workbench.docs_figures knn benchmarks/results/shapes-cpu-default-{scfs,dino}-2026-12-01.json
     python -m scfs.workbench.docs_figures attention <ckpt> --folder data/imagenet-samples [--backbone vit_small]
+    python -m scfs.workbench.docs_figures attention --multirun runs/multirun/<study>-<time> --folder ...  # per method
     python -m scfs.workbench.docs_figures precision <raw report folder> <centred report folder>
 
 `regions`: the searched-regions figure of each checkpoint's teacher and of the same network at random init, on the
@@ -179,6 +180,22 @@ def attention(ckpt: str, folder: Path, out: Path, n_images: int = 3, size: int =
     return out
 
 
+def multirun_attention_jobs(sweep_dir: Path, out: Path, p: argparse.ArgumentParser) -> list[tuple[str, Path]]:
+    """(checkpoint, PNG) per method of a finished multirun: the first job's teacher of each method (the study's
+    seed order), drawn to <out stem>-<method><suffix>; a folder that is not a finished study is one parser error."""
+    from scfs.eval.precision import MultirunFolderError, multirun_checkpoints
+
+    try:
+        groups = multirun_checkpoints(sweep_dir)
+    except MultirunFolderError as e:
+        p.error(str(e))
+    jobs = []
+    for group in groups:
+        method, ckpts = group.split("=", 1)
+        jobs.append((ckpts.split(",")[0], out.with_name(f"{out.stem}-{method.lower()}{out.suffix}")))
+    return jobs
+
+
 def knn(records: Sequence[Path], out: Path) -> Path:
     runs = [r for rec in records for r in json.loads(Path(rec).read_text())["runs"]]
     methods = list(dict.fromkeys(r["method"] for r in runs))
@@ -257,7 +274,10 @@ def main(argv: Sequence[str] | None = None) -> Path:
     st.add_argument("reports", type=Path, nargs="+", help="precision run folders (holding precision.png)")
     st.add_argument("--out", type=Path, default=Path("docs/precision_seeds.png"))
     at = sub.add_parser("attention", help="a ViT's CLS attention per head beside the SCFS search, on photos")
-    at.add_argument("ckpt", help="a ViT checkpoint (ours or a published DINO ViT file) or random")
+    at.add_argument("ckpt", nargs="?", help="a ViT checkpoint (ours or a published DINO ViT file) or random")
+    at.add_argument("--multirun", type=Path, default=None,
+                    help="instead of ckpt, a finished multirun (a ViT study's folder): one figure per method, of its "
+                         "first job's teacher, written as <out stem>-<method>.png")
     at.add_argument("--folder", type=Path, default=Path("data/imagenet-samples"), help="a folder of photos")
     at.add_argument("--backbone", default="vit_small",
                     help="conf/backbone/<name>.yaml for files without a config (published DINO ViTs) and random")
@@ -269,11 +289,19 @@ def main(argv: Sequence[str] | None = None) -> Path:
         a.out_given = a.out is not None
         a.out = a.out or Path(REGIONS_OUT[a.what])
     if a.what == "attention":
-        if a.ckpt != "random" and not Path(a.ckpt).is_file():
-            p.error(f"checkpoint file not found: {a.ckpt} (or pass random)")
+        if (a.ckpt is None) == (a.multirun is None):
+            p.error("attention draws one checkpoint (or random) or the methods of one --multirun folder: pass one "
+                    "of the two")
+        jobs = [(a.ckpt, a.out)] if a.multirun is None else multirun_attention_jobs(a.multirun, a.out, p)
+        for ckpt, _ in jobs:
+            if ckpt != "random" and not Path(ckpt).is_file():
+                p.error(f"checkpoint file not found: {ckpt} (or pass random)")
         if not a.folder.is_dir():
             p.error(f"photo folder not found: {a.folder} (python -m scfs.data.prepare imagenet-samples makes one)")
-        path = attention(a.ckpt, a.folder, a.out, a.n_images, a.size, a.backbone)
+        for ckpt, out in jobs:
+            path = attention(ckpt, a.folder, out, a.n_images, a.size, a.backbone)
+            if len(jobs) > 1:
+                print(path)
     elif a.what in ("regions", "photos"):
         missing = [c for c in a.ckpts if not Path(c.split("=", 1)[-1]).is_file()]
         if missing:

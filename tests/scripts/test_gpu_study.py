@@ -35,3 +35,27 @@ def test_a_study_ends_with_its_table_and_the_precision_of_its_teachers(tmp_path)
         labels = json.dumps(doc)
         assert "SCFS" in labels and "DINO" in labels and "random init" in labels
         assert bool(doc["settings"].get("centre")) == (read_out == "centred")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_a_vit_study_ends_with_each_methods_attention_figure(tmp_path):
+    """ATTENTION: once a ViT study is done, the CLS attention of each method's first teacher, one PNG each."""
+    import numpy as np
+    from PIL import Image
+
+    tree = tmp_path / "tree"
+    skip = shutil.ignore_patterns(".git", ".venv", "runs", ".whl", ".gpudata", ".pytest_cache")
+    shutil.copytree(REPO, tree, ignore=skip)
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 48, 3), dtype=np.uint8)).save(photos / "p.jpg")
+    out = tmp_path / "out"
+    env = {**os.environ, "STUDY": "shapes_default_seeds", "PER_GPU": "2", "OUT": str(out), "PY": sys.executable,
+           "ATTENTION": f"--folder {photos} --size 32 --n-images 1"}
+    res = subprocess.run(["bash", "scripts/gpu_study.sh", "seed=0", "trainer.max_epochs=1", "backbone=vit_micro",
+                          "search.stages=[block1,last]", "+trainer.limit_train_batches=2", "eval.knn_at_start=false"],
+                         cwd=tree, env=env, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    for method in ("scfs", "dino"):
+        assert (out / f"attention-{method}.png").stat().st_size > 1000, res.stdout[-3000:]

@@ -93,3 +93,31 @@ def test_attention_figure_of_our_vit_checkpoint(tmp_path, shapes_root):
     out = main(["attention", str(tmp_path / "run" / "checkpoints" / "last.ckpt"), "--folder",
                 str(_photos(tmp_path)), "--size", "32", "--n-images", "1", "--out", str(tmp_path / "a.png")])
     assert out.is_file()
+
+
+def test_attention_of_a_multirun_draws_each_methods_first_teacher(tmp_path, capsys):
+    """--multirun: one figure per method of a finished study, from its first job's teacher; a study that has not
+    finished, or a checkpoint and a folder at once, is one parser error."""
+    import json
+
+    net = _micro(seed=3)
+    sweep = tmp_path / "multirun"
+    for job, method in enumerate(("scfs", "dino", "scfs")):
+        (sweep / str(job)).mkdir(parents=True)
+        ckpt = tmp_path / f"{method}{job}.pth"
+        torch.save({"teacher": {f"backbone.{k}": v for k, v in net.body.state_dict().items()}}, ckpt)
+        (sweep / str(job) / "summary.json").write_text(json.dumps({"method": method, "checkpoint": str(ckpt)}))
+    photos = str(_photos(tmp_path))
+    main(["attention", "--multirun", str(sweep), "--backbone", "vit_micro", "--folder", photos, "--size", "32",
+          "--n-images", "1", "--out", str(tmp_path / "att.png")])
+    printed = capsys.readouterr().out.split()
+    assert printed[:2] == [str(tmp_path / "att-scfs.png"), str(tmp_path / "att-dino.png")]
+    assert (tmp_path / "att-scfs.png").is_file() and (tmp_path / "att-dino.png").is_file()
+    (sweep / "3").mkdir()
+    (sweep / "3" / "summary.json").write_text(json.dumps({"method": "dino", "stopped_by_chunk_budget": True}))
+    with pytest.raises(SystemExit):
+        main(["attention", "--multirun", str(sweep), "--folder", photos])
+    assert "did not finish" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["attention", "random", "--multirun", str(sweep), "--folder", photos])
+    assert "pass one of the two" in capsys.readouterr().err

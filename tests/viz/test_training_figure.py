@@ -1,7 +1,6 @@
-"""`save_training_figure`: fast, written into the run folder, logged to W&B loggers, never raising."""
+"""`save_training_figure`: written into the run folder, logged to W&B loggers, never raising."""
 
 import logging
-import time
 
 from helpers import compose_cfg
 
@@ -23,13 +22,11 @@ def _model_and_dm(shapes_root, overrides=()):
     return model, dm
 
 
-def test_figure_is_saved_logged_and_fast(shapes_root, tmp_path):
+def test_figure_is_saved_and_logged(shapes_root, tmp_path):
     model, dm = _model_and_dm(shapes_root)
     model.train()
     logger = WandbLogger()
-    t0 = time.time()
     path = save_training_figure(model, dm, tmp_path, logger)
-    assert time.time() - t0 < 3.0
     assert path == str(tmp_path / "searched_regions.png") and (tmp_path / "searched_regions.png").stat().st_size > 0
     assert logger.calls and logger.calls[0]["key"] == "searched_regions" and logger.calls[0]["images"] == [path]
     assert model.training and model.teacher.training  # the modes it had are restored

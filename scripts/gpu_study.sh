@@ -5,7 +5,8 @@
 # finished, the study table (mean ± std over seeds), its JSON and the kNN figure go to $OUT.
 #
 #   STUDY=cifar10_seeds PER_GPU=3 CHUNK_MIN=7 OUT=/dir bash scripts/gpu_study.sh   (device machine, repo root, wheels
-#   on PYTHONPATH, .gpudata/cifar10-jpeg.tar.xz for the CIFAR-10 studies); repeat the same call until it says done.
+#   on PYTHONPATH, .gpudata/cifar10-jpeg.tar.xz for the CIFAR-10 studies); repeat the same call until it says done
+#   (exit status 3 until then: `until bash scripts/gpu_study.sh; do [ $? -eq 3 ] || break; done` runs it to the end).
 #   PRECISION='<precision options>' (e.g. '--image-size 64 --local-size 32' for STUDY=shapes_long) then scores the
 #   search precision of the teachers, raw and centred, against random init (python -m scfs.eval.precision).
 #   ATTENTION='<figure options>' (e.g. '--folder data/imagenet-samples --size 32' for STUDY=cifar10_vit) then draws
@@ -27,6 +28,7 @@ rc=${PIPESTATUS[0]}
 $PY -m scfs.eval.compare "$DIR" --out "$OUT/$STUDY.md" || exit 1
 if [ "$rc" -ne 0 ] || grep -q '"stopped_by_chunk_budget": true' "$DIR"/*/summary.json 2>/dev/null; then
   echo "not done yet (exit status $rc): run the same command again to continue the jobs not finished"
+  exit 3
 else
   echo "done: $OUT/$STUDY.md (and .json, _knn.png)"
   if [ -n "${PRECISION:-}" ]; then  # the search precision of the study's teachers, raw and centred, per method

@@ -59,3 +59,26 @@ def test_a_vit_study_ends_with_each_methods_attention_figure(tmp_path):
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     for method in ("scfs", "dino"):
         assert (out / f"attention-{method}.png").stat().st_size > 1000, res.stdout[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_a_study_cut_by_its_chunk_budget_exits_3_and_the_same_call_finishes_it(tmp_path):
+    """Exit status 3 = not done yet, so `until bash scripts/gpu_study.sh; do [ $? -eq 3 ] || break; done` runs a
+    study to its end: a budget too short stops the job cleanly at its first check (step 20 of 22), the call
+    again resumes and ends it."""
+    tree = tmp_path / "tree"
+    skip = shutil.ignore_patterns(".git", ".venv", "runs", ".whl", ".gpudata", ".pytest_cache")
+    shutil.copytree(REPO, tree, ignore=skip)
+    args = ["bash", "scripts/gpu_study.sh", "seed=0", "method=dino", "trainer.max_epochs=11",
+            "+trainer.limit_train_batches=2", "eval.knn_at_start=false"]
+
+    def call(chunk_min: str) -> subprocess.CompletedProcess:
+        env = {**os.environ, "STUDY": "shapes_default_seeds", "PER_GPU": "1", "OUT": str(tmp_path / "out"),
+               "PY": sys.executable, "CHUNK_MIN": chunk_min}
+        return subprocess.run(args, cwd=tree, env=env, capture_output=True, text=True, timeout=900)
+
+    cut = call("0.0001")
+    assert cut.returncode == 3 and "not done yet" in cut.stdout, cut.stdout[-3000:] + cut.stderr[-3000:]
+    done = call("7")
+    assert done.returncode == 0 and "done:" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]

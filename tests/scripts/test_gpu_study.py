@@ -14,20 +14,27 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+SHORT = ["seed=0", "+trainer.limit_train_batches=2", "eval.knn_at_start=false"]
+
+
+def run_study(tmp_path: Path, overrides: list[str], **env_vars: str) -> subprocess.CompletedProcess:
+    """scripts/gpu_study.sh on `shapes_default_seeds` in a copy of the repository (its runs/ stay in tmp_path),
+    two jobs at a time, the study's outputs in tmp_path/out; `env_vars` set the script's options."""
+    tree = tmp_path / "tree"
+    if not tree.exists():
+        skip = shutil.ignore_patterns(".git", ".venv", "runs", ".whl", ".gpudata", ".pytest_cache")
+        shutil.copytree(REPO, tree, ignore=skip)
+    env = {**os.environ, "STUDY": "shapes_default_seeds", "PER_GPU": "2", "OUT": str(tmp_path / "out"),
+           "PY": sys.executable, **env_vars}
+    return subprocess.run(["bash", "scripts/gpu_study.sh", *SHORT, *overrides], cwd=tree, env=env,
+                          capture_output=True, text=True, timeout=900)
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_a_study_ends_with_its_table_and_the_precision_of_its_teachers(tmp_path):
-    tree = tmp_path / "tree"
-    skip = shutil.ignore_patterns(".git", ".venv", "runs", ".whl", ".gpudata", ".pytest_cache")
-    shutil.copytree(REPO, tree, ignore=skip)
     out = tmp_path / "out"
-    env = {**os.environ, "STUDY": "shapes_default_seeds", "PER_GPU": "2", "OUT": str(out), "PY": sys.executable,
-           "PRECISION": "--limit 8"}
-    res = subprocess.run(["bash", "scripts/gpu_study.sh", "seed=0", "trainer.max_epochs=1",
-                          "+trainer.limit_train_batches=2", "eval.knn_at_start=false"],
-                         cwd=tree, env=env, capture_output=True, text=True, timeout=900)
+    res = run_study(tmp_path, ["trainer.max_epochs=1"], PRECISION="--limit 8")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "done:" in res.stdout and (out / "shapes_default_seeds.md").is_file()
     for read_out in ("raw", "centred"):
@@ -44,18 +51,12 @@ def test_a_vit_study_ends_with_each_methods_attention_figure(tmp_path):
     import numpy as np
     from PIL import Image
 
-    tree = tmp_path / "tree"
-    skip = shutil.ignore_patterns(".git", ".venv", "runs", ".whl", ".gpudata", ".pytest_cache")
-    shutil.copytree(REPO, tree, ignore=skip)
     photos = tmp_path / "photos"
     photos.mkdir()
     Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 48, 3), dtype=np.uint8)).save(photos / "p.jpg")
     out = tmp_path / "out"
-    env = {**os.environ, "STUDY": "shapes_default_seeds", "PER_GPU": "2", "OUT": str(out), "PY": sys.executable,
-           "ATTENTION": f"--folder {photos} --size 32 --n-images 1"}
-    res = subprocess.run(["bash", "scripts/gpu_study.sh", "seed=0", "trainer.max_epochs=1", "backbone=vit_micro",
-                          "search.stages=[block1,last]", "+trainer.limit_train_batches=2", "eval.knn_at_start=false"],
-                         cwd=tree, env=env, capture_output=True, text=True, timeout=900)
+    res = run_study(tmp_path, ["trainer.max_epochs=1", "backbone=vit_micro", "search.stages=[block1,last]"],
+                    ATTENTION=f"--folder {photos} --size 32 --n-images 1")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     for method in ("scfs", "dino"):
         assert (out / f"attention-{method}.png").stat().st_size > 1000, res.stdout[-3000:]
@@ -67,16 +68,8 @@ def test_a_study_cut_by_its_chunk_budget_exits_3_and_the_same_call_finishes_it(t
     """Exit status 3 = not done yet, so `until bash scripts/gpu_study.sh; do [ $? -eq 3 ] || break; done` runs a
     study to its end: a budget too short stops the job cleanly at its first check (step 20 of 22), the call
     again resumes and ends it."""
-    tree = tmp_path / "tree"
-    skip = shutil.ignore_patterns(".git", ".venv", "runs", ".whl", ".gpudata", ".pytest_cache")
-    shutil.copytree(REPO, tree, ignore=skip)
-    args = ["bash", "scripts/gpu_study.sh", "seed=0", "method=dino", "trainer.max_epochs=11",
-            "+trainer.limit_train_batches=2", "eval.knn_at_start=false"]
-
     def call(chunk_min: str) -> subprocess.CompletedProcess:
-        env = {**os.environ, "STUDY": "shapes_default_seeds", "PER_GPU": "1", "OUT": str(tmp_path / "out"),
-               "PY": sys.executable, "CHUNK_MIN": chunk_min}
-        return subprocess.run(args, cwd=tree, env=env, capture_output=True, text=True, timeout=900)
+        return run_study(tmp_path, ["method=dino", "trainer.max_epochs=11"], PER_GPU="1", CHUNK_MIN=chunk_min)
 
     cut = call("0.0001")
     assert cut.returncode == 3 and "not done yet" in cut.stdout, cut.stdout[-3000:] + cut.stderr[-3000:]

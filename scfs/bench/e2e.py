@@ -54,7 +54,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from scfs.bench.records import device_slug, save_record, source_commit
+from scfs.bench.records import record_stem, save_record, source_commit
 from scfs.names import DATA_DECODE
 
 TARGET = 0.95  # e2e img/s over the step benchmark's at the same batch
@@ -340,11 +340,6 @@ def gpu_name() -> str | None:
     return names[0].strip() if names else None
 
 
-def record_stem(out: Path, gpu: str, date: str, sha: str | None, tag: str = "") -> Path:
-    """`<out>/imagenet-e2e-<gpu>-<date>[-<commit>][<tag>]`, the GPU named by `device_slug` as in the step records."""
-    return out / (f"imagenet-e2e-{device_slug(gpu)}-{date}" + (f"-{sha}" if sha else "") + tag)
-
-
 def build_data(args: argparse.Namespace) -> tuple[Path, str]:
     """The ImageFolder tree the run trains on, and its description for the record."""
     from scfs.data.prepare import PrepareError, extract_archive, repeat_photos
@@ -435,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
             "epochs": args.epochs, "method": args.method, "target": TARGET,
             "command": "python -m scfs.bench.e2e " + shlex.join(argv if argv is not None else sys.argv[1:])}
     result: dict[str, Any] = {"meta": meta, "rows": [], "step": None}
-    stem = record_stem(args.out, gpu, date, sha, args.tag + ("-tiny" if args.tiny else ""))
+    stem = record_stem(args.out, "imagenet-e2e", gpu, date, sha, args.tag + ("-tiny" if args.tiny else ""))
     work = args.keep or Path(tempfile.mkdtemp(prefix="scfs-e2e-"))
     work.mkdir(parents=True, exist_ok=True)
     # one compile cache for both sides: the step benchmark reuses the kernels the runs compiled (warm-up only)

@@ -32,7 +32,7 @@ from typing import Any
 import lightning as L
 import torch
 
-from scfs.bench.records import device_slug, save_record, source_commit
+from scfs.bench.records import record_stem, save_record, source_commit
 from scfs.eval.linear import EpochOrder, FeatureProbe, GridSGD, LinearProbe, _trainer, feature_loader
 
 LR_GRID = [0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0]  # conf/eval/linear.yaml
@@ -191,14 +191,6 @@ def record_markdown(result: dict[str, Any]) -> str:
             "both.\n\n" + table(result["rows"]) + "\n")
 
 
-def record_stem(out: Path, accelerator: str) -> Path:
-    """<out>/probe-<device>-<date>[-<commit>]: the device's slug ("h200", "cpu"), so records of a GPU sort
-    together."""
-    name = device_slug(torch.cuda.get_device_name()) if uses_cuda(accelerator) else "cpu"
-    commit = source_commit()
-    return out / f"probe-{name}-{datetime.date.today():%Y-%m-%d}{'-' + commit if commit else ''}"
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
@@ -219,10 +211,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     rows = measure(a.cases, a.n, a.dim, a.classes, a.epochs, a.repeats, a.batch_size, a.device)
     print(table(rows), flush=True)
     if a.out is not None:
-        stem = record_stem(a.out, a.device)
-        cuda = uses_cuda(a.device)
+        cuda, commit, date = uses_cuda(a.device), source_commit(), datetime.date.today().isoformat()
+        stem = record_stem(a.out, "probe", torch.cuda.get_device_name() if cuda else "cpu", date, commit)
         meta = {"command": "python -m scfs.bench.probe " + " ".join(sys.argv[1:] if argv is None else argv),
-                "commit": source_commit() or "unknown", "date": f"{datetime.date.today():%Y-%m-%d}",
+                "commit": commit or "unknown", "date": date,
                 "device": torch.cuda.get_device_name() if cuda else f"cpu ({platform.processor() or 'unknown'})",
                 "torch": torch.__version__, "lightning": L.__version__, "n": a.n, "dim": a.dim,
                 "classes": a.classes, "batch_size": a.batch_size, "epochs": a.epochs, "repeats": a.repeats}

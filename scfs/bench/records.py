@@ -38,3 +38,9 @@ def device_slug(name: str) -> str:
     character a file name could trip on dropped, so the records of one GPU sort together whichever benchmark wrote
     them; "gpu" when nothing is left."""
     return re.sub(r"[^a-z0-9]+", "", name.lower().replace("nvidia", "")) or "gpu"
+
+
+def record_stem(out: Path, kind: str, device: str, date: str, commit: str | None, tag: str = "") -> Path:
+    """`<out>/<kind>-<device slug>-<date>[-<commit>][<tag>]`: every benchmark names its records alike, so one
+    GPU's records of one day sort together and each names the code it measured."""
+    return out / (f"{kind}-{device_slug(device)}-{date}" + (f"-{commit}" if commit else "") + tag)

@@ -12,6 +12,7 @@ import pytest
 from PIL import Image
 
 from scfs.bench import e2e
+from scfs.bench.records import record_stem
 from scfs.data.prepare import PrepareError, repeat_photos
 from scfs.data.prepare import main as prepare_main
 
@@ -131,7 +132,7 @@ def test_settings_mismatch_is_named() -> None:
 
 
 def test_record_name_and_markdown() -> None:
-    assert e2e.record_stem(Path("r"), "NVIDIA H200", "2026-12-02", "abc1234") == Path(
+    assert record_stem(Path("r"), "imagenet-e2e", "NVIDIA H200", "2026-12-02", "abc1234") == Path(
         "r/imagenet-e2e-h200-2026-12-02-abc1234")
     split = e2e.profile_split(e2e.parse_simple_profiler(profiler_text()), [40.0, 10.0, 10.0])
     settings = {"precision": "16-mixed", "channels_last": True, "compile": True, "compile_mode": "reduce-overhead",

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from scfs.bench import e2e
-from scfs.bench.records import device_slug
+from scfs.bench.records import device_slug, record_stem
 
 
 @pytest.mark.parametrize(("name", "slug"), [
@@ -23,5 +22,5 @@ def test_device_slug_keeps_letters_and_digits_without_the_vendor(name: str, slug
 
 
 def test_end_to_end_records_are_named_by_the_slug() -> None:
-    assert e2e.record_stem(Path("r"), "NVIDIA A100-SXM4-80GB", "2026-12-02", None, "-tiny") == Path(
+    assert record_stem(Path("r"), "imagenet-e2e", "NVIDIA A100-SXM4-80GB", "2026-12-02", None, "-tiny") == Path(
         "r/imagenet-e2e-a100sxm480gb-2026-12-02-tiny")

@@ -503,9 +503,14 @@ class MultirunFolderError(ReportedError, ValueError):
 
 
 def multirun_checkpoints(sweep_dir: str | Path) -> list[str]:
-    """The teachers of a finished multirun as seed groups, `METHOD=a.ckpt,b.ckpt` per method (upper case, methods
-    in the order they first appear), read from the jobs' `summary.json` (`method`, `checkpoint`), so a study's
-    folder is scored without listing its checkpoints by hand. Each list is in job-number order, the order of the
+    """The teachers of a finished multirun as seed groups on the command line, `METHOD=a.ckpt,b.ckpt` per method
+    (`multirun_teachers`), so a study's folder is scored without listing its checkpoints by hand."""
+    return [f"{method}=" + ",".join(ckpts) for method, ckpts in multirun_teachers(sweep_dir).items()]
+
+
+def multirun_teachers(sweep_dir: str | Path) -> dict[str, list[str]]:
+    """{METHOD: checkpoints} of a finished multirun (upper case, methods in the order they first appear), read
+    from the jobs' `summary.json` (`method`, `checkpoint`). Each list is in job-number order, the order of the
     sweep's seeds, because the gain over init pairs a group's k-th checkpoint with the k-th `--random-seeds`."""
     root = Path(sweep_dir)
     if not root.is_dir():
@@ -536,7 +541,7 @@ def multirun_checkpoints(sweep_dir: str | Path) -> list[str]:
         raise MultirunFolderError(f"--multirun {root}: job(s) {', '.join(unfinished)} did not finish (stopped by "
                                   "the chunk budget, or summary.json without method and checkpoint); run the study "
                                   "again until it says done, or name the checkpoints themselves")
-    return [f"{method}=" + ",".join(ckpts) for method, ckpts in groups.items()]
+    return groups
 
 
 def default_stages(backbones: dict[str, nn.Module]) -> list[str]:

@@ -183,17 +183,13 @@ def attention(ckpt: str, folder: Path, out: Path, n_images: int = 3, size: int =
 def multirun_attention_jobs(sweep_dir: Path, out: Path, p: argparse.ArgumentParser) -> list[tuple[str, Path]]:
     """(checkpoint, PNG) per method of a finished multirun: the first job's teacher of each method (the study's
     seed order), drawn to <out stem>-<method><suffix>; a folder that is not a finished study is one parser error."""
-    from scfs.eval.precision import MultirunFolderError, multirun_checkpoints
+    from scfs.eval.precision import MultirunFolderError, multirun_teachers
 
     try:
-        groups = multirun_checkpoints(sweep_dir)
+        teachers = multirun_teachers(sweep_dir)
     except MultirunFolderError as e:
         p.error(str(e))
-    jobs = []
-    for group in groups:
-        method, ckpts = group.split("=", 1)
-        jobs.append((ckpts.split(",")[0], out.with_name(f"{out.stem}-{method.lower()}{out.suffix}")))
-    return jobs
+    return [(ckpts[0], out.with_name(f"{out.stem}-{method.lower()}{out.suffix}")) for method, ckpts in teachers.items()]
 
 
 def knn(records: Sequence[Path], out: Path) -> Path:

@@ -505,10 +505,9 @@ def curve_figure(record: dict, out: Path, epochs: int = 100) -> Path:
     fig = new_figure(11.0 if two else 6.0, 3.8, dpi=120)
     ax = fig.add_subplot(1, 2 if two else 1, 1)
     for method, variant, colour, label in (("scfs", "soft", "tab:red", "SCFS"), ("dino", "dino", "tab:blue", "DINO")):
-        runs = [r for r in record["runs"] if r["method"] == method and r["variant"] == variant
-                and r["epochs"] == epochs and r.get("curve")]
-        for r in (r for r in record["runs"] if r["method"] == method and r["variant"] == variant
-                  and r["epochs"] > epochs and r.get("curve")):
+        mine = [r for r in record["runs"] if r["method"] == method and r["variant"] == variant and r.get("curve")]
+        runs = [r for r in mine if r["epochs"] == epochs]
+        for r in (r for r in mine if r["epochs"] > epochs):
             c = sorted(_curve(r).items())
             ax.plot([e for e, _ in c], [y for _, y in c], color=colour, lw=1.4, ls="--",
                     label=f"{label}, {r['epochs']}-epoch schedule (seed {r['seed']})")

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# A queue of GPU jobs run one after the other in one GPU window (a device machine held for about 25 minutes,
+# commands of at most 10 minutes each; ../shared/DEVICE.md). Benchmarks must not share the GPU, so the jobs run in
+# order, each alone; the queue runs under setsid in a copy of the tree outside the one each command re-copies, so it
+# outlives the command that started it.
+#
+#   COMMIT=$(git rev-parse --short HEAD) OUT=$OUT MINUTES=25 bash scripts/gpu_queue.sh start scripts/queues/speed.queue
+#   OUT=$OUT bash scripts/gpu_queue.sh watch 540
+#   OUT=$OUT bash scripts/gpu_queue.sh collect 540
+#
+# The queue file: one job per line, `<name> <seconds> <command>`; `#` starts a comment. <seconds> is the job's
+# expected length: a job that would not end before the deadline (`start` + MINUTES) is left for the next window and
+# said so, and the queue goes on with the next job that fits. A job runs in the tree's copy with $JOB_OUT (its own
+# folder, kept), $Q (the queue's folder: an earlier job's folder is $Q/jobs/<name>), $COMMIT and the caller's
+# environment (the wheels' PYTHONPATH, say); what it prints goes to $Q/logs/<name>.log.
+# Each line of the queue's own log ($Q/queue.log) says when a job started, ended (exit status, seconds) or was left.
+# `watch SECONDS` waits at most SECONDS while the queue runs, prints that log and copies back what there is;
+# `collect SECONDS` is the same, for the last command of a window. What comes back: $OUT/queue.tgz (every job's
+# folder without checkpoints, its log, the queue's log) and each job's *.md records beside it.
+set -uo pipefail
+W=${QUEUE_TREE:-/tmp/queue-tree}; Q=${QUEUE_DIR:-/tmp/queue}; OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+queue_alive() { [ -f "$Q/queue.pid" ] && kill -0 "$(cat "$Q/queue.pid")" 2>/dev/null; }
+copy_back() {
+  [ -d "$Q/jobs" ] || return 0
+  (cd "$Q" && tar czf "$OUT/queue.tgz" --exclude='*.ckpt' --exclude='*.pt' queue.log jobs logs 2>/dev/null)
+  for f in "$Q"/jobs/*/*.md; do [ -f "$f" ] && cp "$f" "$OUT/"; done
+  return 0
+}
+run_queue() {  # the queue itself, under setsid: $1 the queue file (in the tree's copy), $2 the deadline (epoch s)
+  local file=$1 deadline=$2 name secs cmd t0 rc
+  while read -r name secs cmd; do
+    [ -z "$name" ] || [[ $name == \#* ]] && continue
+    if ! [[ $secs =~ ^[0-9]+$ ]] || [ -z "$cmd" ]; then
+      echo "[queue] bad line for '$name': expected '<name> <seconds> <command>'"; continue
+    fi
+    if [ $(( $(date +%s) + secs )) -gt "$deadline" ]; then
+      echo "[queue] left $name for the next window: ${secs} s expected, $(( deadline - $(date +%s) )) s left"
+      continue
+    fi
+    mkdir -p "$Q/jobs/$name"; t0=$(date +%s)
+    echo "[queue] +$(( t0 - START )) s start $name (${secs} s expected)"
+    (export JOB_OUT=$Q/jobs/$name; eval "$cmd") > "$Q/logs/$name.log" 2>&1 < /dev/null
+    rc=$?
+    echo "[queue] +$(( $(date +%s) - START )) s $name ended, exit status $rc, in $(( $(date +%s) - t0 )) s"
+  done < "$file"
+  echo "[queue] done"
+}
+case "${1:-}" in
+start)
+  file=${2:?usage: $0 start QUEUE_FILE}
+  [ -f "$file" ] || { echo "no queue file '$file': give a file of '<name> <seconds> <command>' lines"; exit 2; }
+  export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 WANDB_MODE=offline COMMIT=${COMMIT:-unknown}
+  rm -rf "$Q" "$W"; mkdir -p "$Q/logs" "$Q/jobs" "$Q/bin"; cp -a . "$W"; cd "$W" || exit 1
+  export PYTHONPATH="$W${PYTHONPATH:+:$PYTHONPATH}"
+  # the jobs say `python`, as the README does: make that this machine's interpreter ($PY, python3 by default)
+  printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v "${PY:-python3}")" > "$Q/bin/python" && chmod +x "$Q/bin/python"
+  export PATH="$Q/bin:$PATH"
+  export START=$(date +%s); DEADLINE=$(( START + ${MINUTES:-25} * 60 )); export Q
+  echo "queue $file, deadline $(date -d @"$DEADLINE" +%T)"
+  export -f run_queue
+  setsid nohup bash -c "run_queue '$file' $DEADLINE" > "$Q/queue.log" 2>&1 < /dev/null &
+  echo $! > "$Q/queue.pid"
+  sleep 3; cat "$Q/queue.log"
+  ;;
+watch|collect)
+  end=$(( $(date +%s) + ${2:-540} ))
+  while [ "$(date +%s)" -lt "$end" ] && queue_alive; do sleep 10; done
+  cat "$Q/queue.log" 2>/dev/null
+  running=$(grep " start " "$Q/queue.log" 2>/dev/null | tail -n 1 | awk '{print $5}')
+  if queue_alive && [ -n "$running" ]; then echo "running: $running"; tail -n 5 "$Q/logs/$running.log"; fi
+  command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
+  copy_back; [ "$1" = collect ] && ls -la "$OUT"
+  ;;
+*) echo "usage: $0 start QUEUE_FILE | watch SECONDS | collect SECONDS"; exit 2 ;;
+esac

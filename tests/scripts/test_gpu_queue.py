@@ -1,0 +1,78 @@
+"""scripts/gpu_queue.sh, the GPU-window job queue, on the CPU with shell jobs: `start` returns while the queue runs
+under setsid, jobs run one after the other with their own folders, a job that would overrun the deadline is left
+for the next window and named, a malformed line is named, and `collect` brings back the jobs' folders and records."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+needs_setsid = pytest.mark.skipif(shutil.which("bash") is None or shutil.which("setsid") is None,
+                                  reason="needs bash and setsid")
+
+QUEUE = """# a comment, then a blank line
+
+first 5 sleep 4; echo "# first at $COMMIT" > "$JOB_OUT/first.md"; echo made
+too-long 99999 echo "must not run" > "$JOB_OUT/ran.txt"
+broken notanumber echo never
+second 5 cat "$Q/jobs/first/first.md" > "$JOB_OUT/seen.txt"; python -c "print('py')"; exit 7
+"""
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "OUT": str(tmp_path / "out"), "QUEUE_TREE": str(tmp_path / "queue-tree"),
+            "QUEUE_DIR": str(tmp_path / "queue"), "MINUTES": "2", "COMMIT": "abc1234"}
+
+
+@needs_setsid
+def test_queue_runs_in_order_skips_what_does_not_fit_and_collect_brings_it_back(tmp_path):
+    tree = tmp_path / "tree"
+    (tree / "scripts").mkdir(parents=True)
+    shutil.copy(REPO / "scripts" / "gpu_queue.sh", tree / "scripts" / "gpu_queue.sh")
+    (tree / "jobs.queue").write_text(QUEUE)
+    env, script = _env(tmp_path), ["bash", "scripts/gpu_queue.sh"]
+    start = subprocess.run([*script, "start", "jobs.queue"], cwd=tree, env=env, capture_output=True, text=True,
+                           timeout=60)
+    assert start.returncode == 0, start.stdout + start.stderr
+    assert "deadline" in start.stdout and "start first" in start.stdout
+    assert not (tmp_path / "queue" / "jobs" / "first" / "first.md").exists()  # still running after start returned
+    res = subprocess.run([*script, "collect", "60"], cwd=tree, env=env, capture_output=True, text=True, timeout=90)
+    assert res.returncode == 0, res.stdout + res.stderr
+    log = res.stdout
+    assert "first ended, exit status 0" in log and "second ended, exit status 7" in log and "[queue] done" in log
+    assert "left too-long for the next window" in log and "bad line for 'broken'" in log
+    assert log.index("first ended") < log.index("start second")
+    out = tmp_path / "out"
+    assert (out / "first.md").read_text() == "# first at abc1234\n"
+    with tarfile.open(out / "queue.tgz") as tgz:
+        names = tgz.getnames()
+        assert "queue.log" in names and "logs/first.log" in names, names
+        assert tgz.extractfile("jobs/second/seen.txt").read() == b"# first at abc1234\n"
+        assert tgz.extractfile("logs/first.log").read() == b"made\n"
+        assert tgz.extractfile("logs/second.log").read() == b"py\n"  # `python` is there, as the README says
+        assert not any(n.startswith("jobs/too-long/") for n in names)
+
+
+@needs_setsid
+def test_start_without_a_queue_file_says_what_to_give(tmp_path):
+    res = subprocess.run(["bash", str(REPO / "scripts" / "gpu_queue.sh"), "start", "missing.queue"], cwd=tmp_path,
+                         env=_env(tmp_path), capture_output=True, text=True, timeout=30)
+    assert res.returncode == 2 and "no queue file 'missing.queue'" in res.stdout
+
+
+def test_the_speed_queue_parses_and_fits_two_windows():
+    """Every line of the shipped speed queue is `<name> <seconds> <command>` and the whole queue asks for at most
+    two windows of 25 minutes."""
+    lines = [ln for ln in (REPO / "scripts" / "queues" / "speed.queue").read_text().splitlines()
+             if ln.strip() and not ln.startswith("#")]
+    names = [ln.split()[0] for ln in lines]
+    secs = [int(ln.split()[1]) for ln in lines]
+    assert len(set(names)) == len(names) and all("python -m scfs.bench." in ln.split(maxsplit=2)[2]
+                                                 for ln in lines)
+    assert all(s <= 25 * 60 for s in secs) and sum(secs) <= 2 * 25 * 60

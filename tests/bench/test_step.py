@@ -167,14 +167,14 @@ def test_speed_targets_are_marked_met_or_missed_by_how_much():
             {**row("scfs", 32, "bf16_cl", 128.0, 7.5), "aug_ms": 8.0}, row("scfs", 64, "bf16_cl_graphs", 64.0, 15.0),
             row("dino", 64, "bf16_cl_graphs", 50.0, 12.0)]
     got = {(c["B"], c["target"].split(" (")[0]): c for c in targets({"meta": {"suite": "resnet50"}, "rows": rows})}
-    assert got[(32, "SCFS default >= 2.0x published")]["met"]  # 821 img/s >= 648
+    assert got[(32, "SCFS default >= 2.0x published")]["met"]  # 821 img/s >= 704
     assert got[(32, "SCFS default peak memory <= published")]["met"]  # 7.0 <= 8.0 GiB
     assert got[(32, "SCFS / DINO on the default path <= 1.10")]["met"]  # 1.08
-    eager = got[(32, "SCFS eager >= published")]  # 250 img/s against 324: 23 % short
-    assert not eager["met"] and eager["verdict"] == "missed by 23 %"
+    eager = got[(32, "SCFS eager >= published")]  # 250 img/s against 352: 29 % short
+    assert not eager["met"] and eager["verdict"] == "missed by 29 %"
     assert eager["measured"] == "250 img/s (267 without making the views)"  # the published timing had no views
-    b64 = got[(64, "SCFS default >= 2.0x published")]  # 1000 img/s against 1114
-    assert not b64["met"] and b64["verdict"] == "missed by 10 %"
+    b64 = got[(64, "SCFS default >= 2.0x published")]  # 1000 img/s against 1122
+    assert not b64["met"] and b64["verdict"] == "missed by 11 %"
     assert not got[(64, "SCFS / DINO on the default path <= 1.10")]["met"]  # 1.28
     assert not got[(64, "SCFS default peak memory <= published")]["met"]  # 15.0 > 14.7 GiB
     assert (64, "SCFS eager >= published") not in got  # no eager row at B=64: nothing claimed

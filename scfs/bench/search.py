@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import platform
-import re
 import sys
 import time
 from pathlib import Path
@@ -33,7 +32,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from scfs.bench.records import save_record
+from scfs.bench.records import record_stem, save_record
 from scfs.search import cuda_backend, feature_search
 from scfs.search.reference import published_loop, reference_search
 
@@ -186,7 +185,6 @@ def run(
     name = torch.cuda.get_device_name(dev)
     bw = copy_bandwidth()
     print(f"{name}: copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
-    gpu = re.sub(r"[^A-Za-z0-9]+", "-", name.replace("NVIDIA", "")).strip("-").lower()
     stamp = dt.date.today().isoformat()
     meta = dict(
         gpu=name,
@@ -198,7 +196,7 @@ def run(
         timer="triton.testing.do_bench median, L2 flushed; graph = CUDA-graph replay, L2 flushed, no host work",
         weighting=dict(cuda_backend.weighting(), impls=cuda_impls(weighting)),
     )
-    stem = out_dir / (f"search-{gpu}-{stamp}" + (f"-{tag}" if tag else ""))
+    stem = record_stem(out_dir, "search", name, stamp, None, f"-{tag}" if tag else "")
     flush = torch.empty(2**26, dtype=torch.int32, device=dev)  # 256 MB, as do_bench's L2 flush
     rows = []
     t_start = time.perf_counter()

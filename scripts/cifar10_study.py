@@ -326,10 +326,14 @@ def main_run(a: argparse.Namespace) -> int:
                     ramp_open = False
                     (out / "ramp.done").touch()
         gate = not ramp_open or not training() or n in measured
-        if todo and n < a.parallel and gate and fits(todo[0]):
-            jobs.append(start(todo.pop(0)))
+        # the first run in the study's order that would still end in time: a shorter one later in the list
+        # uses minutes a longer one ahead of it cannot
+        nxt = next((r for r in todo if fits(r)), None) if todo and n < a.parallel else None
+        if nxt is not None and gate:
+            todo.remove(nxt)
+            jobs.append(start(nxt))
             stage_t0 = None
-        elif todo and ramp_open and training() and n in measured and not fits(todo[0]):
+        elif todo and ramp_open and training() and n in measured and nxt is None:
             ramp_open = False  # one more would not finish in time: the count stays here
             (out / "ramp.done").touch()
         for j in jobs:
@@ -369,8 +373,9 @@ def main_run(a: argparse.Namespace) -> int:
                           f" linear {row['linear_top1']:.2f}", flush=True)
                 else:
                     print(f"[study] {j.run.key}: linear probe failed (rc {j.linear.returncode})", flush=True)
-        if todo and not training() and not any(j.phase == "linear" for j in jobs) and not fits(todo[0]):
-            print(f"[study] {todo[0].key} would not finish before the deadline: left for the next window", flush=True)
+        if todo and not training() and not any(j.phase == "linear" for j in jobs) and not any(map(fits, todo)):
+            print(f"[study] {', '.join(r.key for r in todo)} would not finish before the deadline: left for the next "
+                  "window", flush=True)
             break
         time.sleep(POLL_S)
     save()

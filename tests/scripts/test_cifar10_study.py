@@ -111,6 +111,24 @@ def test_a_run_that_would_miss_the_deadline_is_not_started(study, tmp_path: Path
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_shorter_run_later_in_the_order_uses_the_minutes_a_longer_one_cannot(study, tmp_path: Path,
+                                                                                capsys, monkeypatch) -> None:
+    """The first run of the study's order would miss the deadline; the next one, shorter, fits: it runs, and the
+    long one is left for the next window and named."""
+    long_run = study.Run("scfs", "soft", 0, 40, "cifar10_long")
+    short_run = study.Run("dino", "dino", 0, 3, "cifar10_seeds")
+    monkeypatch.setattr(study, "plan", lambda *a, **k: [long_run, short_run])
+    study.SECONDS_PER_EPOCH_ALONE = 1.0  # the long run needs 40 s and more, the short one about 5 s
+    out = tmp_path / "out"
+    rc = study.main(["run", "--out", str(out), "--runs", str(tmp_path / "runs"), "--parallel", "1",
+                     "--deadline", str(time.time() + 25), "--committed", str(tmp_path / "none-*.json")])
+    assert rc == 0
+    rec = json.loads(next(out.glob("cifar10-quality-*.json")).read_text())
+    assert [(r["method"], r["epochs"]) for r in rec["runs"]] == [("dino", 3)]
+    assert not (tmp_path / "runs" / long_run.key).exists()
+    assert f"{long_run.key} would not finish before the deadline" in capsys.readouterr().out
+
+
 def test_the_probe_prior_is_the_slowest_timed_probe_of_committed_rows(study) -> None:
     """Rows recorded before probes were timed carry no `linear_s` and do not set the prior; timed rows do."""
     assert study.linear_prior({}) == study.LINEAR_S

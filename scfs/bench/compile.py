@@ -120,8 +120,8 @@ def measure(cfg: Any, device: str, first: int, steady: int, artifacts_in: str | 
             if not model._loss_prepared:
                 model.prepare_loss(st, te)
                 model._loss_prepared = True
-            # a logging step first, then the others: the two loss graphs a run compiles in its first epoch
-            loss, _ = model._loss_fn(model, st, te, b, n_local, temp, i == 0)
+            # a logging step first, then the others, with the loss flags a run passes
+            loss, _ = model._loss_fn(model, st, te, b, n_local, temp, model.loss_diagnostics(i == 0))
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

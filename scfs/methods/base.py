@@ -378,7 +378,8 @@ class SelfDistillation(L.LightningModule):
             self.prepare_loss(st, te)
             self._loss_prepared = True
         with record_function("scfs/losses"):
-            loss, logs = self._loss_fn(self, st, te, b, n_local, self._temp_arg(temp, g.device), diagnostics)
+            loss, logs = self._loss_fn(self, st, te, b, n_local, self._temp_arg(temp, g.device),
+                                       self.loss_diagnostics(diagnostics))
         logs["loss/total"] = loss
         # the per-step terms only on the steps that write them: each self.log costs about 0.4 ms of host time, a
         # dozen of them a few ms of a host-bound GPU step; the schedules' Python floats would also become device
@@ -408,6 +409,13 @@ class SelfDistillation(L.LightningModule):
                 "(trainer.gradient_clip_val)"
             )
         return loss
+
+    def loss_diagnostics(self, logging_step: bool) -> bool:
+        """Whether a step's loss also computes its extra statistics (the search's similarity and weight entropy):
+        eagerly only on the steps whose logs are written (each op costs host time in a host-bound step); compiled on
+        every step, because a flag that changes between steps makes dynamo trace and compile a second loss graph
+        during the first epoch, while the statistics are a few fused kernels inside the one graph."""
+        return logging_step or self._loss_fn is not step_losses
 
     def _temp_arg(self, temp: float, device: torch.device) -> float | torch.Tensor:
         """The teacher temperature as the loss takes it: a Python float eagerly; a 0-d device tensor, refilled only

@@ -52,3 +52,26 @@ def test_a_row_is_timed_by_the_step_benchmarks_clock(monkeypatch):
     assert seen == [(2, 3)]
     assert set(row) == {"first_s", "step_ms", "graphs", "loss", "loaded_artifacts", "fx_cache", "aot_cache"}
     assert row["first_s"] > 0 and row["step_ms"] > 0 and row["graphs"] == 0 and isinstance(row["loss"], float)
+
+
+def test_a_compiled_run_traces_one_loss_graph_for_logging_and_other_steps(monkeypatch):
+    """The model scope's step is three graphs (student, teacher, losses) over a logging step and the ones after it:
+    the loss computes its statistics on every step when compiled, so the first epoch compiles no second loss graph.
+    Eager, the statistics stay on the logging steps only. Traced through dynamo's eager backend (no inductor)."""
+    import torch
+    from torch import nn
+
+    import scfs.methods.base as base
+
+    real_compile, real_module_compile = torch.compile, nn.Module.compile
+    monkeypatch.setattr(base.torch, "compile", lambda fn, **kw: real_compile(fn, backend="eager", dynamic=False))
+    monkeypatch.setattr(nn.Module, "compile", lambda self, **kw: real_module_compile(self, backend="eager",
+                                                                                      dynamic=False))
+    torch._dynamo.reset()
+    row = bench.measure(bench.compose("default", "cpu", True, "model", True, []), "cpu", 2, 1, None, None)
+    torch._dynamo.reset()
+    assert row["graphs"] == 3
+    from scfs.train import build
+
+    _, eager = build(bench.compose("default", "cpu", True, "model", False, []))
+    assert eager.loss_diagnostics(True) and not eager.loss_diagnostics(False)

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from scfs.bench.records import save_record
+from scfs.bench.records import save_record, source_commit
 from scfs.names import CONF_DIR
 
 ROWS = ("eager", "cold", "warm", "carried", "blocks", "blocks-carried")
@@ -210,7 +210,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                               f"cpu ({os.cpu_count()} cores)", "torch": torch.__version__,
                               "date": dt.date.today().isoformat(), "device": args.device, "tiny": args.tiny,
                               "first_steps": args.first, "steady_steps": args.steady,
-                              "command": "python -m scfs.bench.compile " + " ".join(args.argv), "rows": []}
+                              "command": "python -m scfs.bench.compile " + " ".join(args.argv),
+                              "commit": source_commit(), "rows": []}
     stem = Path(args.out) / f"compile-{dt.date.today().isoformat()}" if not args.out.endswith("json") \
         else Path(args.out).with_suffix("")
     with tempfile.TemporaryDirectory(prefix="scfs-compile-bench-") as tmp:
@@ -249,10 +250,10 @@ def table_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def markdown(result: dict[str, Any]) -> str:
     lines = [f"# Compile time, {result['machine']} (torch {result['torch']}, {result['date']})\n",
-             f"`{result['command']}`. First steps = wall seconds of the first {result['first_steps']} training "
-             "steps in a fresh process (the compile); process CPU = the whole process's CPU seconds, compiler "
-             "processes included; steady = median step after them. Median over the repeats (each repeat's time "
-             "in brackets).\n",
+             f"Commit `{result.get('commit')}`; `{result['command']}`. First steps = wall seconds of the first "
+             f"{result['first_steps']} training steps in a fresh process (the compile); process CPU = the whole "
+             "process's CPU seconds, compiler processes included; steady = median step after them. Median over "
+             "the repeats (each repeat's time in brackets).\n",
              "| recipe | setting | first steps s | process CPU s | steady step ms | graphs | inductor cache | "
              "AOT cache | artifacts MB | loss |", "|---|---|---:|---:|---:|---:|---|---|---:|---:|"]
     for r in result.get("table", []):

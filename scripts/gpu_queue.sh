@@ -14,6 +14,7 @@
 # folder, kept), $Q (the queue's folder: an earlier job's folder is $Q/jobs/<name>), $COMMIT and the caller's
 # environment (the wheels' PYTHONPATH, say); what it prints goes to $Q/logs/<name>.log.
 # Each line of the queue's own log ($Q/queue.log) says when a job started, ended (exit status, seconds) or was left.
+# SKIP='<name> <name>' leaves out the jobs an earlier window has done (their records committed).
 # `watch SECONDS` waits at most SECONDS while the queue runs, prints that log and copies back what there is;
 # `collect SECONDS` is the same, for the last command of a window. What comes back: $OUT/queue.tgz (every job's
 # folder without checkpoints, its log, the queue's log) and each job's *.md records beside it.
@@ -34,6 +35,7 @@ run_queue() {  # the queue itself, under setsid: $1 the queue file (in the tree'
     if ! [[ $secs =~ ^[0-9]+$ ]] || [ -z "$cmd" ]; then
       echo "[queue] bad line for '$name': expected '<name> <seconds> <command>'"; continue
     fi
+    if [[ " ${SKIP:-} " == *" $name "* ]]; then echo "[queue] skipped $name (in SKIP)"; continue; fi
     if [ $(( $(date +%s) + secs )) -gt "$deadline" ]; then
       echo "[queue] left $name for the next window: ${secs} s expected, $(( deadline - $(date +%s) )) s left"
       continue
@@ -56,7 +58,7 @@ start)
   # the jobs say `python`, as the README does: make that this machine's interpreter ($PY, python3 by default)
   printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v "${PY:-python3}")" > "$Q/bin/python" && chmod +x "$Q/bin/python"
   export PATH="$Q/bin:$PATH"
-  export START=$(date +%s); DEADLINE=$(( START + ${MINUTES:-25} * 60 )); export Q
+  export START=$(date +%s); DEADLINE=$(( START + ${MINUTES:-25} * 60 )); export Q SKIP=${SKIP:-}
   echo "queue $file, deadline $(date -d @"$DEADLINE" +%T)"
   export -f run_queue
   setsid nohup bash -c "run_queue '$file' $DEADLINE" > "$Q/queue.log" 2>&1 < /dev/null &

@@ -17,6 +17,7 @@ needs_setsid = pytest.mark.skipif(shutil.which("bash") is None or shutil.which("
                                   reason="needs bash and setsid")
 
 QUEUE = """# a comment, then a blank line
+done-before 1 echo "must not run" > "$JOB_OUT/ran.txt"
 
 first 5 sleep 4; echo "# first at $COMMIT" > "$JOB_OUT/first.md"; echo made
 too-long 99999 echo "must not run" > "$JOB_OUT/ran.txt"
@@ -27,7 +28,8 @@ second 5 cat "$Q/jobs/first/first.md" > "$JOB_OUT/seen.txt"; python -c "print('p
 
 def _env(tmp_path: Path) -> dict[str, str]:
     return {**os.environ, "OUT": str(tmp_path / "out"), "QUEUE_TREE": str(tmp_path / "queue-tree"),
-            "QUEUE_DIR": str(tmp_path / "queue"), "MINUTES": "2", "COMMIT": "abc1234"}
+            "QUEUE_DIR": str(tmp_path / "queue"), "MINUTES": "2", "COMMIT": "abc1234",
+            "SKIP": "done-before"}
 
 
 @needs_setsid
@@ -47,6 +49,7 @@ def test_queue_runs_in_order_skips_what_does_not_fit_and_collect_brings_it_back(
     log = res.stdout
     assert "first ended, exit status 0" in log and "second ended, exit status 7" in log and "[queue] done" in log
     assert "left too-long for the next window" in log and "bad line for 'broken'" in log
+    assert "skipped done-before (in SKIP)" in log
     assert log.index("first ended") < log.index("start second")
     out = tmp_path / "out"
     assert (out / "first.md").read_text() == "# first at abc1234\n"
@@ -56,7 +59,7 @@ def test_queue_runs_in_order_skips_what_does_not_fit_and_collect_brings_it_back(
         assert tgz.extractfile("jobs/second/seen.txt").read() == b"# first at abc1234\n"
         assert tgz.extractfile("logs/first.log").read() == b"made\n"
         assert tgz.extractfile("logs/second.log").read() == b"py\n"  # `python` is there, as the README says
-        assert not any(n.startswith("jobs/too-long/") for n in names)
+        assert not any(n.startswith(("jobs/too-long/", "jobs/done-before/")) for n in names)
 
 
 @needs_setsid

@@ -5,6 +5,7 @@
 # outlives the command that started it.
 #
 #   COMMIT=$(git rev-parse --short HEAD) OUT=$OUT MINUTES=25 bash scripts/gpu_queue.sh start scripts/queues/speed.queue
+#   (several queue files run as one queue, in the order given)
 #   OUT=$OUT bash scripts/gpu_queue.sh watch 540
 #   OUT=$OUT bash scripts/gpu_queue.sh collect 540
 #
@@ -50,18 +51,20 @@ run_queue() {  # the queue itself, under setsid: $1 the queue file (in the tree'
 }
 case "${1:-}" in
 start)
-  file=${2:?usage: $0 start QUEUE_FILE}
-  [ -f "$file" ] || { echo "no queue file '$file': give a file of '<name> <seconds> <command>' lines"; exit 2; }
+  shift; [ $# -gt 0 ] || { echo "usage: $0 start QUEUE_FILE [QUEUE_FILE ...]"; exit 2; }
+  for file in "$@"; do
+    [ -f "$file" ] || { echo "no queue file '$file': give a file of '<name> <seconds> <command>' lines"; exit 2; }
+  done
   export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 WANDB_MODE=offline COMMIT=${COMMIT:-unknown}
-  rm -rf "$Q" "$W"; mkdir -p "$Q/logs" "$Q/jobs" "$Q/bin"; cp -a . "$W"; cd "$W" || exit 1
+  rm -rf "$Q" "$W"; mkdir -p "$Q/logs" "$Q/jobs" "$Q/bin"; cat "$@" > "$Q/queue.txt"; cp -a . "$W"; cd "$W" || exit 1
   export PYTHONPATH="$W${PYTHONPATH:+:$PYTHONPATH}"
   # the jobs say `python`, as the README does: make that this machine's interpreter ($PY, python3 by default)
   printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v "${PY:-python3}")" > "$Q/bin/python" && chmod +x "$Q/bin/python"
   export PATH="$Q/bin:$PATH"
   export START=$(date +%s); DEADLINE=$(( START + ${MINUTES:-25} * 60 )); export Q SKIP=${SKIP:-}
-  echo "queue $file, deadline $(date -d @"$DEADLINE" +%T)"
+  echo "queue $*, deadline $(date -d @"$DEADLINE" +%T)"
   export -f run_queue
-  setsid nohup bash -c "run_queue '$file' $DEADLINE" > "$Q/queue.log" 2>&1 < /dev/null &
+  setsid nohup bash -c "run_queue '$Q/queue.txt' $DEADLINE" > "$Q/queue.log" 2>&1 < /dev/null &
   echo $! > "$Q/queue.pid"
   sleep 3; cat "$Q/queue.log"
   ;;
@@ -74,5 +77,5 @@ watch|collect)
   command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
   copy_back; [ "$1" = collect ] && ls -la "$OUT"
   ;;
-*) echo "usage: $0 start QUEUE_FILE | watch SECONDS | collect SECONDS"; exit 2 ;;
+*) echo "usage: $0 start QUEUE_FILE [QUEUE_FILE ...] | watch SECONDS | collect SECONDS"; exit 2 ;;
 esac

@@ -37,9 +37,11 @@ def test_queue_runs_in_order_skips_what_does_not_fit_and_collect_brings_it_back(
     tree = tmp_path / "tree"
     (tree / "scripts").mkdir(parents=True)
     shutil.copy(REPO / "scripts" / "gpu_queue.sh", tree / "scripts" / "gpu_queue.sh")
-    (tree / "jobs.queue").write_text(QUEUE)
+    lines = QUEUE.splitlines(keepends=True)
+    (tree / "a.queue").write_text("".join(lines[:4]))  # two files, run as one queue in the order given
+    (tree / "b.queue").write_text("".join(lines[4:]))
     env, script = _env(tmp_path), ["bash", "scripts/gpu_queue.sh"]
-    start = subprocess.run([*script, "start", "jobs.queue"], cwd=tree, env=env, capture_output=True, text=True,
+    start = subprocess.run([*script, "start", "a.queue", "b.queue"], cwd=tree, env=env, capture_output=True, text=True,
                            timeout=60)
     assert start.returncode == 0, start.stdout + start.stderr
     assert "deadline" in start.stdout and "start first" in start.stdout
@@ -69,13 +71,13 @@ def test_start_without_a_queue_file_says_what_to_give(tmp_path):
     assert res.returncode == 2 and "no queue file 'missing.queue'" in res.stdout
 
 
-def test_the_speed_queue_parses_and_fits_two_windows():
-    """Every line of the shipped speed queue is `<name> <seconds> <command>` and the whole queue asks for at most
-    two windows of 25 minutes."""
-    lines = [ln for ln in (REPO / "scripts" / "queues" / "speed.queue").read_text().splitlines()
+@pytest.mark.parametrize("queue", ["speed", "vit"])
+def test_the_shipped_queues_parse_and_fit_two_windows(queue):
+    """Every line of a shipped queue is `<name> <seconds> <command>` and the whole queue asks for at most two
+    windows of 25 minutes."""
+    lines = [ln for ln in (REPO / "scripts" / "queues" / f"{queue}.queue").read_text().splitlines()
              if ln.strip() and not ln.startswith("#")]
     names = [ln.split()[0] for ln in lines]
     secs = [int(ln.split()[1]) for ln in lines]
-    assert len(set(names)) == len(names) and all("python -m scfs.bench." in ln.split(maxsplit=2)[2]
-                                                 for ln in lines)
+    assert len(set(names)) == len(names) and all("python -m scfs." in ln.split(maxsplit=2)[2] for ln in lines)
     assert all(s <= 25 * 60 for s in secs) and sum(secs) <= 2 * 25 * 60

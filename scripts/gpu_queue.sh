@@ -18,7 +18,7 @@
 # SKIP='<name> <name>' leaves out the jobs an earlier window has done (their records committed).
 # `watch SECONDS` waits at most SECONDS while the queue runs, prints that log and copies back what there is;
 # `collect SECONDS` is the same, for the last command of a window. What comes back: $OUT/queue.tgz (every job's
-# folder without checkpoints, its log, the queue's log) and each job's *.md records beside it.
+# folder without checkpoints, its log, the queue's log) and the jobs' *.md records beside it, as <job>--<record>.md.
 set -uo pipefail
 W=${QUEUE_TREE:-/tmp/queue-tree}; Q=${QUEUE_DIR:-/tmp/queue}; OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -26,7 +26,13 @@ queue_alive() { [ -f "$Q/queue.pid" ] && kill -0 "$(cat "$Q/queue.pid")" 2>/dev/
 copy_back() {
   [ -d "$Q/jobs" ] || return 0
   (cd "$Q" && tar czf "$OUT/queue.tgz" --exclude='*.ckpt' --exclude='*.pt' queue.log jobs logs 2>/dev/null)
-  for f in "$Q"/jobs/*/*.md; do [ -f "$f" ] && cp "$f" "$OUT/"; done
+  # the records beside it, named by their job (two jobs may write the same record name); a call brings back at
+  # most 8 files, the archive one of them
+  local n=0 f job
+  for f in "$Q"/jobs/*/*.md; do
+    [ -f "$f" ] && [ $n -lt 7 ] || continue
+    job=$(basename "$(dirname "$f")"); cp "$f" "$OUT/$job--$(basename "$f")"; n=$((n + 1))
+  done
   return 0
 }
 run_queue() {  # the queue itself, under setsid: $1 the queue file (in the tree's copy), $2 the deadline (epoch s)

@@ -54,7 +54,7 @@ def test_queue_runs_in_order_skips_what_does_not_fit_and_collect_brings_it_back(
     assert "skipped done-before (in SKIP)" in log
     assert log.index("first ended") < log.index("start second")
     out = tmp_path / "out"
-    assert (out / "first.md").read_text() == "# first at abc1234\n"
+    assert (out / "first--first.md").read_text() == "# first at abc1234\n"
     with tarfile.open(out / "queue.tgz") as tgz:
         names = tgz.getnames()
         assert "queue.log" in names and "logs/first.log" in names, names

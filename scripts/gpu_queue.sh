@@ -62,11 +62,9 @@ start)
     [ -f "$file" ] || { echo "no queue file '$file': give a file of '<name> <seconds> <command>' lines"; exit 2; }
   done
   export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 WANDB_MODE=offline COMMIT=${COMMIT:-unknown}
-  rm -rf "$Q" "$W"; mkdir -p "$Q/logs" "$Q/jobs" "$Q/bin"; cat "$@" > "$Q/queue.txt"; cp -a . "$W"; cd "$W" || exit 1
+  rm -rf "$Q" "$W"; mkdir -p "$Q/logs" "$Q/jobs"; cat "$@" > "$Q/queue.txt"; cp -a . "$W"; cd "$W" || exit 1
   export PYTHONPATH="$W${PYTHONPATH:+:$PYTHONPATH}"
-  # the jobs say `python`, as the README does: make that this machine's interpreter ($PY, python3 by default)
-  printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v "${PY:-python3}")" > "$Q/bin/python" && chmod +x "$Q/bin/python"
-  export PATH="$Q/bin:$PATH"
+  . scripts/python_shim.sh; python_shim "$Q/bin"   # the jobs say `python`, as the README does
   export START=$(date +%s); DEADLINE=$(( START + ${MINUTES:-25} * 60 )); export Q SKIP=${SKIP:-}
   echo "queue $*, deadline $(date -d @"$DEADLINE" +%T)"
   export -f run_queue

@@ -21,10 +21,7 @@ STAMP=$(date +%F); T0=$(date +%s)
 NGPU=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l)
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
 ROWS="$OUT/rows.tsv"; : > "$ROWS"
-# the README says `python`: make that the interpreter of this machine, for `timeout` too (it execs a binary)
-# (a wrapper, not a link: a venv's interpreter linked from elsewhere loses its venv)
-mkdir -p /tmp/smoke-bin && printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v "$PY")" > /tmp/smoke-bin/python \
-  && chmod +x /tmp/smoke-bin/python && export PATH="/tmp/smoke-bin:$PATH"
+. "$(dirname "$0")/python_shim.sh"; python_shim /tmp/smoke-bin   # the README says `python`
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 SHORT="trainer.max_epochs=1 +trainer.limit_train_batches=4"   # a few steps of every training command
 STUDY=smoke/study-$COMMIT   # the multirun folder of the study rows: runs/multirun/<date>/<time> in the README

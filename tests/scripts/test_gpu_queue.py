@@ -36,7 +36,8 @@ def _env(tmp_path: Path) -> dict[str, str]:
 def test_queue_runs_in_order_skips_what_does_not_fit_and_collect_brings_it_back(tmp_path):
     tree = tmp_path / "tree"
     (tree / "scripts").mkdir(parents=True)
-    shutil.copy(REPO / "scripts" / "gpu_queue.sh", tree / "scripts" / "gpu_queue.sh")
+    for name in ("gpu_queue.sh", "python_shim.sh"):
+        shutil.copy(REPO / "scripts" / name, tree / "scripts" / name)
     lines = QUEUE.splitlines(keepends=True)
     (tree / "a.queue").write_text("".join(lines[:4]))  # two files, run as one queue in the order given
     (tree / "b.queue").write_text("".join(lines[4:]))

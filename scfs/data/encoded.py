@@ -46,6 +46,11 @@ class EncodedFile(NamedTuple):
     data: torch.Tensor
     path: str
 
+    def image(self) -> torch.Tensor:
+        """The uint8 (3,H,W) image on the host, the JPEG decoded as the device path decodes it: for code that
+        looks at a sample outside the training step (the end-of-run figure, notebooks)."""
+        return decode_jpeg_rgb(self.data) if self.data.ndim == 1 else self.data
+
 
 class EncodedImages:
     """A batch of `EncodedFile`s packed into one flat uint8 tensor (one shared-memory transfer from a worker,

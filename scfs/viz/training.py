@@ -17,6 +17,13 @@ log = logging.getLogger("scfs.viz")
 FIGURE_NAME = "searched_regions.png"
 
 
+def _pixels(sample: Any) -> Any:
+    """A dataset sample's image as pixels: with `data.decode=gpu` the training split yields encoded files."""
+    from scfs.data.encoded import EncodedFile
+
+    return sample.image() if isinstance(sample, EncodedFile) else sample
+
+
 def _raw_images(dm: Any, n: int, size: int) -> tuple[np.ndarray, np.ndarray | None]:
     """`n` images as (n, size, size, 3) uint8 global views, and their instance masks when the data has them.
 
@@ -44,7 +51,7 @@ def _raw_images(dm: Any, n: int, size: int) -> tuple[np.ndarray, np.ndarray | No
     transform, ds.transform = ds.transform, None
     try:
         step = max(1, len(ds) // n)
-        images = [prepare_image(ds[i * step][0], size) for i in range(min(n, len(ds)))]
+        images = [prepare_image(_pixels(ds[i * step][0]), size) for i in range(min(n, len(ds)))]
     finally:
         ds.transform = transform
     return np.stack(images), None

@@ -2,6 +2,8 @@
 
 import logging
 
+import pytest
+
 from helpers import compose_cfg
 
 from scfs.train import build
@@ -46,15 +48,17 @@ def test_failures_are_logged_not_raised(shapes_root, tmp_path, caplog):
     assert "searched-regions figure skipped" in caplog.text
 
 
-def test_figure_on_an_image_folder(tmp_path):
+@pytest.mark.parametrize("decode", ["cpu", "gpu"])
+def test_figure_on_an_image_folder(tmp_path, decode):
+    """With `data.decode=gpu` the training split yields encoded JPEG bytes: the figure decodes them itself."""
     from PIL import Image
 
     for split in ("train", "val"):
         for cls in ("a", "b"):
             (tmp_path / "data" / split / cls).mkdir(parents=True)
             for i in range(8):
-                Image.new("RGB", (40 + i, 36), (30 * i, 100, 200)).save(tmp_path / "data" / split / cls / f"{i}.png")
-    dm, model = build(compose_cfg(["data=folder", "batch_size=4"],
+                Image.new("RGB", (40 + i, 36), (30 * i, 100, 200)).save(tmp_path / "data" / split / cls / f"{i}.jpg")
+    dm, model = build(compose_cfg(["data=folder", "batch_size=4", f"data.decode={decode}"],
                                   data_root=tmp_path / "data"))
     dm.setup()
     assert save_training_figure(model, dm, tmp_path / "run", None) == str(tmp_path / "run" / "searched_regions.png")

@@ -12,6 +12,9 @@
 # in step. Independent commands run side by side (the GPU and 16 cores have room), so the wall time is the
 # longest chain, not the sum. On a machine with 2+ GPUs it adds a DDP CIFAR run next to one GPU at the same
 # global batch.
+# A row that ran out of GPU memory side by side (the GPU shared with other work, a study say) runs again alone
+# once both waves are done, with the rows of wave 2 that failed after it (they may have lacked its checkpoint);
+# its row says so. A command that exits 0 but logs a failure it swallowed (the end-of-run figure) fails its row.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 OMP_NUM_THREADS=2 WANDB_MODE=offline
 OUT=${OUT:-/tmp/gpu-smoke}; mkdir -p "$OUT/logs"
@@ -20,7 +23,7 @@ COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 STAMP=$(date +%F); T0=$(date +%s)
 NGPU=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l)
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
-ROWS="$OUT/rows.tsv"; : > "$ROWS"
+ROWS="$OUT/rows.tsv"; : > "$ROWS"; rm -rf "$OUT/args"; mkdir -p "$OUT/args"
 . "$(dirname "$0")/python_shim.sh"; python_shim /tmp/smoke-bin   # the README says `python`
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 SHORT="trainer.max_epochs=1 +trainer.limit_train_batches=4"   # a few steps of every training command
@@ -28,24 +31,72 @@ STUDY=smoke/study-$COMMIT   # the multirun folder of the study rows: runs/multir
 
 in_readme() { [ -z "$1" ] || grep -qF -- "$1" README.md; }
 
-# run ID 'README COMMAND' EXTRA...: the README's command, its placeholders (<ckpt>, <scfs ckpt>, <dino ckpt>)
-# filled in from the runs of wave 1, then EXTRA (the overrides that make it short); logged, timed, one row.
-# An empty README COMMAND marks a step that is not a README command (the notebook); EXTRA is then the command.
+# run ID 'README COMMAND' EXTRA...: the README's command, its placeholders (<ckpt>, <scfs ckpt>, <dino ckpt>; in
+# EXTRA too) filled in from the runs of wave 1 (<ckpt>: the run named by $CKRUN, smoke-scfs by default), then
+# EXTRA (the overrides that make it short); logged, timed, one row. An empty README COMMAND marks a step that is
+# not a README command (the notebook); EXTRA is then the command. Each row's arguments are kept in $OUT/args (in
+# the order the rows were started) so that `retry_alone` can run it again.
+TAB=$'\t'
+SWALLOWED='searched-regions figure skipped'   # failures a command logs but does not exit on
+note_args() {  # ID README EXTRA: once per row, keyed by when it was first named
+  ls "$OUT/args"/*-"$1" > /dev/null 2>&1 || printf '%s\n%s\n%s\n%s\n' "$2" "$3" "${CKRUN:-}" "${WAVE:-1}" \
+    > "$OUT/args/$(date +%s%N)-$1"
+}
 run() {
   local id=$1 readme=$2; shift 2
   local extra="$*" t rc why=""
+  [ -n "${RETRY:-}" ] || note_args "$id" "$readme" "$extra"
   t=$(date +%s)
   if ! in_readme "$readme"; then
     printf '%s\tFAIL\t0\t%s\t%s\tnot in README.md\n' "$id" "$readme" "$extra" >> "$ROWS"; return 1
   fi
-  local cmd=${readme//<scfs ckpt>/${CK:-}}; cmd=${cmd//<dino ckpt>/${DK:-}}; cmd=${cmd//<ckpt>/${CK:-}}
+  local cmd="$readme $extra" ck="" dk=""
+  case $cmd in *"<ckpt>"*|*"<scfs ckpt>"*) ck=$(last_ckpt "${CKRUN:-smoke-scfs}");; esac
+  case $cmd in *"<dino ckpt>"*) dk=$(last_ckpt smoke-dino);; esac
+  cmd=${cmd//<scfs ckpt>/$ck}; cmd=${cmd//<dino ckpt>/$dk}; cmd=${cmd//<ckpt>/$ck}
   cmd=${cmd//<date>\/<time>/$STUDY}
-  eval "timeout ${LIMIT:-330} $cmd $extra" > "$OUT/logs/$id.log" 2>&1; rc=$?
-  [ $rc -ne 0 ] && why=$(grep -v '^\s*$' "$OUT/logs/$id.log" | tail -n 1 | cut -c1-160 | tr '\t|' '  ')
+  eval "timeout ${LIMIT:-330} $cmd" > "$OUT/logs/$id.log" 2>&1; rc=$?
+  if [ $rc -eq 0 ] && grep -q "$SWALLOWED" "$OUT/logs/$id.log"; then
+    rc=1; why=$(grep -m 1 "$SWALLOWED" "$OUT/logs/$id.log" | sed 's/.*\('"$SWALLOWED"'\)/\1/')
+  elif [ $rc -ne 0 ]; then
+    why=$(grep -v '^\s*$' "$OUT/logs/$id.log" | tail -n 1)
+  fi
   [ $rc -eq 124 ] && why="timed out after ${LIMIT:-330} s"
+  [ -n "${RETRY:-}" ] && why="run again alone after: ${RETRY}${why:+; now: $why}"
+  why=$(printf '%s' "$why" | cut -c1-200 | tr '\t|' '  ')
   printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$id" "$([ $rc -eq 0 ] && echo PASS || echo FAIL)" "$(( $(date +%s) - t ))" \
     "$readme" "$extra" "$why" >> "$ROWS"
   return $rc
+}
+# The rows that ran out of GPU memory side by side, one after the other on the GPU alone, and once any row of
+# wave 1 ran again, every row of wave 2 that failed or did not run; a row that never ran (its chain stopped
+# before it) gets a FAIL row when nothing runs it again.
+retry_alone() {
+  local f id wave again="" redo2=0 first
+  for f in $(ls "$OUT/args" | sort); do
+    id=${f#*-}
+    grep -q "^$id${TAB}FAIL" "$ROWS" && grep -qi "out of memory" "$OUT/logs/$id.log" 2>/dev/null || continue
+    again="$again $f"; [ "$(sed -n 4p "$OUT/args/$f")" = 1 ] && redo2=1
+  done
+  for f in $(ls "$OUT/args" | sort); do
+    id=${f#*-}; wave=$(sed -n 4p "$OUT/args/$f")
+    [[ " $again " == *" $f "* ]] && continue
+    if ! grep -q "^$id$TAB" "$ROWS"; then
+      [ $redo2 = 1 ] && again="$again $f" \
+        || printf '%s\tFAIL\t0\t%s\t%s\tdid not run: the step before it failed\n' "$id" "$(sed -n 1p "$OUT/args/$f")" \
+           "$(sed -n 2p "$OUT/args/$f")" >> "$ROWS"
+    elif [ $redo2 = 1 ] && [ "$wave" = 2 ] && grep -q "^$id${TAB}FAIL" "$ROWS"; then
+      again="$again $f"
+    fi
+  done
+  for f in $(printf '%s\n' $again | sort); do
+    id=${f#*-}
+    first=$(grep "^$id$TAB" "$ROWS" | cut -f6); [ -n "$first" ] || first="did not run side by side"
+    grep -qi "out of memory" "$OUT/logs/$id.log" 2>/dev/null && first="CUDA out of memory side by side"
+    [ -f "$OUT/logs/$id.log" ] && mv "$OUT/logs/$id.log" "$OUT/logs/$id.side-by-side.log"
+    grep -v "^$id$TAB" "$ROWS" > "$ROWS.tmp"; mv "$ROWS.tmp" "$ROWS"
+    RETRY=$first CKRUN=$(sed -n 3p "$OUT/args/$f") run "$id" "$(sed -n 1p "$OUT/args/$f")" "$(sed -n 2p "$OUT/args/$f")"
+  done
 }
 last_ckpt() { find runs/"$1" -name last.ckpt -path '*/checkpoints/*' -printf '%T@ %p\n' 2>/dev/null | sort -n | tail -n 1 | cut -d' ' -f2; }
 
@@ -80,9 +131,10 @@ done
 run search-centred "$C search.centre=true" "$SHORT name=smoke-search-centred eval.knn_at_start=false" &
 run imagenet "python -m scfs.train +experiment=imagenet" \
   "data.root=data/imagenet-smoke global_batch_size=32 num_workers=4 $E $SHORT name=smoke-imagenet" &
-( run resume-stop "$C" "$E $SHORT name=smoke-resume eval.knn_at_start=false" &&
-  run resume-auto "python -m scfs.train resume=auto" \
-    "+experiment=cifar10 $E name=smoke-resume trainer.max_epochs=2 +trainer.limit_train_batches=4 eval.knn_at_start=false" ) &
+RA="python -m scfs.train resume=auto"
+RX="+experiment=cifar10 $E name=smoke-resume trainer.max_epochs=2 +trainer.limit_train_batches=4 eval.knn_at_start=false"
+( run resume-stop "$C" "$E $SHORT name=smoke-resume eval.knn_at_start=false" && run resume-auto "$RA" "$RX" \
+  || note_args resume-auto "$RA" "$RX" ) &
 # the seeds study through the local-GPU launcher, cut to seed 0 (SCFS and DINO side by side on GPU 0)
 rm -rf "runs/multirun/$STUDY"
 run study-local-gpus "python -m scfs.train -m +study=cifar10_seeds hydra/launcher=local_gpus hydra.launcher.per_gpu=3" \
@@ -112,7 +164,7 @@ wait
 echo "wave 1 done after $(( $(date +%s) - T0 )) s"
 
 # --- wave 2: the evaluation CLIs and notebook 02 on the checkpoints of wave 1
-CK=$(last_ckpt smoke-scfs); DK=$(last_ckpt smoke-dino)
+export WAVE=2
 run knn "python -m scfs.eval.knn ckpt=<ckpt>" "" &
 run study-table "python -m scfs.eval.compare runs/multirun/<date>/<time>" "" &
 run linear-fast "python -m scfs.eval.linear ckpt=<ckpt> fast=true" "probe.epochs=2" &
@@ -120,12 +172,13 @@ run linear-full "python -m scfs.eval.linear ckpt=<ckpt>" "probe.epochs=1" &
 run detect "python -m scfs.eval.detect ckpt=<ckpt>" "schedule.max_iters=20" &
 run precision "python -m scfs.eval.precision SCFS=<scfs ckpt> DINO=<dino ckpt> random" "--limit 40" &
 run precision-centred "python -m scfs.eval.precision SCFS=<scfs ckpt> DINO=<dino ckpt> random --centre" "--limit 40" &
-run notebook-02 "" "env SCFS_NB_SMALL=1 SCFS_NB_STATIC=1 CKPT=$CK $PY scripts/run_notebook_cells.py notebooks/02_searched_regions.ipynb" &
-VK=$(last_ckpt smoke-vit)
-CK=$VK run attention "python -m scfs.workbench.docs_figures attention <ckpt> --folder data/imagenet-samples" \
+run notebook-02 "" "env SCFS_NB_SMALL=1 SCFS_NB_STATIC=1 CKPT=<ckpt> $PY scripts/run_notebook_cells.py notebooks/02_searched_regions.ipynb" &
+CKRUN=smoke-vit run attention "python -m scfs.workbench.docs_figures attention <ckpt> --folder data/imagenet-samples" \
   "--size 32 --out $OUT/attention.png" &
-CK=$VK run knn-vit "python -m scfs.eval.knn ckpt=<ckpt>" "" &
+CKRUN=smoke-vit run knn-vit "python -m scfs.eval.knn ckpt=<ckpt>" "" &
 wait
+unset WAVE
+retry_alone
 WALL=$(( $(date +%s) - T0 ))
 
 # --- the record: one PASS/FAIL table, last
@@ -139,7 +192,7 @@ $($PY -c 'import lightning; print(lightning.__version__)'). Made by \`COMMIT=$CO
   echo "each README command as written there, then only the overrides that cut it to a few steps."
   [ "$NGPU" -lt 2 ] && echo "$NGPU GPU(s): the 2-GPU DDP rows did not run."
   echo
-  echo "| step | result | s | README command | + overrides | why it failed |"
+  echo "| step | result | s | README command | + overrides | why it failed, or ran again |"
   echo "|---|---|---|---|---|---|"
   sort "$ROWS" | awk -F'\t' '{printf "| %s | %s | %s | `%s` | `%s` | %s |\n", $1, $2, $3, $4, $5, $6}'
 } > "$OUT/gpu-smoke.md"

@@ -493,7 +493,10 @@ def add_reference(rows: list[dict], suite: str, compare: dict | None) -> None:
 
 def markdown(result: dict) -> str:
     m = result["meta"]
-    lines = [f"# Training-step benchmark ({m['suite']}): {m['gpu']}, {m['date']}", "",
+    lines = [f"# Training-step benchmark ({m['suite']}): {m['gpu']}, {m['date']}", ""]
+    if m.get("commit") or m.get("command"):
+        lines += [f"Commit `{m.get('commit', 'unknown')}`; `{m.get('command', '')}`.", ""]
+    lines += [
              f"torch {m['torch']}, lightning {m['lightning']}; {m['processes']} process(es); data {m['data']}; "
              f"{m['warmup']} warm-up + {m['steps']} timed steps; median step (CUDA events on GPU, wall clock on "
              "CPU). Published = the published implementation, measured separately (../shared/MEASUREMENTS.md)"

@@ -145,13 +145,14 @@ def test_markdown_names_host_time_and_provenance() -> None:
 
     meta = {"suite": "resnet50", "gpu": "NVIDIA H200", "date": "2026-11-30", "torch": "2", "lightning": "2",
             "processes": 1, "data": "synthetic", "warmup": 1, "steps": 2, "made_by": "bash scripts/x.sh",
-            "note": "B=64 not measured"}
+            "note": "B=64 not measured", "commit": "abc1234", "command": "python -m scfs.bench.step --batch 32"}
     prof = {"aten_ops_per_step": 10, "kernel_launches_per_step": 5, "top": [], "gpu_busy_ms_per_step": 1.0,
             "host_top": [{"op": "cudaGraphLaunch", "count_per_step": 28.0, "self_cpu_ms_per_step": 8.31}]}
     md = markdown({"meta": meta, "rows": [{"method": "scfs", "B": 32, "setting": "bf16_cl_graphs", "step_ms": 2.0,
                                            "img_per_s": 16000.0, "profile": prof}]})
     assert "- scfs B=32 bf16_cl_graphs: cudaGraphLaunch 8.3 ms (28x)" in md
     assert "Made by: bash scripts/x.sh" in md and "Note: B=64 not measured" in md
+    assert "Commit `abc1234`; `python -m scfs.bench.step --batch 32`." in md
 
 
 def test_speed_targets_are_marked_met_or_missed_by_how_much():

@@ -308,7 +308,10 @@ def backbone_ceiling(cfg: Any, args: argparse.Namespace) -> dict[str, Any]:
     """The backbone-bound limit of the step at this batch: only the two backbones' work of one SCFS/DINO step,
     nothing else (no heads, losses, search, EMA or view making). The student runs forward and backward on the
     2 global + n local views (each size one batch, as the method's student does), the teacher forward on the 2
-    global views, one SGD step, in the row's precision and memory format. No real step can beat it, so
+    global views, one SGD step, in the row's precision, memory format and compilation (compiled rows: the
+    student's and the teacher's passes each one `torch.compile` graph in the row's mode, as the method compiles its
+    student and teacher calls; an eager ceiling is itself host-bound and a compiled step beats it). No real step
+    of that shape can beat it, so
     `step / ceiling` says how much of the step is left outside the backbones. Timed like `measure`: median of CUDA
     event gaps after the warm-up (`time_steps`). A ViT goes the same way, views of both sizes through its patch
     embedding and blocks to the CLS token (position embeddings interpolated per view size, drop path as
@@ -334,7 +337,8 @@ def backbone_ceiling(cfg: Any, args: argparse.Namespace) -> dict[str, Any]:
 
     glob, loc = views(int(crops.global_size), 2), views(int(crops.local_size), int(crops.n_local))
     opt = torch.optim.SGD(student.parameters(), lr=1e-3, momentum=0.9)
-    step = _backbones_step(student, teacher, opt, glob, loc, "bf16" in str(cfg.trainer.precision))
+    mode = str(cfg.get("compile_mode", "default")) if cfg.get("compile") else None
+    step = _backbones_step(student, teacher, opt, glob, loc, "bf16" in str(cfg.trainer.precision), mode)
     clock, _ = time_steps(step, args.warmup, args.steps, cuda)
     ms = statistics.median(clock.step_ms(args.warmup))
     del step, student, teacher, opt
@@ -343,16 +347,32 @@ def backbone_ceiling(cfg: Any, args: argparse.Namespace) -> dict[str, Any]:
     return {"ceiling_step_ms": ms, "ceiling_img_per_s": b / (ms / 1e3)}
 
 
-def _backbones_step(student: Any, teacher: Any, opt: Any, glob: Any, loc: Any, bf16: bool) -> Callable[[int], None]:
+def _backbones_step(student: Any, teacher: Any, opt: Any, glob: Any, loc: Any, bf16: bool,
+                    compile_mode: str | None = None) -> Callable[[int], None]:
     """`backbone_ceiling`'s step: the teacher on the global views without grad, the student forward and backward on
-    the global and local views, one optimizer step."""
+    the global and local views, one optimizer step. `compile_mode` (None: eager) compiles the student's pass and
+    the teacher's, one graph each ("default" or a `torch.compile` mode)."""
     import torch
 
+    def student_pass(glob: torch.Tensor, loc: torch.Tensor) -> torch.Tensor:
+        loss = student.pooled(glob).float().mean()
+        return loss + student.pooled(loc).float().mean() if loc.numel() else loss
+
+    def teacher_pass(glob: torch.Tensor) -> torch.Tensor:
+        return teacher.pooled(glob)
+
+    graphs = compile_mode == "reduce-overhead" and glob.device.type == "cuda"
+    if compile_mode is not None:
+        kw: dict[str, Any] = {"dynamic": False} | ({"mode": compile_mode} if compile_mode != "default" else {})
+        student_pass, teacher_pass = torch.compile(student_pass, **kw), torch.compile(teacher_pass, **kw)
+
     def step(i: int) -> None:
+        if graphs:
+            torch.compiler.cudagraph_mark_step_begin()
         with torch.autocast(glob.device.type, dtype=torch.bfloat16, enabled=bf16):
             with torch.no_grad():
-                teacher.pooled(glob)
-            loss = student.pooled(glob).float().mean() + (student.pooled(loc).float().mean() if loc.numel() else 0.0)
+                teacher_pass(glob)
+            loss = student_pass(glob, loc)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -502,8 +522,8 @@ def markdown(result: dict) -> str:
              "CPU). Published = the published implementation, measured separately (../shared/MEASUREMENTS.md)"
              + ("; it has no ViT, so there is none for this suite (\"-\"). " if m["suite"] == "vit" else ". ")
              + "Backbone-bound = the two backbones' work of the step alone (student forward + backward on every view, "
-             "teacher forward on the global views, one SGD step; same batch, precision and memory format, "
-             "eager): the ceiling of the step, and `of it` our share of that ceiling."
+             "teacher forward on the global views, one SGD step; same batch, precision, memory format and "
+             "compilation): the ceiling of the step, and `of it` our share of that ceiling."
              + (f" Host: {m['host_us_per_op']:.1f} us to dispatch one tiny op (the yardstick for host-bound steps)."
                 if m.get("host_us_per_op") else "")
              + (f" Overrides on every row: `{' '.join(m['overrides'])}`." if m.get("overrides") else ""), "",
@@ -664,7 +684,7 @@ def run(args: argparse.Namespace) -> dict:
             if args.strict:
                 raise
         if args.ceiling and "error" not in row:
-            key = (b, SETTINGS[setting][:2])  # precision and memory format: compile cannot beat the backbones' work
+            key = (b, SETTINGS[setting])  # precision, memory format and compilation, as the row's
             if key not in ceilings:
                 try:
                     ceilings[key] = backbone_ceiling(compose(suite, method, b, setting, args, variant), args)

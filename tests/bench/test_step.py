@@ -220,6 +220,31 @@ def _dynamo_without_inductor(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return modes
 
 
+def test_a_compiled_row_gets_a_compiled_ceiling(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ceiling of a compiled row compiles the backbones' passes in the row's mode (an eager ceiling is itself
+    host-bound, and the compiled step beat it: 102 % of it on the H200); an eager row keeps an eager ceiling, so
+    the two settings get two ceilings."""
+    torch.set_num_threads(1)
+    _dynamo_without_inductor(monkeypatch)
+    compiled: list[tuple[str, str]] = []
+    traced = torch.compile
+
+    def recording(fn: object, **kw: object) -> object:
+        compiled.append((getattr(fn, "__name__", ""), str(kw.get("mode"))))
+        return traced(fn, **kw)
+
+    monkeypatch.setattr(torch, "compile", recording)
+    assert main(["--device", "cpu", "--tiny", "--warmup", "1", "--steps", "1", "--strict", "--method", "scfs",
+                 "--setting", "bf16_graphs", "--setting", "bf16", "--out", str(tmp_path)]) == 0
+    assert [c for c in compiled if c[0].endswith("_pass")] == [("student_pass", "reduce-overhead"),
+                                                               ("teacher_pass", "reduce-overhead")]
+    (js,) = tmp_path.glob("step-cpu-*-tiny.json")
+    rows = json.loads(js.read_text())["rows"]
+    assert [r["setting"] for r in rows] == ["bf16_graphs", "bf16"]
+    assert all(r["ceiling_img_per_s"] > 0 for r in rows)
+    assert rows[0]["ceiling_step_ms"] != rows[1]["ceiling_step_ms"]  # measured twice, not shared
+
+
 @pytest.mark.parametrize("backend", ["dynamo", pytest.param("inductor", marks=pytest.mark.slow)])
 def test_vit_suite_tiny_cpu_runs_default_and_eager(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                     capsys: pytest.CaptureFixture, backend: str) -> None:

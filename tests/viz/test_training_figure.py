@@ -3,7 +3,6 @@
 import logging
 
 import pytest
-
 from helpers import compose_cfg
 
 from scfs.train import build

@@ -12,7 +12,8 @@ The runs are the jobs of the Hydra study configs `conf/study/cifar10_{seeds,abla
 `run` skips every run already in a committed record (`benchmarks/results/cifar10-quality-*.json`), starts the
 others in plan order, at most `--parallel` at a time, and only when they are predicted to finish (training, linear
 probe) before `--deadline`; the prediction assumes one more run adds half of one run's rate to the aggregate epochs
-per second measured now (a run predicted to miss is not started; one cut by the deadline is not recorded).
+per second measured now, scaled by the run's method (`method_pace`: DINO's epochs are shorter than SCFS's); a run
+predicted to miss is not started; one cut by the deadline is not recorded.
 `--ramp` adds the runs one at a time and measures the aggregate epochs per minute at 1, 2, ... runs side by side
 (the record's `concurrency`; `<out>/ramp.done` marks its end, for work that should not disturb it). Each run's row
 lands in `<out>/cifar10-quality-<date>-<commit>.json` (+ `.md`) the moment its linear probe ends. `--slim KEY ...`
@@ -115,6 +116,29 @@ def linear_prior(rows: dict[str, dict]) -> float:
     the current one: rows from before the timing carry none), else LINEAR_S."""
     timed = [float(r["linear_s"]) for r in rows.values() if r.get("linear_s")]
     return max(timed) if timed else LINEAR_S
+
+
+def method_pace(rows: dict[str, dict]) -> dict[str, tuple[float, float]]:
+    """Per method, from committed rows that timed their first epoch: its epoch time as a fraction of SCFS's at the
+    same count of runs side by side (the median over its rows) and its slowest first epoch (the compile). The
+    measured rates are SCFS's pace; a DINO epoch takes about 0.85 of it and its compile half, so a plan that timed
+    every run as SCFS would leave a DINO run out of a window it fits."""
+    def epoch_s(r: dict) -> float | None:
+        ok = r.get("first_epoch_s") and r.get("wall_s") and int(r.get("epochs", 0)) > 1
+        return (float(r["wall_s"]) - float(r["first_epoch_s"])) / (int(r["epochs"]) - 1) if ok else None
+
+    timed = [(r, epoch_s(r)) for r in rows.values() if epoch_s(r)]
+    ref: dict[int, list[float]] = {}
+    for r, e in timed:
+        if r["method"] == "scfs":
+            ref.setdefault(int(r.get("side_by_side", 1)), []).append(e)
+    pace: dict[str, tuple[float, float]] = {}
+    for m in sorted({r["method"] for r, _ in timed}):
+        ratios = [e / statistics.mean(ref[n]) for r, e in timed
+                  if r["method"] == m and (n := int(r.get("side_by_side", 1))) in ref]
+        if ratios:
+            pace[m] = (statistics.median(ratios), max(float(r["first_epoch_s"]) for r, _ in timed if r["method"] == m))
+    return pace
 
 
 def committed_stages(pattern: str) -> dict[int, float]:
@@ -283,14 +307,20 @@ def main_run(a: argparse.Namespace) -> int:
         alone_s = (60.0 / alone[0]["aggregate_epochs_per_min"] if alone
                    else 60.0 / prior[1] if 1 in prior else SECONDS_PER_EPOCH_ALONE)
         per_run_s = (n + 1) / (agg * (1 + MARGINAL_GAIN / n)) if agg else alone_s
-        need_new = compile_s + run.epochs * per_run_s + probe_s
-        need_old = max((j.remaining() * per_run_s + probe_s for j in training()), default=0.0)
+        factor, compile_run = pace.get(run.method, (1.0, compile_s))
+        need_new = compile_run + run.epochs * per_run_s * factor + probe_s
+        need_old = max((j.remaining() * per_run_s * pace.get(j.run.method, (1.0, 0.0))[0] + probe_s
+                        for j in training()), default=0.0)
         return now + max(need_new, need_old) < a.deadline
 
     # counts measured in committed windows are not ramped again: their runs start together, compiles overlapping
     prior = committed_stages(a.committed)
     compile_s = max([COMPILE_S] + [r["first_epoch_s"] for r in done_rows.values() if r.get("first_epoch_s")])
     probe_s = linear_prior(done_rows)  # replaced by this window's slowest probe once one has ended
+    pace = method_pace(done_rows)
+    if pace:
+        print("[study] pace by method (epoch time against SCFS's, compile s): "
+              + ", ".join(f"{m} {f:.2f}, {c:.0f}" for m, (f, c) in pace.items()), flush=True)
     measured: set[int] = set(prior) if a.ramp else set()
     ramp_open = a.ramp and not all(k in prior for k in range(1, a.parallel + 1))
     if prior and a.ramp:

@@ -129,6 +129,30 @@ def test_a_shorter_run_later_in_the_order_uses_the_minutes_a_longer_one_cannot(s
     assert f"{long_run.key} would not finish before the deadline" in capsys.readouterr().out
 
 
+def test_a_dino_run_is_planned_at_dino_pace(study, tmp_path: Path, capsys, monkeypatch) -> None:
+    """Committed rows time SCFS's epochs and DINO's (here DINO at a tenth of SCFS's, compiling in half the time):
+    a DINO run that fits the window at its own pace starts, the SCFS run of the same length that would not fit is
+    left out."""
+    committed = tmp_path / "committed-cifar10-quality-x.json"
+    rows = [{"method": "scfs", "variant": "soft", "seed": 0, "epochs": 10, "wall_s": 1.0 + 9 * 10.0,
+             "first_epoch_s": 1.0, "side_by_side": 1},
+            {"method": "dino", "variant": "dino", "seed": 0, "epochs": 10, "wall_s": 0.5 + 9 * 1.0,
+             "first_epoch_s": 0.5, "side_by_side": 1}]
+    rows = [{**r, "knn_top1_k20": 50.0, "knn_top1_k200": 49.0, "linear_top1": 60.0} for r in rows]
+    committed.write_text(json.dumps({"runs": rows}))
+    assert study.method_pace(study.committed(str(committed))) == {"dino": (0.1, 0.5), "scfs": (1.0, 1.0)}
+    scfs_run, dino_run = study.Run("scfs", "soft", 0, 3), study.Run("dino", "dino", 0, 3)
+    monkeypatch.setattr(study, "plan", lambda *a, **k: [scfs_run, dino_run])
+    study.SECONDS_PER_EPOCH_ALONE = 10.0  # SCFS: 1 + 3 x 10 + 1 s > the 15 s left; DINO: 0.5 + 3 x 1 + 1 s
+    out = tmp_path / "out"
+    rc = study.main(["run", "--out", str(out), "--runs", str(tmp_path / "runs"), "--parallel", "1",
+                     "--deadline", str(time.time() + 15), "--committed", str(committed)])
+    assert rc == 0
+    rec = json.loads(next(out.glob("cifar10-quality-*.json")).read_text())
+    assert [r["method"] for r in rec["runs"]] == ["dino"]
+    assert f"{scfs_run.key} would not finish before the deadline" in capsys.readouterr().out
+
+
 def test_the_probe_prior_is_the_slowest_timed_probe_of_committed_rows(study) -> None:
     """Rows recorded before probes were timed carry no `linear_s` and do not set the prior; timed rows do."""
     assert study.linear_prior({}) == study.LINEAR_S

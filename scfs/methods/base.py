@@ -82,6 +82,10 @@ class SelfDistillation(L.LightningModule):
         self.teacher = without_stochastic_regularisation_(copy.deepcopy(self.student))
         for p in self.teacher.parameters():
             p.requires_grad_(False)
+        if self.channels_last:  # the weights in the views' layout: else every conv call converts its weight and,
+            # in the backward, its gradient (one more kernel and its host dispatch each, on a host-bound step)
+            self.student.to(memory_format=torch.channels_last)
+            self.teacher.to(memory_format=torch.channels_last)
         self.build_losses()
         self.n_local = n_local
         self.seed = seed

@@ -1,0 +1,59 @@
+"""`backbone.channels_last=true` puts the networks' conv weights in the views' layout (not only the views): a
+conv whose weight is in another layout than its input converts it, and its gradient back, on every call. The
+training numbers stay those of the contiguous weights, to float32 rounding."""
+
+from __future__ import annotations
+
+import copy
+
+import lightning as L
+import torch
+from helpers import compose_cfg
+
+from scfs.bench.step import SyntheticData
+from scfs.train import build, trainer_kwargs
+
+SMALL = ["backbone.name=resnet18", "backbone.cifar_stem=true", "backbone.layers=[1,1,1,1]",
+         "backbone.channels=[8,16,16,32]", "method.out_dim=64", "method.hidden_dim=32", "method.bottleneck_dim=16",
+         "++method.stage_out_dim=32", "++method.stage_hidden_dim=16", "++method.stage_bottleneck_dim=8",
+         "search.backend=reference", "crops.global_size=32", "crops.local_size=16", "crops.n_local=2"]
+
+
+def _conv_weights(net: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: p for k, p in net.named_parameters() if p.ndim == 4}
+
+
+def _train(model: L.LightningModule, cfg, steps: int = 3) -> list[float]:
+    losses: list[float] = []
+
+    class Record(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            losses.append(float(outputs["loss"] if isinstance(outputs, dict) else outputs))
+
+    kw = trainer_kwargs(cfg)
+    kw.update(max_steps=steps, limit_train_batches=steps, logger=False, enable_checkpointing=False)
+    L.Trainer(**kw, callbacks=[Record()]).fit(model, SyntheticData(size=32, n=8 * steps, batch=8, seed=0))
+    return losses
+
+
+def test_channels_last_networks_train_as_contiguous_ones():
+    torch.set_num_threads(1)
+    L.seed_everything(0, verbose=False)
+    cfg_cl = compose_cfg([*SMALL, "backbone.channels_last=true", "method=scfs"])
+    _, cl = build(cfg_cl)
+    for net in (cl.student, cl.teacher):
+        weights = _conv_weights(net)
+        assert weights and all(w.is_contiguous(memory_format=torch.channels_last) for w in weights.values())
+    cfg_plain = compose_cfg([*SMALL, "backbone.channels_last=false", "method=scfs"])
+    _, plain = build(cfg_plain)
+    plain.load_state_dict(copy.deepcopy(cl.state_dict()))  # the same weights, in the contiguous layout
+    assert all(w.is_contiguous() for w in _conv_weights(plain.student).values())
+    plain.channels_last = True  # the same views (channels_last inputs): only the weights' layout differs
+
+    want, got = _train(plain, cfg_plain), _train(cl, cfg_cl)
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-4, atol=1e-5)
+    for k, v in plain.state_dict().items():
+        if v.is_floating_point():
+            torch.testing.assert_close(cl.state_dict()[k], v, rtol=1e-3, atol=1e-5, msg=k)
+    for net in (cl.student, cl.teacher):  # the optimizer step and the EMA keep the layout
+        assert all(w.is_contiguous(memory_format=torch.channels_last) for w in _conv_weights(net).values())

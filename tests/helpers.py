@@ -39,3 +39,23 @@ def assert_same_tensors(a: Any, b: Any, name: str) -> None:
         assert len(a) == len(b), name
         for i, (u, v) in enumerate(zip(a, b)):
             assert_same_tensors(u, v, f"{name}.{i}")
+
+
+def train_losses(model: Any, cfg: DictConfig, steps: int) -> list[float]:
+    """Train `model` for `steps` steps of B=8 synthetic 32-px images (seed 0) with the Trainer that `cfg` makes, as
+    `python -m scfs.train` would; the loss of every step."""
+    import lightning as L
+
+    from scfs.bench.step import SyntheticData
+    from scfs.train import trainer_kwargs
+
+    losses: list[float] = []
+
+    class Record(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            losses.append(float(outputs["loss"] if isinstance(outputs, dict) else outputs))
+
+    kw = trainer_kwargs(cfg)
+    kw.update(max_steps=steps, limit_train_batches=steps, logger=False, enable_checkpointing=False)
+    L.Trainer(**kw, callbacks=[Record()]).fit(model, SyntheticData(size=32, n=8 * steps, batch=8, seed=0))
+    return losses

@@ -8,10 +8,9 @@ import copy
 
 import lightning as L
 import torch
-from helpers import compose_cfg
+from helpers import compose_cfg, train_losses
 
-from scfs.bench.step import SyntheticData
-from scfs.train import build, trainer_kwargs
+from scfs.train import build
 
 SMALL = ["backbone.name=resnet18", "backbone.cifar_stem=true", "backbone.layers=[1,1,1,1]",
          "backbone.channels=[8,16,16,32]", "method.out_dim=64", "method.hidden_dim=32", "method.bottleneck_dim=16",
@@ -21,19 +20,6 @@ SMALL = ["backbone.name=resnet18", "backbone.cifar_stem=true", "backbone.layers=
 
 def _conv_weights(net: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: p for k, p in net.named_parameters() if p.ndim == 4}
-
-
-def _train(model: L.LightningModule, cfg, steps: int = 3) -> list[float]:
-    losses: list[float] = []
-
-    class Record(L.Callback):
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            losses.append(float(outputs["loss"] if isinstance(outputs, dict) else outputs))
-
-    kw = trainer_kwargs(cfg)
-    kw.update(max_steps=steps, limit_train_batches=steps, logger=False, enable_checkpointing=False)
-    L.Trainer(**kw, callbacks=[Record()]).fit(model, SyntheticData(size=32, n=8 * steps, batch=8, seed=0))
-    return losses
 
 
 def test_channels_last_networks_train_as_contiguous_ones():
@@ -50,7 +36,7 @@ def test_channels_last_networks_train_as_contiguous_ones():
     assert all(w.is_contiguous() for w in _conv_weights(plain.student).values())
     plain.channels_last = True  # the same views (channels_last inputs): only the weights' layout differs
 
-    want, got = _train(plain, cfg_plain), _train(cl, cfg_cl)
+    want, got = train_losses(plain, cfg_plain, 3), train_losses(cl, cfg_cl, 3)
     torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-4, atol=1e-5)
     for k, v in plain.state_dict().items():
         if v.is_floating_point():

@@ -43,24 +43,14 @@ def train_golden(method: str, explicit: list[str] = EXPLICIT) -> dict:
     """Losses per step and a digest of every tensor of the state after STEPS steps (module built as train does)."""
     import lightning as L
 
-    from scfs.bench.step import SyntheticData
-    from scfs.train import build, trainer_kwargs
-    from tests.helpers import compose_cfg
+    from scfs.train import build
+    from tests.helpers import compose_cfg, train_losses
 
     torch.set_num_threads(1)  # one summation order on any machine with the same CPU capability
     cfg = compose_cfg([*explicit, f"method={method}", *(_method_keys(explicit))])
     L.seed_everything(0, verbose=False)
     _, model = build(cfg)
-    losses: list[float] = []
-
-    class Record(L.Callback):
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            losses.append(float(outputs["loss"] if isinstance(outputs, dict) else outputs))
-
-    kw = trainer_kwargs(cfg)
-    kw.update(max_steps=STEPS, limit_train_batches=STEPS, logger=False, enable_checkpointing=False)
-    trainer = L.Trainer(**kw, callbacks=[Record()])
-    trainer.fit(model, SyntheticData(size=32, n=8 * STEPS, batch=8, seed=0))
+    losses = train_losses(model, cfg, STEPS)
     state = model.state_dict()
     return {"losses": losses, "capability": torch.backends.cpu.get_cpu_capability(), "cpu": _cpu_model(),
             "tensors": {k: {"sha256": hashlib.sha256(v.detach().contiguous().numpy().tobytes()).hexdigest(),

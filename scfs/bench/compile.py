@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from scfs.bench.records import save_record, source_commit
+from scfs.bench.records import provenance, save_record, source_commit
 from scfs.names import CONF_DIR
 
 ROWS = ("eager", "cold", "warm", "carried", "blocks", "blocks-carried")
@@ -250,7 +250,7 @@ def table_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def markdown(result: dict[str, Any]) -> str:
     lines = [f"# Compile time, {result['machine']} (torch {result['torch']}, {result['date']})\n",
-             f"Commit `{result.get('commit')}`; `{result['command']}`. First steps = wall seconds of the first "
+             f"{provenance(result.get('commit'), result['command'])} First steps = wall seconds of the first "
              f"{result['first_steps']} training steps in a fresh process (the compile); process CPU = the whole "
              "process's CPU seconds, compiler processes included; steady = median step after them. Median over "
              "the repeats (each repeat's time in brackets).\n",

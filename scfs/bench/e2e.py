@@ -54,7 +54,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from scfs.bench.records import record_stem, save_record, source_commit
+from scfs.bench.records import provenance, record_stem, save_record, source_commit
 from scfs.names import DATA_DECODE
 
 TARGET = 0.95  # e2e img/s over the step benchmark's at the same batch
@@ -239,7 +239,7 @@ def markdown(result: dict) -> str:
     m = result["meta"]
     st = result.get("step") or {}
     lines = [f"# End-to-end training speed (`+experiment=imagenet`, real JPEGs): {m['gpu']}, {m['date']}", "",
-             f"Commit `{m.get('commit') or 'unknown'}`; made by `{m['command']}`. torch {m['torch']}, lightning "
+             f"{provenance(m.get('commit'), m['command'])} torch {m['torch']}, lightning "
              f"{m['lightning']}, {m['cpus']} CPU cores. Data: {m['data']}.", "",
              "e2e img/s = the run's `summary.json` `img_per_s`: the median over the epochs after the first of steps x "
              "batch / epoch wall seconds (epoch 0 holds the compile). step img/s = `scfs.bench.step` (synthetic uint8 "

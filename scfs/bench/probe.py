@@ -32,7 +32,7 @@ from typing import Any
 import lightning as L
 import torch
 
-from scfs.bench.records import record_stem, save_record, source_commit
+from scfs.bench.records import provenance, record_stem, save_record, source_commit
 from scfs.eval.linear import EpochOrder, FeatureProbe, GridSGD, LinearProbe, _trainer, feature_loader
 
 LR_GRID = [0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0]  # conf/eval/linear.yaml
@@ -182,7 +182,7 @@ def record_markdown(result: dict[str, Any]) -> str:
     """The record's markdown: what ran where (command, commit, device, sizes), then `table`."""
     m = result["meta"]
     return (f"# Linear-probe training loop: {m['device']}, {m['date']}\n\n"
-            f"Commit `{m['commit']}`, `{m['command']}`; torch {m['torch']}, lightning {m['lightning']}. "
+            f"{provenance(m['commit'], m['command'])} torch {m['torch']}, lightning {m['lightning']}. "
             f"Random features, {m['n']} x {m['dim']}, {m['classes']} classes, batch {m['batch_size']}; "
             f"{m['epochs']} epochs a run (the first left out as warm-up), {m['repeats']} run(s), the paths taking "
             "turns; median over the timed epochs. `per-minibatch` = one Lightning step a minibatch on a feature "

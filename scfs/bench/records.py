@@ -33,6 +33,11 @@ def source_commit() -> str | None:
     return (sha + ("-dirty" if dirty else "")) or None
 
 
+def provenance(commit: str | None, command: str | None) -> str:
+    """The sentence every record's markdown opens with: the commit it measured and the command that made it."""
+    return f"Commit `{commit or 'unknown'}`; `{command or ''}`."
+
+
 def device_slug(name: str) -> str:
     """A GPU's name as it appears in record file names ("NVIDIA H200" -> "h200"): lower case, the vendor and every
     character a file name could trip on dropped, so the records of one GPU sort together whichever benchmark wrote

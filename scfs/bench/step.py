@@ -45,7 +45,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from scfs.bench.records import device_slug, save_record, source_commit
+from scfs.bench.records import device_slug, provenance, save_record, source_commit
 from scfs.names import CONF_DIR
 
 # ../shared/MEASUREMENTS.md: the published SCFS implementation, one H200, synthetic input (measured separately):
@@ -515,21 +515,21 @@ def markdown(result: dict) -> str:
     m = result["meta"]
     lines = [f"# Training-step benchmark ({m['suite']}): {m['gpu']}, {m['date']}", ""]
     if m.get("commit") or m.get("command"):
-        lines += [f"Commit `{m.get('commit', 'unknown')}`; `{m.get('command', '')}`.", ""]
+        lines += [provenance(m.get("commit"), m.get("command")), ""]
     lines += [
-             f"torch {m['torch']}, lightning {m['lightning']}; {m['processes']} process(es); data {m['data']}; "
-             f"{m['warmup']} warm-up + {m['steps']} timed steps; median step (CUDA events on GPU, wall clock on "
-             "CPU). Published = the published implementation, measured separately (../shared/MEASUREMENTS.md)"
-             + ("; it has no ViT, so there is none for this suite (\"-\"). " if m["suite"] == "vit" else ". ")
-             + "Backbone-bound = the two backbones' work of the step alone (student forward + backward on every view, "
-             "teacher forward on the global views, one SGD step; same batch, precision, memory format and "
-             "compilation): the ceiling of the step, and `of it` our share of that ceiling."
-             + (f" Host: {m['host_us_per_op']:.1f} us to dispatch one tiny op (the yardstick for host-bound steps)."
-                if m.get("host_us_per_op") else "")
-             + (f" Overrides on every row: `{' '.join(m['overrides'])}`." if m.get("overrides") else ""), "",
-             "| method | B/GPU | setting | step ms | img/s | warm-up s | peak GiB | aug ms | SCFS/DINO | "
-             "published ms (img/s) | scaling eff. | epochs/min | backbone-bound img/s | of it |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        f"torch {m['torch']}, lightning {m['lightning']}; {m['processes']} process(es); data {m['data']}; "
+        f"{m['warmup']} warm-up + {m['steps']} timed steps; median step (CUDA events on GPU, wall clock on "
+        "CPU). Published = the published implementation, measured separately (../shared/MEASUREMENTS.md)"
+        + ("; it has no ViT, so there is none for this suite (\"-\"). " if m["suite"] == "vit" else ". ")
+        + "Backbone-bound = the two backbones' work of the step alone (student forward + backward on every view, "
+        "teacher forward on the global views, one SGD step; same batch, precision, memory format and "
+        "compilation): the ceiling of the step, and `of it` our share of that ceiling."
+        + (f" Host: {m['host_us_per_op']:.1f} us to dispatch one tiny op (the yardstick for host-bound steps)."
+           if m.get("host_us_per_op") else "")
+        + (f" Overrides on every row: `{' '.join(m['overrides'])}`." if m.get("overrides") else ""), "",
+        "| method | B/GPU | setting | step ms | img/s | warm-up s | peak GiB | aug ms | SCFS/DINO | "
+        "published ms (img/s) | scaling eff. | epochs/min | backbone-bound img/s | of it |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         if "error" in r:
             lines.append(f"| {r['method']} | {r['B']} | {r['setting']} | error: {r['error'][:80]} |||||||||||")

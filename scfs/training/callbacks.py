@@ -1,5 +1,5 @@
 """Lightning callbacks of the method: the online kNN monitor, the wall-clock budget of a training chunk, the epoch
-timer."""
+timer, the progress bar."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+from lightning.pytorch.callbacks import TQDMProgressBar
 
 
 class KNNMonitor(L.Callback):
@@ -114,3 +115,35 @@ class EpochTimer(L.Callback):
         out["img_per_s"] = (round(statistics.median(e["steps"] * images_per_step / e["seconds"] for e in steady), 1)
                             if steady else None)
         return out
+
+
+class LoggedStepsProgressBar(TQDMProgressBar):
+    """Lightning's tqdm bar, whose training postfix is redrawn only on the steps where the loggers write.
+
+    Between refreshes Lightning's bar costs next to nothing (a modulo); a refresh reads
+    `trainer.progress_bar_metrics`, which turns every `prog_bar=True` value (the loss) into a Python number with
+    `.item()`: a host sync that waits until the GPU has run everything queued. The loggers sync the same way every
+    `log_every_n_steps` optimiser steps, counted over the run, while Lightning's bar refreshes every `refresh_rate`
+    batches counted from each epoch's start. Once an epoch length is not a multiple of the rate the two fall on
+    different steps, and the GPU queue drains twice per window instead of once, each drain leaving the GPU idle
+    while the host prepares the next step. This bar counts its refreshes like the loggers do (Lightning's
+    `_batches_that_stepped`), so with `refresh_rate = log_every_n_steps` its sync lands on a step that syncs
+    anyway. The last batch of an epoch only moves the counter; `on_train_epoch_end` shows the metrics (one read
+    per epoch, as in Lightning's bar).
+    """
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        bar = self._train_progress_bar
+        if bar is None or not self.is_enabled or bar.disable:
+            return
+        n = batch_idx + 1
+        last = n == bar.total
+        accumulating = n % max(int(trainer.accumulate_grad_batches), 1) != 0 and not last
+        stepped = trainer.fit_loop.epoch_loop._batches_that_stepped + 1  # as the loggers count, this batch included
+        if not accumulating and stepped % self.refresh_rate == 0:
+            bar.n = n
+            bar.set_postfix(self.get_metrics(trainer, pl_module))  # refreshes the bar
+        elif last:
+            bar.n = n
+            bar.refresh()

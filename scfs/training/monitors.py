@@ -12,7 +12,6 @@ from typing import Any
 
 import lightning as L
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 log = logging.getLogger("scfs.monitors")
@@ -38,12 +37,32 @@ class OnlineLinearMonitor(L.Callback):
         self.optimizer: torch.optim.Optimizer | None = None
         self._pending_state: dict[str, Any] | None = None
         self._restored_counts: torch.Tensor | None = None
+        self._ones: torch.Tensor | None = None
+        self._tally: torch.Tensor | None = None
         self._reset_counts()
 
     def _reset_counts(self) -> None:
-        """Counts live on the features' device as one (correct, seen, loss_sum) tensor: adding to it costs no
+        """The epoch's counts live on the features' device, (correct, sum of log p(label)) in `_acc`, with the
+        number of samples seen as a host int (it is known without reading the device): adding to them costs no
         host sync per step (`int(...)` / `float(...)` of a CUDA value would stall the training step)."""
-        self.counts: torch.Tensor | None = None
+        self._acc: torch.Tensor | None = None
+        self._seen = 0
+
+    @property
+    def counts(self) -> torch.Tensor | None:
+        """The epoch's running (correct, seen, loss_sum), as one float32 tensor; None before the first batch."""
+        if self._acc is None:
+            return None
+        correct, picked = self._acc.unbind()
+        return torch.stack((correct, torch.full_like(correct, float(self._seen)), -picked))
+
+    @counts.setter
+    def counts(self, value: torch.Tensor | None) -> None:
+        if value is None:
+            self._reset_counts()
+            return
+        value = value.detach().float()
+        self._acc, self._seen = torch.stack((value[0], -value[2])), int(value[1])
 
     def _num_classes(self, trainer: L.Trainer) -> int | None:
         if self.num_classes:
@@ -91,21 +110,103 @@ class OnlineLinearMonitor(L.Callback):
             self._build(feats.shape[1], n, feats.device)
         assert self.linear is not None and self.optimizer is not None
         self._to(feats.device)
-        with torch.enable_grad(), torch.autocast(feats.device.type, enabled=False):
-            logits = self.linear(feats.detach().float())
-            loss = F.cross_entropy(logits, labels)
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-        self._sync_grads()
-        self.optimizer.step()
-        with torch.no_grad():
-            n = labels.shape[0]
-            step = torch.stack(((logits.argmax(1) == labels).sum().float(), torch.full_like(loss, float(n)),
-                                loss.detach().float() * n))
-            self.counts = step if self.counts is None else self.counts.to(step.device) + step
+        x = feats.detach().float()
+        if torch.is_autocast_enabled(x.device.type):
+            with torch.autocast(x.device.type, enabled=False):
+                self._step(x, labels)
+        else:  # entering the context costs host time on every step, and Lightning runs this hook outside autocast
+            self._step(x, labels)
+
+    @torch.no_grad()
+    def _step(self, x: torch.Tensor, labels: torch.Tensor) -> None:
+        """One step of `torch.optim.SGD` (momentum, weight decay) on the mean softmax cross-entropy of the linear
+        layer, with its closed-form gradient instead of autograd, plus the batch's counts.
+
+        The per-step host time is what matters on a GPU whose step the host only just keeps fed: autograd's
+        backward, `zero_grad` and `optimizer.step()` cost far more host time than the few kernels they launch.
+        With p = softmax(x W^T + b) and onehot(labels), the gradient of the mean loss is
+        W: (p - onehot)^T x / B, b: sum over the batch of (p - onehot) / B, which `addmm_` / `addmv_` add straight
+        into the momentum buffers (`beta=momentum`). The buffers are the optimiser's own
+        `state[p]["momentum_buffer"]` and the hyper-parameters its `param_groups[0]`, so checkpoints keep the
+        format of `torch.optim.SGD` and a resumed optimiser state applies unchanged. A missing buffer starts at
+        zero, which gives the first step of `SGD` exactly (momentum * 0 + d_p = d_p).
+        """
+        assert self.linear is not None and self.optimizer is not None
+        w, b = self.linear.weight, self.linear.bias
+        group = self.optimizer.param_groups[0]
+        lr, momentum, wd = float(group["lr"]), float(group["momentum"]), float(group["weight_decay"])
+        n = labels.shape[0]
+        ones, tally = self._scratch(n, x.device)
+        logits = torch.addmm(b, x, w.t())
+        logp = torch.log_softmax(logits, dim=1)
+        target = labels.view(-1, 1)
+        torch.eq(logits.argmax(1), labels, out=tally[:, 0])  # (hit, log p(label)) per sample,
+        torch.gather(logp, 1, target, out=tally[:, 1:])  # summed over the batch by one addmv
+        if self._acc is None:
+            self._acc = torch.zeros(2, device=x.device)
+        elif self._acc.device != x.device:
+            self._acc = self._acc.to(x.device)
+        self._acc.addmv_(tally.t(), ones)
+        self._seen += n
+        g = logp.exp_().scatter_(1, target, -1.0, reduce="add")  # softmax - onehot, in place
+        params = [w, b]
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        if momentum and not distributed:
+            bufs = self._momentum_buffers()
+            bufs[0].addmm_(g.t(), x, beta=momentum, alpha=1.0 / n)
+            bufs[1].addmv_(g.t(), ones, beta=momentum, alpha=1.0 / n)
+            if wd:
+                torch._foreach_add_(bufs, params, alpha=wd)
+            update = bufs
+        else:
+            update = self._mean_grads(g, x, ones, n, distributed)
+            if wd:
+                torch._foreach_add_(update, params, alpha=wd)
+            if momentum:
+                bufs = self._momentum_buffers()
+                torch._foreach_mul_(bufs, momentum)
+                torch._foreach_add_(bufs, update)
+                update = bufs
+        torch._foreach_add_(params, update, alpha=-lr)
+
+    def _scratch(self, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """A ones vector (n,) and an (n, 2) tally buffer, kept between steps: allocating and filling them per step
+        would add host work and kernels; they change only with the batch size or the device."""
+        if self._ones is None or self._ones.shape[0] != n or self._ones.device != device:
+            self._ones = torch.ones(n, device=device)
+            self._tally = torch.empty(n, 2, device=device)
+        assert self._tally is not None
+        return self._ones, self._tally
+
+    def _momentum_buffers(self) -> list[torch.Tensor]:
+        assert self.linear is not None and self.optimizer is not None
+        bufs = []
+        for p in (self.linear.weight, self.linear.bias):
+            state = self.optimizer.state[p]
+            if state.get("momentum_buffer") is None:
+                state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            bufs.append(state["momentum_buffer"])
+        return bufs
+
+    def _mean_grads(self, g: torch.Tensor, x: torch.Tensor, ones: torch.Tensor, n: int,
+                    distributed: bool) -> list[torch.Tensor]:
+        """The gradients of the batch's mean loss; under DDP averaged over the ranks (each rank's mean, as autograd
+        would give it, then the mean over ranks) with one all-reduce of one flat buffer."""
+        assert self.linear is not None
+        c, d = self.linear.weight.shape
+        flat = x.new_empty(c * d + c)
+        gw, gb = flat[: c * d].view(c, d), flat[c * d:]
+        torch.mm(g.t(), x, out=gw)
+        torch.mv(g.t(), ones, out=gb)
+        world = torch.distributed.get_world_size() if distributed else 1
+        flat.mul_(1.0 / (n * world))
+        if distributed:
+            torch.distributed.all_reduce(flat)
+        return [gw, gb]
 
     def _to(self, device: torch.device) -> None:
         """Follow the features' device, optimiser state (momentum buffers) included."""
+        assert self.linear is not None and self.optimizer is not None
         if self.linear.weight.device == device:
             return
         self.linear.to(device)
@@ -113,15 +214,6 @@ class OnlineLinearMonitor(L.Callback):
             for k, v in state.items():
                 if isinstance(v, torch.Tensor):
                     state[k] = v.to(device)
-
-    def _sync_grads(self) -> None:
-        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-            return
-        world = torch.distributed.get_world_size()
-        for p in self.linear.parameters():
-            if p.grad is not None:
-                torch.distributed.all_reduce(p.grad)
-                p.grad /= world
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.every <= 0 or (trainer.current_epoch + 1) % self.every:

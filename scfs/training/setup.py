@@ -185,7 +185,7 @@ def make_callbacks(cfg: DictConfig, dm: Any, run_dir: Path) -> tuple[list[Any], 
     its `WallClockBudget` (None without `chunk_minutes`; the summary says whether it stopped the run)."""
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    from scfs.training.callbacks import EpochTimer, KNNMonitor, WallClockBudget
+    from scfs.training.callbacks import EpochTimer, KNNMonitor, LoggedStepsProgressBar, WallClockBudget
     from scfs.training.checkpointing import LastCheckpoint, ResumeState
     from scfs.training.monitors import OnlineLinearMonitor
 
@@ -210,10 +210,8 @@ def make_callbacks(cfg: DictConfig, dm: Any, run_dir: Path) -> tuple[list[Any], 
         from scfs.training.compile_artifacts import CompileArtifacts
 
         callbacks.append(CompileArtifacts(str(cfg.compile_artifacts)))
-    if cfg.trainer.get("enable_progress_bar", True):  # the bar reads logged values on the host (a sync) per refresh
-        from lightning.pytorch.callbacks import TQDMProgressBar
-
-        callbacks.append(TQDMProgressBar(refresh_rate=max(int(cfg.trainer.get("log_every_n_steps", 1) or 1), 1)))
+    if cfg.trainer.get("enable_progress_bar", True):  # its refreshes read the loss on the host where the loggers do
+        callbacks.append(LoggedStepsProgressBar(refresh_rate=max(int(cfg.trainer.get("log_every_n_steps", 1) or 1), 1)))
     return callbacks, last, budget
 
 

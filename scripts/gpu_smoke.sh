@@ -17,13 +17,16 @@
 # its row says so. A command that exits 0 but logs a failure it swallowed (the end-of-run figure) fails its row.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 OMP_NUM_THREADS=2 WANDB_MODE=offline
-OUT=${OUT:-/tmp/gpu-smoke}; mkdir -p "$OUT/logs"
+OUT=${OUT:-/tmp/gpu-smoke}; mkdir -p "$OUT"
+# the rows' scratch (logs, arguments, outputs) stays outside $OUT: a device call returns at most 8 files, and
+# the work after the smoke in the same call needs its share; $OUT gets the record and one archive of the logs
+WK=${SMOKE_WORK:-/tmp/gpu-smoke-work}; rm -rf "$WK"; mkdir -p "$WK/logs"
 PY=${PY:-python3}
 COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 STAMP=$(date +%F); T0=$(date +%s)
 NGPU=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l)
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
-ROWS="$OUT/rows.tsv"; : > "$ROWS"; rm -rf "$OUT/args"; mkdir -p "$OUT/args"
+ROWS="$WK/rows.tsv"; : > "$ROWS"; rm -rf "$WK/args"; mkdir -p "$WK/args"
 . "$(dirname "$0")/python_shim.sh"; python_shim /tmp/smoke-bin   # the README says `python`
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 SHORT="trainer.max_epochs=1 +trainer.limit_train_batches=4"   # a few steps of every training command
@@ -34,13 +37,13 @@ in_readme() { [ -z "$1" ] || grep -qF -- "$1" README.md; }
 # run ID 'README COMMAND' EXTRA...: the README's command, its placeholders (<ckpt>, <scfs ckpt>, <dino ckpt>; in
 # EXTRA too) filled in from the runs of wave 1 (<ckpt>: the run named by $CKRUN, smoke-scfs by default), then
 # EXTRA (the overrides that make it short); logged, timed, one row. An empty README COMMAND marks a step that is
-# not a README command (the notebook); EXTRA is then the command. Each row's arguments are kept in $OUT/args (in
+# not a README command (the notebook); EXTRA is then the command. Each row's arguments are kept in $WK/args (in
 # the order the rows were started) so that `retry_alone` can run it again.
 TAB=$'\t'
 SWALLOWED='searched-regions figure skipped'   # failures a command logs but does not exit on
 note_args() {  # ID README EXTRA: once per row, keyed by when it was first named
-  ls "$OUT/args"/*-"$1" > /dev/null 2>&1 || printf '%s\n%s\n%s\n%s\n' "$2" "$3" "${CKRUN:-}" "${WAVE:-1}" \
-    > "$OUT/args/$(date +%s%N)-$1"
+  ls "$WK/args"/*-"$1" > /dev/null 2>&1 || printf '%s\n%s\n%s\n%s\n' "$2" "$3" "${CKRUN:-}" "${WAVE:-1}" \
+    > "$WK/args/$(date +%s%N)-$1"
 }
 run() {
   local id=$1 readme=$2; shift 2
@@ -55,11 +58,11 @@ run() {
   case $cmd in *"<dino ckpt>"*) dk=$(last_ckpt smoke-dino);; esac
   cmd=${cmd//<scfs ckpt>/$ck}; cmd=${cmd//<dino ckpt>/$dk}; cmd=${cmd//<ckpt>/$ck}
   cmd=${cmd//<date>\/<time>/$STUDY}
-  eval "timeout ${LIMIT:-330} $cmd" > "$OUT/logs/$id.log" 2>&1; rc=$?
-  if [ $rc -eq 0 ] && grep -q "$SWALLOWED" "$OUT/logs/$id.log"; then
-    rc=1; why=$(grep -m 1 "$SWALLOWED" "$OUT/logs/$id.log" | sed 's/.*\('"$SWALLOWED"'\)/\1/')
+  eval "timeout ${LIMIT:-330} $cmd" > "$WK/logs/$id.log" 2>&1; rc=$?
+  if [ $rc -eq 0 ] && grep -q "$SWALLOWED" "$WK/logs/$id.log"; then
+    rc=1; why=$(grep -m 1 "$SWALLOWED" "$WK/logs/$id.log" | sed 's/.*\('"$SWALLOWED"'\)/\1/')
   elif [ $rc -ne 0 ]; then
-    why=$(grep -v '^\s*$' "$OUT/logs/$id.log" | tail -n 1)
+    why=$(grep -v '^\s*$' "$WK/logs/$id.log" | tail -n 1)
   fi
   [ $rc -eq 124 ] && why="timed out after ${LIMIT:-330} s"
   [ -n "${RETRY:-}" ] && why="run again alone after: ${RETRY}${why:+; now: $why}"
@@ -73,18 +76,18 @@ run() {
 # before it) gets a FAIL row when nothing runs it again.
 retry_alone() {
   local f id wave again="" redo2=0 first
-  for f in $(ls "$OUT/args" | sort); do
+  for f in $(ls "$WK/args" | sort); do
     id=${f#*-}
-    grep -q "^$id${TAB}FAIL" "$ROWS" && grep -qi "out of memory" "$OUT/logs/$id.log" 2>/dev/null || continue
-    again="$again $f"; [ "$(sed -n 4p "$OUT/args/$f")" = 1 ] && redo2=1
+    grep -q "^$id${TAB}FAIL" "$ROWS" && grep -qi "out of memory" "$WK/logs/$id.log" 2>/dev/null || continue
+    again="$again $f"; [ "$(sed -n 4p "$WK/args/$f")" = 1 ] && redo2=1
   done
-  for f in $(ls "$OUT/args" | sort); do
-    id=${f#*-}; wave=$(sed -n 4p "$OUT/args/$f")
+  for f in $(ls "$WK/args" | sort); do
+    id=${f#*-}; wave=$(sed -n 4p "$WK/args/$f")
     [[ " $again " == *" $f "* ]] && continue
     if ! grep -q "^$id$TAB" "$ROWS"; then
       [ $redo2 = 1 ] && again="$again $f" \
-        || printf '%s\tFAIL\t0\t%s\t%s\tdid not run: the step before it failed\n' "$id" "$(sed -n 1p "$OUT/args/$f")" \
-           "$(sed -n 2p "$OUT/args/$f")" >> "$ROWS"
+        || printf '%s\tFAIL\t0\t%s\t%s\tdid not run: the step before it failed\n' "$id" "$(sed -n 1p "$WK/args/$f")" \
+           "$(sed -n 2p "$WK/args/$f")" >> "$ROWS"
     elif [ $redo2 = 1 ] && [ "$wave" = 2 ] && grep -q "^$id${TAB}FAIL" "$ROWS"; then
       again="$again $f"
     fi
@@ -92,10 +95,10 @@ retry_alone() {
   for f in $(printf '%s\n' $again | sort); do
     id=${f#*-}
     first=$(grep "^$id$TAB" "$ROWS" | cut -f6); [ -n "$first" ] || first="did not run side by side"
-    grep -qi "out of memory" "$OUT/logs/$id.log" 2>/dev/null && first="CUDA out of memory side by side"
-    [ -f "$OUT/logs/$id.log" ] && mv "$OUT/logs/$id.log" "$OUT/logs/$id.side-by-side.log"
+    grep -qi "out of memory" "$WK/logs/$id.log" 2>/dev/null && first="CUDA out of memory side by side"
+    [ -f "$WK/logs/$id.log" ] && mv "$WK/logs/$id.log" "$WK/logs/$id.side-by-side.log"
     grep -v "^$id$TAB" "$ROWS" > "$ROWS.tmp"; mv "$ROWS.tmp" "$ROWS"
-    RETRY=$first CKRUN=$(sed -n 3p "$OUT/args/$f") run "$id" "$(sed -n 1p "$OUT/args/$f")" "$(sed -n 2p "$OUT/args/$f")"
+    RETRY=$first CKRUN=$(sed -n 3p "$WK/args/$f") run "$id" "$(sed -n 1p "$WK/args/$f")" "$(sed -n 2p "$WK/args/$f")"
   done
 }
 last_ckpt() { find runs/"$1" -name last.ckpt -path '*/checkpoints/*' -printf '%T@ %p\n' 2>/dev/null | sort -n | tail -n 1 | cut -d' ' -f2; }
@@ -103,10 +106,10 @@ last_ckpt() { find runs/"$1" -name last.ckpt -path '*/checkpoints/*' -printf '%T
 # --- data: CIFAR-10 decoded once (the parallel runs share the cache); an ImageFolder of the 100 sample photos
 # (5 made-up classes: enough for the ImageNet recipe's data path)
 ARCHIVE=.gpudata/cifar10-jpeg.tar.xz; . "$(dirname "$0")/cifar10_data.sh"
-cifar10_ready > "$OUT/logs/data.log" 2>&1 || echo "CIFAR-10 preparation failed (see logs/data.log)"
+cifar10_ready > "$WK/logs/data.log" 2>&1 || echo "CIFAR-10 preparation failed (see logs/data.log)"
 if [ ! -d data/imagenet-smoke/train ]; then
   $PY -m scfs.data.prepare imagenet-samples --archive .gpudata/imagenet-samples-100.tar.xz \
-    --out data/imagenet-samples >> "$OUT/logs/data.log" 2>&1
+    --out data/imagenet-samples >> "$WK/logs/data.log" 2>&1
   i=0
   for f in $(find data/imagenet-samples -type f -name '*.jpg' | sort); do
     split=train; [ $((i % 5)) -eq 0 ] && split=val
@@ -146,15 +149,15 @@ run cifar10-vit-dino "$V method=dino" "$E $SHORT name=smoke-vit-dino" &
 run imagenet-vit "python -m scfs.train +experiment=imagenet_vit" \
   "data.root=data/imagenet-smoke batch_size=16 num_workers=4 $E $SHORT name=smoke-imagenet-vit" &
 run search-check-vit "python -m scfs.search.check --shapes vit" "" &
-run bench-step "python -m scfs.bench.step --quick" "--out $OUT/step --steps 10 --warmup 3" &
-run bench-step-vit "python -m scfs.bench.step --suite vit" "--quick --out $OUT/step-vit --steps 10 --warmup 3" &
+run bench-step "python -m scfs.bench.step --quick" "--out $WK/step --steps 10 --warmup 3" &
+run bench-step-vit "python -m scfs.bench.step --suite vit" "--quick --out $WK/step-vit --steps 10 --warmup 3" &
 run imagenet-gpu-decode "python -m scfs.train +experiment=imagenet data.decode=gpu" \
   "data.root=data/imagenet-smoke global_batch_size=32 num_workers=4 $E $SHORT name=smoke-imagenet-gpu-decode" &
 run bench-loader "python -m scfs.bench.loader --photos data/imagenet-samples --repeat 8 --decode cpu gpu" \
-  "--batches 6 --warmup 2 --out $OUT/loader" &
+  "--batches 6 --warmup 2 --out $WK/loader" &
 run bench-e2e "python -m scfs.bench.e2e --archive .gpudata/imagenet-samples-100.tar.xz --profile" \
   "--photos data/imagenet-samples --tree data/imagenet-e2e --repeat 2 --batch 16 --epochs 2 --setting bf16_cl \
-  --override compile=false --out $OUT/e2e" &
+  --override compile=false --out $WK/e2e" &
 if [ "$NGPU" -ge 2 ]; then  # DDP next to one GPU at the same global batch: time per epoch and kNN side by side
   run ddp-2gpu "python -m scfs.train +experiment=cifar10 trainer=ddp trainer.devices=2 sync_bn=true" \
     "global_batch_size=512 trainer.max_epochs=2 $E name=smoke-ddp" &
@@ -174,7 +177,7 @@ run precision "python -m scfs.eval.precision SCFS=<scfs ckpt> DINO=<dino ckpt> r
 run precision-centred "python -m scfs.eval.precision SCFS=<scfs ckpt> DINO=<dino ckpt> random --centre" "--limit 40" &
 run notebook-02 "" "env SCFS_NB_SMALL=1 SCFS_NB_STATIC=1 CKPT=<ckpt> $PY scripts/run_notebook_cells.py notebooks/02_searched_regions.ipynb" &
 CKRUN=smoke-vit run attention "python -m scfs.workbench.docs_figures attention <ckpt> --folder data/imagenet-samples" \
-  "--size 32 --out $OUT/attention.png" &
+  "--size 32 --out $WK/attention.png" &
 CKRUN=smoke-vit run knn-vit "python -m scfs.eval.knn ckpt=<ckpt>" "" &
 wait
 unset WAVE
@@ -197,6 +200,6 @@ $($PY -c 'import lightning; print(lightning.__version__)'). Made by \`COMMIT=$CO
   sort "$ROWS" | awk -F'\t' '{printf "| %s | %s | %s | `%s` | `%s` | %s |\n", $1, $2, $3, $4, $5, $6}'
 } > "$OUT/gpu-smoke.md"
 cp "$OUT/gpu-smoke.md" "$REC"
-tar czf "$OUT/smoke-logs.tgz" -C "$OUT" logs && rm -r "$OUT/logs"  # one file: the device returns at most 8
+tar czf "$OUT/smoke-logs.tgz" -C "$WK" logs  # one file: the device returns at most 8 files
 cat "$OUT/gpu-smoke.md"
 [ "$NPASS" -eq "$NROWS" ]

@@ -29,10 +29,11 @@ def run_smoke(tmp_path: Path, gpus: int) -> tuple[subprocess.CompletedProcess, d
         (tmp_path / name).write_text(text)
         (tmp_path / name).chmod(0o755)
     env = {**os.environ, "PY": str(tmp_path / "fakepy"), "OUT": str(tmp_path / "out"), "COMMIT": "test",
+           "SMOKE_WORK": str(tmp_path / "work"),
            "REC_DIR": str(tmp_path / "rec"), "PATH": f"{tmp_path}:{os.environ['PATH']}"}
     res = subprocess.run(["bash", "scripts/gpu_smoke.sh"], cwd=REPO, env=env, capture_output=True, text=True,
                          timeout=120)
-    rows = [line.split("\t") for line in (tmp_path / "out" / "rows.tsv").read_text().splitlines()]
+    rows = [line.split("\t") for line in (tmp_path / "work" / "rows.tsv").read_text().splitlines()]
     return res, {r[0]: r for r in rows}
 
 
@@ -53,6 +54,8 @@ def test_smoke_runs_every_readme_command_and_reports_failures(tmp_path):
     assert all(r[1] == "PASS" for i, r in by_id.items() if i != "detect"), [r for r in rows if r[1] != "PASS"]
     record = next((tmp_path / "rec").glob("gpu-smoke-*.md")).read_text()
     assert "31 of 32 PASS" in record and "Commit `test`" in record
+    # a device call returns at most 8 files: the rows' scratch stays out of $OUT, the work after the smoke needs room
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["gpu-smoke.md", "smoke-logs.tgz"]
 
 
 
@@ -95,11 +98,12 @@ def test_rows_out_of_gpu_memory_side_by_side_run_again_alone(tmp_path):
     (tmp_path / "nvidia-smi").write_text("#!/bin/sh\nexit 1\n")
     (tmp_path / "nvidia-smi").chmod(0o755)
     env = {**os.environ, "PY": str(tmp_path / "fakepy"), "OUT": str(tmp_path / "out"), "COMMIT": "test",
+           "SMOKE_WORK": str(tmp_path / "work"),
            "REC_DIR": str(tmp_path / "rec"), "MARK": str(tmp_path / "mark"), "PATH": f"{tmp_path}:{os.environ['PATH']}"}
     res = subprocess.run(["bash", "scripts/gpu_smoke.sh"], cwd=repo, env=env, capture_output=True, text=True,
                          timeout=120)
     assert res.returncode == 1, res.stdout + res.stderr
-    lines = (tmp_path / "out" / "rows.tsv").read_text().splitlines()
+    lines = (tmp_path / "work" / "rows.tsv").read_text().splitlines()
     by_id = {r[0]: r for r in (line.split("\t") for line in lines)}
     assert len(lines) == len(by_id) == 32
     again = "run again alone after: CUDA out of memory side by side"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 from collections.abc import Mapping
@@ -21,6 +22,7 @@ from scfs.methods.networks import (
     student_forward,
     teacher_forward,
 )
+from scfs.methods.precision import cached_weight_casts
 from scfs.methods.schedules import cosine, linear_warmup
 from scfs.models import Backbone
 from scfs.optim import (
@@ -370,7 +372,9 @@ class SelfDistillation(L.LightningModule):
         cl = torch.channels_last if self.channels_last else torch.contiguous_format
         g = torch.cat(views[:2]).contiguous(memory_format=cl)
         loc = torch.cat(views[2:]).contiguous(memory_format=cl) if n_local else None
-        with record_function("scfs/student"):
+        # eager: each student weight cast to bf16/fp16 once for both view batches (a compiled graph does so anyway)
+        casts = contextlib.nullcontext() if self.compile_nets else cached_weight_casts(g.device.type)
+        with record_function("scfs/student"), casts:
             st = self._student_fn(self.student, g, loc, self.stages, self._local_heads)
         with torch.no_grad(), record_function("scfs/teacher"):
             te = self._teacher_fn(self.teacher, g, self.stages)

@@ -1,5 +1,5 @@
 """Host time of the per-step training hooks: `OnlineLinearMonitor.on_train_batch_end` against the eager autograd
-step it replaces (nn.Linear, F.cross_entropy, backward, torch.optim.SGD with momentum, the accuracy counts).
+step that computes the same update (nn.Linear, F.cross_entropy, backward, torch.optim.SGD with momentum, the accuracy counts).
 
     python -m scfs.bench.hooks                      # CPU: feature dim 2048 / 1000 classes / B=64, 512 / 10 / 512
     python -m scfs.bench.hooks --device cuda        # host time per call with an empty launch queue
@@ -29,8 +29,8 @@ CASES: tuple[tuple[int, int, int], ...] = ((2048, 1000, 64), (512, 10, 512))  # 
 
 
 class AutogradLinearStep:
-    """The eager per-step update with autograd, as the monitor did it before its closed-form step: the
-    reference the benchmark compares against."""
+    """The plain eager update with autograd (nn.Linear, F.cross_entropy, backward, SGD): what the monitor's
+    closed-form step computes, and the reference the benchmark compares it against."""
 
     def __init__(self, dim: int, num_classes: int, device: torch.device, lr: float = 0.1,
                  momentum: float = 0.9) -> None:

@@ -1,5 +1,6 @@
 """Host time of the per-step training hooks: `OnlineLinearMonitor.on_train_batch_end` against the eager autograd
-step that computes the same update (nn.Linear, F.cross_entropy, backward, torch.optim.SGD with momentum, the accuracy counts).
+step that computes the same update (nn.Linear, F.cross_entropy, backward, torch.optim.SGD with momentum, the
+accuracy counts).
 
     python -m scfs.bench.hooks                      # CPU: feature dim 2048 / 1000 classes / B=64, 512 / 10 / 512
     python -m scfs.bench.hooks --device cuda        # host time per call with an empty launch queue

@@ -19,6 +19,11 @@ TINY = [
     "trainer.log_every_n_steps=1", "+trainer.enable_model_summary=false",
 ]
 
+# with TINY: a one-block-per-stage ResNet-18 on 32/16-px crops, the search on its reference backend (the
+# method-level tests that train a few real steps)
+TINY_RESNET18 = ["backbone.name=resnet18", "backbone.cifar_stem=true", "backbone.layers=[1,1,1,1]",
+                 "search.backend=reference", "crops.global_size=32", "crops.local_size=16", "crops.n_local=2"]
+
 
 def compose_cfg(overrides: list[str] | None = None, data_root: str | Path | None = None,
                 config_name: str = "config") -> DictConfig:

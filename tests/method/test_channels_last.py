@@ -8,14 +8,9 @@ import copy
 
 import lightning as L
 import torch
-from helpers import compose_cfg, train_losses
+from helpers import TINY_RESNET18, compose_cfg, train_losses
 
 from scfs.train import build
-
-SMALL = ["backbone.name=resnet18", "backbone.cifar_stem=true", "backbone.layers=[1,1,1,1]",
-         "backbone.channels=[8,16,16,32]", "method.out_dim=64", "method.hidden_dim=32", "method.bottleneck_dim=16",
-         "++method.stage_out_dim=32", "++method.stage_hidden_dim=16", "++method.stage_bottleneck_dim=8",
-         "search.backend=reference", "crops.global_size=32", "crops.local_size=16", "crops.n_local=2"]
 
 
 def _conv_weights(net: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -25,12 +20,12 @@ def _conv_weights(net: torch.nn.Module) -> dict[str, torch.Tensor]:
 def test_channels_last_networks_train_as_contiguous_ones():
     torch.set_num_threads(1)
     L.seed_everything(0, verbose=False)
-    cfg_cl = compose_cfg([*SMALL, "backbone.channels_last=true", "method=scfs"])
+    cfg_cl = compose_cfg([*TINY_RESNET18, "backbone.channels_last=true", "method=scfs"])
     _, cl = build(cfg_cl)
     for net in (cl.student, cl.teacher):
         weights = _conv_weights(net)
         assert weights and all(w.is_contiguous(memory_format=torch.channels_last) for w in weights.values())
-    cfg_plain = compose_cfg([*SMALL, "backbone.channels_last=false", "method=scfs"])
+    cfg_plain = compose_cfg([*TINY_RESNET18, "backbone.channels_last=false", "method=scfs"])
     _, plain = build(cfg_plain)
     plain.load_state_dict(copy.deepcopy(cl.state_dict()))  # the same weights, in the contiguous layout
     assert all(w.is_contiguous() for w in _conv_weights(plain.student).values())

@@ -9,18 +9,14 @@ import copy
 import lightning as L
 import pytest
 import torch
-from helpers import compose_cfg, train_losses
+from helpers import TINY_RESNET18, compose_cfg, train_losses
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import scfs.methods.base as base
 from scfs.methods.precision import cached_weight_casts
 from scfs.train import build
 
-SMALL = ["backbone.name=resnet18", "backbone.cifar_stem=true", "backbone.layers=[1,1,1,1]",
-         "backbone.channels=[8,16,16,32]", "method.out_dim=64", "method.hidden_dim=32", "method.bottleneck_dim=16",
-         "++method.stage_out_dim=32", "++method.stage_hidden_dim=16", "++method.stage_bottleneck_dim=8",
-         "search.backend=reference", "crops.global_size=32", "crops.local_size=16", "crops.n_local=2",
-         "trainer.precision=bf16-mixed"]
+SMALL = [*TINY_RESNET18, "trainer.precision=bf16-mixed"]
 
 
 class WeightCasts(TorchDispatchMode):

@@ -18,7 +18,8 @@
 # AFTER_STUDY='<commands>' runs in the study's tree the moment the study has ended (its last probe recorded), so the
 # window's next work needs no command from outside in time (a machine goes back 30 s after a command returns); `$S`
 # is the study folder there, and what it writes under $S/extra comes back. `collect SECONDS` waits for both, at most
-# SECONDS (default 540), then copies back what there is.
+# SECONDS (default 540), then copies back what there is. ONLY='<run keys>' limits the window to those runs (say, the
+# shorter of two long runs when the GPU gate shares the window).
 set -uo pipefail
 W=${STUDY_TREE:-/tmp/study-tree}; S=${STUDY_DIR:-/tmp/study}; OUT=${OUT:-/tmp/out}; PY=${PY:-python3}
 mkdir -p "$OUT"
@@ -44,6 +45,7 @@ start)
   echo "data ready; study deadline $(date -d @$DEADLINE +%T)"
   COMMIT=${COMMIT:-unknown} setsid nohup $PY scripts/cifar10_study.py run --out "$S/out" --runs "$S/runs" \
     --parallel "${PARALLEL:-4}" --deadline "$DEADLINE" $([ "${RAMP:-1}" = 1 ] && echo --ramp) --slim scfs-soft-s0-e100 dino-dino-s0-e100 \
+    ${ONLY:+--only $ONLY} \
     > "$S/logs/study.log" 2>&1 < /dev/null &
   echo $! > "$S/study.pid"
   if [ "${FIGURE:-0}" = 1 ]; then

@@ -77,6 +77,7 @@ def devices(cfg: DictConfig) -> int:
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 COMPILE_SCOPES = ("model", "blocks")  # what compile=true compiles (`SelfDistillation._compile`)
+COMPILE_BACKENDS = ("inductor", "cudagraphs")  # how compile=true compiles (`SelfDistillation._compile`)
 
 
 def validate_config(cfg: DictConfig) -> None:
@@ -149,6 +150,12 @@ def validate_config(cfg: DictConfig) -> None:
            "null or a folder path", required=False)
     _check(cfg, "compile_scope", lambda v: v in COMPILE_SCOPES, f"one of {', '.join(COMPILE_SCOPES)}",
            required=False)
+    _check(cfg, "compile_backend", lambda v: v in COMPILE_BACKENDS, f"one of {', '.join(COMPILE_BACKENDS)}",
+           required=False)
+    if _get(cfg, "compile_backend", "inductor") == "cudagraphs" and _get(cfg, "compile_mode", "default") != "default":
+        raise ConfigError(f"config key compile_mode={_get(cfg, 'compile_mode')} is invalid with "
+                          "compile_backend=cudagraphs: the modes are inductor's, and that backend replays CUDA graphs "
+                          "already; set compile_mode=default")
     _check(cfg, "compile_artifacts", lambda v: v is None or (isinstance(v, str) and v.strip() != ""),
            "null or a file path", required=False)
     _check(cfg, "num_workers", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0", required=False)

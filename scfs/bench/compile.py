@@ -14,6 +14,8 @@ share the seed, so a cache that changed the numbers would show). Rows:
   carried the file. Needs `cold` in the same command (the files live in a temporary folder); `blocks-carried`
   needs `blocks`.
 * `blocks`, `blocks-carried`: the same two with `compile_scope=blocks`.
+* `cudagraphs`: an empty cache with `compile_backend=cudagraphs`: tracing without kernel generation, the step's
+  own kernels replayed as CUDA graphs (on the CPU: the traced graphs run without them).
 * `eager`: `compile=false`, the steady step to compare with.
 
 Kernel searches, evaluation passes and the data path are not in the first-steps time (a training run adds them).
@@ -42,7 +44,7 @@ from typing import Any
 from scfs.bench.records import provenance, save_record, source_commit
 from scfs.names import CONF_DIR
 
-ROWS = ("eager", "cold", "warm", "carried", "blocks", "blocks-carried")
+ROWS = ("eager", "cold", "warm", "carried", "blocks", "blocks-carried", "cudagraphs")
 # the tiny network of `--tiny` (the CPU test): the shapes default's ResNet-10, narrower, fewer views
 TINY = ["backbone=tiny", "backbone.channels=[8,16,16,32]", "method.out_dim=64", "method.hidden_dim=32",
         "method.bottleneck_dim=16", "++method.stage_out_dim=32", "++method.stage_hidden_dim=16",
@@ -108,7 +110,7 @@ def measure(cfg: Any, device: str, first: int, steady: int, artifacts_in: str | 
              for s in [int(cfg.crops.global_size)] * 2 + [int(cfg.crops.local_size)] * n_local]
     g = torch.cat(views[:2]).contiguous(memory_format=cl)
     loc = torch.cat(views[2:]).contiguous(memory_format=cl) if n_local else None
-    temp = torch.tensor(0.04, device=device) if model.compile_nets else 0.04
+    temp = model._temp_arg(0.04, torch.device(device))  # a float for an eager loss, a device tensor compiled
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     cast = _autocast(str(cfg.trainer.precision), "cuda" if device.startswith("cuda") else "cpu")
 
@@ -171,14 +173,16 @@ def _children_cpu_s() -> float:
 
 
 def run_row(args: argparse.Namespace, recipe: str, row: str, cache_dir: Path, scope: str, eager: bool = False,
-            artifacts_in: Path | None = None, artifacts_out: Path | None = None) -> dict[str, Any]:
+            artifacts_in: Path | None = None, artifacts_out: Path | None = None,
+            backend: str = "inductor") -> dict[str, Any]:
     cmd = [sys.executable, "-m", "scfs.bench.compile", "--child", "--recipe", recipe, "--device", args.device,
            "--scope", scope, "--first", str(args.first), "--steady", str(args.steady)]
     cmd += ["--tiny"] if args.tiny else []
     cmd += ["--eager"] if eager else []
     cmd += ["--artifacts-in", str(artifacts_in)] if artifacts_in else []
     cmd += ["--artifacts-out", str(artifacts_out)] if artifacts_out else []
-    for o in args.override or []:
+    row_ov = [] if backend == "inductor" else [f"compile_backend={backend}", "compile_mode=default"]
+    for o in [*(args.override or []), *row_ov]:
         cmd += ["--override", o]
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir)}
     t0 = time.perf_counter()
@@ -228,6 +232,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "carried": dict(cache_dir=d / "carried", scope="model", artifacts_in=art),
                     "blocks": dict(cache_dir=d / "blocks", scope="blocks", artifacts_out=art_b),
                     "blocks-carried": dict(cache_dir=d / "blocks-carried", scope="blocks", artifacts_in=art_b),
+                    "cudagraphs": dict(cache_dir=d / "cudagraphs", scope="model", backend="cudagraphs"),
                 }
                 for name in rows:
                     if name == "eager" and rep:

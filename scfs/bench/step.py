@@ -79,6 +79,7 @@ SETTINGS = {  # name -> (trainer.precision, backbone.channels_last, compile)
     "bf16_cl": ("bf16-mixed", True, False),
     "bf16_cl_compile": ("bf16-mixed", True, True),
     "bf16_cl_graphs": ("bf16-mixed", True, "reduce-overhead"),  # torch.compile + CUDA graphs
+    "bf16_cl_cudagraphs": ("bf16-mixed", True, "cudagraphs"),  # compile_backend=cudagraphs: no kernel generation
     "bf16_compile": ("bf16-mixed", False, True),
     "bf16_graphs": ("bf16-mixed", False, "reduce-overhead"),
 }
@@ -135,7 +136,9 @@ def compose(suite: str, method: str, batch: int, setting: str, args: argparse.Na
     precision, cl, comp = SETTINGS[setting]
     ov = [f"+experiment={EXPERIMENT[suite]}", f"method={method}", f"batch_size={batch}", "global_batch_size=null",
           f"trainer.precision={precision}", f"backbone.channels_last={str(cl).lower()}",
-          f"compile={str(bool(comp)).lower()}", f"compile_mode={comp if isinstance(comp, str) else 'default'}",
+          f"compile={str(bool(comp)).lower()}",
+          f"compile_mode={comp if isinstance(comp, str) and comp != 'cudagraphs' else 'default'}",
+          f"compile_backend={'cudagraphs' if comp == 'cudagraphs' else 'inductor'}",
           f"trainer.devices={args.devices}", "logger=csv", "trainer.enable_progress_bar=false"]
     if args.data == "synthetic":  # the datamodule is replaced; shapes passes validation and keeps batch_aug on
         ov += ["data=shapes"]
@@ -410,9 +413,31 @@ def StepProfile(start: int, n: int, cuda: bool) -> Any:  # noqa: N802 - a Callba
         def summary(self) -> dict[str, Any]:
             if self.prof is None or self.steps < n:
                 return {"error": "profiler did not cover the requested steps"}
-            return summarize_profile(self.prof.key_averages(), n, cuda)
+            out = summarize_profile(self.prof.key_averages(), n, cuda)
+            for part, ops in part_op_counts(self.prof.events(), n).items():
+                out["parts"].setdefault(part, {})["aten_ops"] = ops
+            return out
 
     return _Profile()
+
+
+def part_op_counts(events: Any, n: int) -> dict[str, float]:
+    """aten ops per step inside each named part of the step (the `scfs/` record_function ranges of the method
+    module), nested ops included as in the step's total, an op inside nested parts counted in each of them; the
+    ops outside every part (the backward on autograd's thread, the optimizer, Lightning's loop) under `rest`. On
+    a host-bound step the op count is the part's cost in dispatches, which the host time of a profile inflates."""
+    counts: dict[str, int] = {}
+    for e in events:
+        if not e.name.startswith("aten::"):
+            continue
+        parts, p = [], e.cpu_parent
+        while p is not None:
+            if p.name.startswith("scfs/"):
+                parts.append(p.name.removeprefix("scfs/"))
+            p = p.cpu_parent
+        for part in parts or ["rest"]:
+            counts[part] = counts.get(part, 0) + 1
+    return {k: v / n for k, v in counts.items()}
 
 
 def summarize_profile(ev: Any, n: int, cuda: bool) -> dict[str, Any]:
@@ -564,12 +589,13 @@ def markdown(result: dict) -> str:
             lines += ["", "Parts of the step (record_function ranges of the module), per step: host ms / GPU ms of the "
                       "kernels launched inside / GPU span ms (first kernel start to last kernel end). The backward's "
                       "kernels come from autograd's thread, so they count under rest (GPU busy minus the parts: "
-                      "backward, clipping, optimizer, monitor); views appear from the 2nd profiled step on.", "",
+                      "backward, clipping, optimizer, monitor); views appear from the 2nd profiled step on. Last, "
+                      "the aten ops dispatched inside the part (rest: outside every part, the backward's included).",
+                      "",
                       "| method | B/GPU | setting | " + " | ".join(names) + " |", "|---|---|---|" + "---|" * len(names)]
             for r in prof_rows:
                 parts = r["profile"].get("parts", {})
-                cells = [f"{parts[k]['cpu_ms']:.1f} / {parts[k]['gpu_ms']:.1f} / {parts[k].get('gpu_span_ms', 0):.1f}"
-                         if k in parts else "-" for k in names]
+                cells = [_part_cell(parts[k]) if k in parts else "-" for k in names]
                 lines.append(f"| {r['method']} | {r['B']} | {r['setting']} | " + " | ".join(cells) + " |")
         host_rows = [r for r in prof_rows if r["profile"].get("host_top")]
         if host_rows:
@@ -586,6 +612,13 @@ def markdown(result: dict) -> str:
         lines += [f"| {c['B']} | {c['target']} | {c['measured']} | {c['verdict']} |" for c in checks]
     lines += [f"{label}: {m[key]}" for key, label in (("made_by", "\nMade by"), ("note", "\nNote")) if m.get(key)]
     return "\n".join(lines) + "\n"
+
+
+def _part_cell(part: dict[str, float]) -> str:
+    """One part's cell of the parts table: host ms / GPU ms / GPU span ms, then its aten ops when counted."""
+    times = (" / ".join(f"{part[k]:.1f}" for k in ("cpu_ms", "gpu_ms", "gpu_span_ms")) if "cpu_ms" in part
+             else "-")
+    return times + (f" / {part['aten_ops']:.0f} ops" if "aten_ops" in part else "")
 
 
 def targets(result: dict) -> list[dict[str, Any]]:

@@ -12,7 +12,7 @@ import lightning as L
 import torch
 from torch.profiler import record_function
 
-from scfs.config import COMPILE_SCOPES
+from scfs.config import COMPILE_BACKENDS, COMPILE_SCOPES
 from scfs.methods.ema import ema_update, without_stochastic_regularisation_
 from scfs.methods.networks import (
     build_network,
@@ -74,9 +74,17 @@ class SelfDistillation(L.LightningModule):
         finite_check_every_n_steps: int = 1,
         compile_mode: str = "default",
         compile_scope: str = "model",
+        compile_backend: str = "inductor",
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
+        if compile_scope not in COMPILE_SCOPES:  # before the networks are built: a bad setting fails at once
+            raise ValueError(f"compile_scope={compile_scope!r}: allowed are {', '.join(COMPILE_SCOPES)}")
+        if compile_backend not in COMPILE_BACKENDS:
+            raise ValueError(f"compile_backend={compile_backend!r}: allowed are {', '.join(COMPILE_BACKENDS)}")
+        if compile_backend != "inductor" and compile_mode != "default":
+            raise ValueError(f"compile_mode={compile_mode!r} is inductor's: with compile_backend={compile_backend} "
+                             "use compile_mode=default")
         self.method_cfg, self.search_cfg, self.optim_cfg = dict(method), dict(search), dict(optim)
         self.stages: tuple[str, ...] = self.stage_names()
         self.channels_last = bool(backbone.get("channels_last", False))
@@ -108,9 +116,8 @@ class SelfDistillation(L.LightningModule):
         self._temp: torch.Tensor | None = None  # compiled loss: the teacher temperature as a 0-d device tensor
         self._loss_prepared = False
         self.compile_mode = compile_mode
-        if compile_scope not in COMPILE_SCOPES:
-            raise ValueError(f"compile_scope={compile_scope!r}: allowed are {', '.join(COMPILE_SCOPES)}")
         self.compile_scope = compile_scope
+        self.compile_backend = compile_backend
         self.finite_every = max(int(finite_check_every_n_steps), 1)
         self._nonfinite: torch.Tensor | None = None  # device flag: a non-finite loss since the last check
         if self.compile_nets:
@@ -152,7 +159,11 @@ class SelfDistillation(L.LightningModule):
         one compiled graph and the cold compile traces and lowers a block instead of a network; stems and heads run
         eager. The losses are one graph in both.
         Parameter names, checkpoints and the EMA are unchanged. `compile_mode="reduce-overhead"` replays the graphs
-        as CUDA graphs (the step is launch-bound at small batches)."""
+        as CUDA graphs (the step is launch-bound at small batches).
+        `compile_backend="cudagraphs"` traces the same calls (dynamo + AOTAutograd) but generates no kernels: the
+        graphs' own aten kernels are replayed as CUDA graphs. A cold start then costs the tracing alone, not the
+        minutes of kernel generation, and the step loses inductor's fusion but not the replay. Its loss stays eager:
+        small, and outside CUDA graphs for the reason given below."""
         # dynamic=False: one static graph per input shape (global and local views). Without it the second shape
         # a module sees makes dynamo recompile it with symbolic sizes (slower kernels, a longer compile; seen as
         # [0/1] [0/2] recompiles on the ResNet-50 step), and CUDA graphs record one graph per shape either way.
@@ -160,12 +171,15 @@ class SelfDistillation(L.LightningModule):
         raise_recompile_limit(len(self.stages))
         if self.compile_mode != "default":
             kw["mode"] = self.compile_mode
+        if self.compile_backend != "inductor":
+            kw["backend"] = self.compile_backend
         # the losses (with SCFS's searched targets and stage heads) as one graph, without CUDA graphs: its
         # outputs are the step's logged values, which Lightning may read after the next replay of a CUDA graph
         # would have overwritten them, and the graph is a few fused kernels, so replaying it saves little
         loss_kw = {**kw, **LOSS_COMPILE.get(self.compile_mode, {})}
+        compile_loss = self.compile_backend == "inductor"
         if self.compile_scope == "blocks":
-            self._loss_fn = torch.compile(step_losses, **loss_kw)
+            self._loss_fn = torch.compile(step_losses, **loss_kw) if compile_loss else step_losses
             blocks = [blk for net in (self.student, self.teacher) for blk in repeated_blocks(net["backbone"])]
             raise_block_recompile_limit(blocks)
             for blk in blocks:
@@ -174,7 +188,7 @@ class SelfDistillation(L.LightningModule):
         # the student's and the teacher's step-time calls as one graph each (see `student_forward`)
         self._student_fn = torch.compile(student_forward, **kw)
         self._teacher_fn = torch.compile(teacher_forward, **kw)
-        self._loss_fn = torch.compile(step_losses, **loss_kw)
+        self._loss_fn = torch.compile(step_losses, **loss_kw) if compile_loss else step_losses
         for net in (self.student, self.teacher):
             net["backbone"].compile(**kw)
         for head in self.teacher["stage_heads"].values():

@@ -95,6 +95,7 @@ def build(cfg: DictConfig):
                        seed=cfg.seed, compile=bool(cfg.get("compile", False)),
                        compile_mode=str(cfg.get("compile_mode", "default")),
                        compile_scope=str(cfg.get("compile_scope", "model")),
+                       compile_backend=str(cfg.get("compile_backend", "inductor")),
                        finite_check_every_n_steps=int(cfg.get("finite_check_every_n_steps", 1)))
     return dm, model
 

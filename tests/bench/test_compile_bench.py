@@ -75,3 +75,15 @@ def test_a_compiled_run_traces_one_loss_graph_for_logging_and_other_steps(monkey
 
     _, eager = build(bench.compose("default", "cpu", True, "model", False, []))
     assert eager.loss_diagnostics(True) and not eager.loss_diagnostics(False)
+
+
+def test_cudagraphs_row_traces_the_step_without_generating_kernels(tmp_path):
+    """`compile_backend=cudagraphs` on the CPU (the traced graphs run without CUDA graphs there): dynamo builds the
+    step's graphs, inductor compiles none, and the tiny step ends at the eager row's loss. About 30 s."""
+    out = tmp_path / "rec.json"
+    assert bench.main(["--device", "cpu", "--tiny", "--recipe", "default", "--rows", "eager", "cudagraphs",
+                       "--first", "2", "--steady", "2", "--out", str(out)]) == 0
+    rows = {r["setting"]: r for r in json.loads(out.read_text())["table"]}
+    assert rows["cudagraphs"]["graphs"] >= 2 and rows["eager"]["graphs"] == 0
+    assert rows["cudagraphs"]["fx_cache"] == "0 hit / 0 miss"
+    assert rows["cudagraphs"]["loss"] == pytest.approx(rows["eager"]["loss"], rel=1e-5)

@@ -41,8 +41,30 @@ def test_step_profile_counts_ops_per_step(tmp_path: Path) -> None:
     # the named parts of the step: SCFS has its stage terms, DINO only the shared parts
     assert {"student", "teacher", "dino_loss", "backward", "ema"} <= set(prof["dino"]["parts"])
     assert "stage_layer4_local" in prof["scfs"]["parts"] and not any("stage" in k for k in prof["dino"]["parts"])
-    assert all(v["cpu_ms"] > 0 for v in prof["scfs"]["parts"].values())
+    parts = prof["scfs"]["parts"]
+    assert all(v["cpu_ms"] > 0 for k, v in parts.items() if k != "rest")
+    # aten ops per part: nested parts inside the losses, the backward and the loop's ops under rest
+    assert all(v["aten_ops"] > 0 for v in parts.values())
+    stages = [v["aten_ops"] for k, v in parts.items() if k.startswith("stage_")]
+    assert parts["losses"]["aten_ops"] >= sum(stages) + parts["dino_loss"]["aten_ops"]
+    assert "rest" in parts and "ops |" in js.with_suffix(".md").read_text()
     assert "Profile (`--profile`)" in js.with_suffix(".md").read_text()
+
+
+def test_part_op_counts_charges_every_enclosing_part_and_leaves_the_rest_outside() -> None:
+    from types import SimpleNamespace
+
+    from scfs.bench.step import part_op_counts
+
+    def ev(name: str, parent=None):
+        return SimpleNamespace(name=name, cpu_parent=parent)
+
+    losses = ev("scfs/losses")
+    stage = ev("scfs/stage_layer2_local", losses)
+    to = ev("aten::to", stage)
+    events = [losses, stage, to, ev("aten::_to_copy", to), ev("aten::mul", losses), ev("aten::add_"),
+              ev("Optimizer.step"), ev("aten::mm", ev("autograd::engine"))]
+    assert part_op_counts(events, n=2) == {"stage_layer2_local": 1.0, "losses": 1.5, "rest": 1.0}
 
 
 def test_setting_filter_selects_exactly_those_rows() -> None:

@@ -72,7 +72,7 @@ def test_start_without_a_queue_file_says_what_to_give(tmp_path):
     assert res.returncode == 2 and "no queue file 'missing.queue'" in res.stdout
 
 
-@pytest.mark.parametrize("queue", ["speed", "vit"])
+@pytest.mark.parametrize("queue", ["speed", "compile", "vit"])
 def test_the_shipped_queues_parse_and_fit_two_windows(queue):
     """Every line of a shipped queue is `<name> <seconds> <command>` and the whole queue asks for at most two
     windows of 25 minutes."""

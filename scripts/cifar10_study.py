@@ -559,7 +559,9 @@ def curve_figure(record: dict, out: Path, epochs: int = 100) -> Path:
             ax.fill_between(xs, mean - sd, mean + sd, color=colour, alpha=0.2, lw=0)
     ax.set_xlabel("epoch")
     ax.set_ylabel("kNN top-1, k=20 (%)")
-    ax.set_title(f"CIFAR-10, ResNet-18: teacher kNN20 ({epochs} epochs; band: ± std over seeds)", fontsize=9)
+    longer = any(r["epochs"] > epochs and r.get("curve") for r in record["runs"])
+    schedules = f"{epochs} epochs, dashed: longer schedule" if longer else f"{epochs} epochs"
+    ax.set_title(f"CIFAR-10, ResNet-18, teacher kNN20 ({schedules})\nband: ± std over seeds", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=7)
     if two:

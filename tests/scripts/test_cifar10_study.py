@@ -301,3 +301,39 @@ def test_each_run_is_a_job_of_its_hydra_study(study, key: str) -> None:
     assert cfg.data.root == "data/cifar10" and cfg.compile is True
     if run.method == "scfs":
         assert cfg.search.local_target == ("roi" if run.variant == "roi" else "search")
+
+
+def _run_row(method: str, variant: str, seed: int, epochs: int, knn: float, lin: float) -> dict:
+    return {"method": method, "variant": variant, "seed": seed, "epochs": epochs, "knn_top1_k20": knn,
+            "knn_top1_k200": knn - 2, "linear_top1": lin}
+
+
+def test_readme_block_is_written_from_the_records_between_the_markers(study, tmp_path: Path) -> None:
+    rows = [_run_row("scfs", "soft", s, 100, 82 + s, 84 + s / 2) for s in range(3)]
+    rows += [_run_row("dino", "dino", s, 100, 80 + s / 2, 83 + s / 4) for s in range(3)]
+    rows += [_run_row("scfs", "none", 0, 100, 81.0, 83.0), _run_row("dino", "dino", 0, 200, 86.8, 88.0)]
+    block = study.readme_block({"runs": rows})
+    assert "| kNN20, 100 epochs, seeds 0, 1, 2, mean ± std | 83.00 ± 1.00 | 80.50 ± 0.50 | +2.50 [" in block
+    assert "| kNN20 / linear, 200 epochs, seed 0 | still to run | 86.80 / 88.00 | – |" in block
+    assert "best first: `soft` 82.00 / 84.00, `none` 81.00 / 83.00, DINO 80.00 / 83.00." in block
+    assert "`scfs-soft-s0-e200`" in block and f"8 of {len(study.plan())} runs" in block
+    rows.append(_run_row("scfs", "soft", 0, 200, 87.5, 88.5))
+    assert "| 87.50 / 88.50 | 86.80 / 88.00 | +0.70 (1 seed) / +0.50 (1 seed) |" in study.readme_block({"runs": rows})
+
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# T\n\nbefore\n{study.README_START}\nold numbers\n{study.README_END}\nafter\n")
+    assert not study.write_readme({"runs": rows}, readme, check=True)
+    study.write_readme({"runs": rows}, readme)
+    text = readme.read_text()
+    assert "old numbers" not in text and text.startswith("# T\n\nbefore\n") and text.endswith("\nafter\n")
+    assert study.write_readme({"runs": rows}, readme, check=True)  # written once, it matches
+    readme.write_text("no markers\n")
+    with pytest.raises(SystemExit, match="no CIFAR-10 block markers"):
+        study.write_readme({"runs": rows}, readme)
+
+
+def test_the_readme_block_matches_the_committed_records(study) -> None:
+    """The README's CIFAR-10 numbers are the committed records': a record added without regenerating the block
+    fails here (`python scripts/cifar10_study.py readme benchmarks/results/cifar10-quality-*.json`)."""
+    paths = sorted((ROOT / "benchmarks" / "results").glob("cifar10-quality-*.json"))
+    assert study.write_readme(study.merge(paths), ROOT / "README.md", check=True)

@@ -90,3 +90,26 @@ def test_cudagraphs_backend_trains_as_the_eager_step():
     assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
     assert counters["stats"]["unique_graphs"] >= 2
     torch._dynamo.reset()
+
+
+@pytest.mark.gpu
+def test_cudagraphs_backend_replays_cuda_graphs_and_trains_as_eager_on_the_gpu(monkeypatch):
+    """On a GPU the traced student and teacher are replayed as CUDA graphs (no call falls back to running without
+    them) and four float32 steps end at the eager steps' losses: the graphs read the current weights, inputs and
+    BatchNorm statistics on every replay, not the ones they were recorded with."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from torch._dynamo.utils import counters
+
+    gpu = ["trainer.accelerator=gpu", "trainer.devices=1", "trainer.precision=32-true"]
+    cfg_e, eager = _build([*TINY_RESNET18, *gpu])
+    torch._dynamo.reset()
+    counters.clear()
+    cfg_c, traced = _build([*TINY_RESNET18, *gpu, "compile=true", "compile_backend=cudagraphs",
+                            "compile_mode=default"])
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
+    want = train_losses(eager, cfg_e, 4)
+    got = train_losses(traced, cfg_c, 4)
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-3, atol=1e-3)
+    assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
+    torch._dynamo.reset()

@@ -279,6 +279,10 @@ def test_compile_cache_points_torch_at_the_configured_folder(tmp_path, monkeypat
     with caplog.at_level(logging.INFO, logger="scfs.train"):
         prepare_compile_cache(cfg)
     assert "reusing the compiled graphs" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="scfs.train"):  # no kernels to cache: the wait is the tracing alone
+        prepare_compile_cache(OmegaConf.merge(cfg, {"compile_mode": "default", "compile_backend": "cudagraphs"}))
+    assert "no kernels generated" in caplog.text and "reusing" not in caplog.text
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
     assert prepare_compile_cache(cfg) == tmp_path / "mine"
     assert prepare_compile_cache(OmegaConf.create({"compile": False})) is None

@@ -135,9 +135,13 @@ def prepare_compile_cache(cfg: DictConfig) -> Path | None:
     cache = Path(chosen) if chosen else None
     warm = cache is not None and cache.is_dir() and any(cache.iterdir())
     where = f"cache {cache}" if cache else "torch's default cache"
-    log.info("compile=true (%s): the first steps compile the step; %s", cfg.get("compile_mode", "default"),
-             f"reusing the compiled graphs in the {where}, about a minute" if warm else
-             f"nothing cached yet in the {where}: a few minutes this time, about a minute on later runs")
+    if cfg.get("compile_backend", "inductor") == "cudagraphs":
+        log.info("compile=true (compile_backend=cudagraphs): the first steps trace the step and record its CUDA "
+                 "graphs, no kernels generated: about a minute")
+    else:
+        log.info("compile=true (%s): the first steps compile the step; %s", cfg.get("compile_mode", "default"),
+                 f"reusing the compiled graphs in the {where}, about a minute" if warm else
+                 f"nothing cached yet in the {where}: a few minutes this time, about a minute on later runs")
     if cfg.get("compile_artifacts"):
         from scfs.training.compile_artifacts import load_compile_artifacts
 

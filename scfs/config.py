@@ -156,6 +156,11 @@ def validate_config(cfg: DictConfig) -> None:
         raise ConfigError(f"config key compile_mode={_get(cfg, 'compile_mode')} is invalid with "
                           "compile_backend=cudagraphs: the modes are inductor's, and that backend replays CUDA graphs "
                           "already; set compile_mode=default")
+    _check(cfg, "compile_views", lambda v: isinstance(v, bool), "true or false", required=False)
+    if _get(cfg, "compile_views", False) and _get(cfg, "compile_backend", "inductor") != "inductor":
+        raise ConfigError("config key compile_views=true is invalid with compile_backend="
+                          f"{_get(cfg, 'compile_backend')}: the view ops are fused by inductor only; set "
+                          "compile_views=false or compile_backend=inductor")
     _check(cfg, "compile_artifacts", lambda v: v is None or (isinstance(v, str) and v.strip() != ""),
            "null or a file path", required=False)
     _check(cfg, "num_workers", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0", required=False)

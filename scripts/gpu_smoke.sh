@@ -147,7 +147,8 @@ run study-local-gpus "python -m scfs.train -m +study=cifar10_seeds hydra/launche
   "seed=0 hydra.sweep.dir=runs/multirun/$STUDY hydra.sweeper.reuse=false $E $SHORT eval.knn_at_start=false" &
 run search-check "python -m scfs.search.check --quick" "" &
 # the GPU tests of the compiled paths that only a GPU can check (CUDA graph replays against eager)
-run pytest-gpu "python -m pytest -m gpu" "-q -p no:cacheprovider tests/method/test_compile_backend.py" &
+run pytest-gpu "python -m pytest -m gpu" \
+  "-q -p no:cacheprovider tests/method/test_compile_backend.py tests/data/test_batch_aug.py" &
 V="python -m scfs.train +experiment=cifar10_vit"  # the ViT rows: compiled as written, DINO eager, ViT-S/16 eager
 run cifar10-vit "$V" "$SHORT name=smoke-vit" &
 run cifar10-vit-dino "$V method=dino" "$E $SHORT name=smoke-vit-dino" &

@@ -160,6 +160,7 @@ class BatchMultiCrop(torch.nn.Module):
         self.mean, self.std = spec.mean, spec.std
         self.dtype = dtype
         self._consts: dict[tuple[str, str], torch.Tensor] = {}  # per-device constants: one H2D copy, ever
+        self._finish_compiled: Any = None  # `compile_finish`: the per-pixel ops as compiled graphs
         self.cpu_block = 2**18  # floats per block of per-pixel work on the CPU (1 MiB: about an L2)
         j = spec._jitter  # v2.ColorJitter: each range is None when that component is disabled
         self.jitter_ranges: list[tuple[float, float] | None] = [
@@ -282,10 +283,26 @@ class BatchMultiCrop(torch.nn.Module):
             return int(round(height * max(self.ratio))), height
         return width, height
 
-    def _finish(self, y: torch.Tensor, q: dict[str, torch.Tensor], blur: bool, solarize: bool) -> torch.Tensor:
+    def compile_finish(self, **kwargs: Any) -> None:
+        """Run the per-pixel ops and the normalisation of the views (`_finish_normalised`) as
+        ``torch.compile(..., **kwargs)`` graphs, one per view size: eagerly they are ~90 small kernels per size, each
+        dispatched from the host of a step that is often host-bound; compiled, a few fused ones. On the CPU this
+        replaces the cache-sized blocks of the eager path by whole stacks."""
+        self._finish_compiled = torch.compile(self._finish_normalised, **kwargs)
+
+    def _finish_normalised(self, y: torch.Tensor, q: dict[str, torch.Tensor], blur: bool, solarize: bool,
+                           shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        """`_finish` on all samples at once (a delta kernel for the unblurred ones: static shapes, no host sync),
+        then ``(z - mean) / std`` in ``self.dtype``."""
+        return torch.addcmul(shift, self._finish(y, q, blur, solarize, subset_blur=False), scale).to(self.dtype)
+
+    def _finish(self, y: torch.Tensor, q: dict[str, torch.Tensor], blur: bool, solarize: bool,
+                subset_blur: bool | None = None) -> torch.Tensor:
         """Flip, jitter (fixed order b -> c -> s -> h), grayscale, blur and solarize the (N,3,s,s) crops ``y``
         with per-sample parameters ``q`` (flat (N,...) tensors, broadcast as (N,1,1,1)). Ops the config
-        disables (probability 0, jitter component 0; blur/solarize for this view group) are skipped."""
+        disables (probability 0, jitter component 0; blur/solarize for this view group) are skipped.
+        ``subset_blur`` (default: on the CPU) blurs only the chosen samples; otherwise every sample is convolved,
+        the unchosen ones with a delta kernel (the same values)."""
         def bc(t: torch.Tensor) -> torch.Tensor:
             return t.view(-1, 1, 1, 1)
 
@@ -306,7 +323,9 @@ class BatchMultiCrop(torch.nn.Module):
         if blur:
             k = self.blur_specs[y.shape[-1]][0]
             on, sigma = q["blur"], q["sigma"]
-            if y.device.type == "cpu":  # blur only the chosen samples: saves ~half the conv work, and a
+            if subset_blur is None:
+                subset_blur = y.device.type == "cpu"
+            if subset_blur:  # blur only the chosen samples: saves ~half the conv work, and a
                 sub = on.nonzero().squeeze(1)  # data-dependent index costs no device sync on the CPU
                 y = y.index_copy(0, sub, _blur(y[sub], _gaussian_kernels(sigma[sub], k, on[sub])))
             else:  # all samples, a delta kernel for the unchosen ones: no host sync, static shapes
@@ -360,6 +379,9 @@ class BatchMultiCrop(torch.nn.Module):
         shift = -self._const("mean", self.mean, torch.float32, y.device).view(1, 3, 1, 1) * scale
         q = {f: getattr(params, f)[sel].flatten(0, 1)
              for f in ("flip", "jitter", "factors", "gray", "blur", "sigma", "solarize")}
+        if self._finish_compiled is not None:
+            out = self._finish_compiled(y, q, blur, solarize, shift, scale)
+            return list(out.view(nb // b, b, 3, s, s).unbind(0))
         out = torch.empty((nb, 3, s, s), dtype=self.dtype, device=y.device)
         step = max(1, self.cpu_block // (3 * s * s)) if y.device.type == "cpu" else nb
         for i in range(0, nb, step):  # blocks of samples, not a loop over samples

@@ -75,6 +75,7 @@ class SelfDistillation(L.LightningModule):
         compile_mode: str = "default",
         compile_scope: str = "model",
         compile_backend: str = "inductor",
+        compile_views: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -118,6 +119,7 @@ class SelfDistillation(L.LightningModule):
         self.compile_mode = compile_mode
         self.compile_scope = compile_scope
         self.compile_backend = compile_backend
+        self.compile_views = bool(compile_views)
         self.finite_every = max(int(finite_check_every_n_steps), 1)
         self._nonfinite: torch.Tensor | None = None  # device flag: a non-finite loss since the last check
         if self.compile_nets:
@@ -163,7 +165,9 @@ class SelfDistillation(L.LightningModule):
         `compile_backend="cudagraphs"` traces the same calls (dynamo + AOTAutograd) but generates no kernels: the
         graphs' own aten kernels are replayed as CUDA graphs. A cold start then costs the tracing alone, not the
         minutes of kernel generation, and the step loses inductor's fusion but not the replay. Its loss stays eager:
-        small, and outside CUDA graphs for the reason given below."""
+        small, and outside CUDA graphs for the reason given below.
+        `compile_views` (inductor only) also fuses the per-pixel ops of the views made on the device
+        (`BatchMultiCrop.compile_finish`), outside CUDA graphs like the loss."""
         # dynamic=False: one static graph per input shape (global and local views). Without it the second shape
         # a module sees makes dynamo recompile it with symbolic sizes (slower kernels, a longer compile; seen as
         # [0/1] [0/2] recompiles on the ResNet-50 step), and CUDA graphs record one graph per shape either way.
@@ -178,6 +182,9 @@ class SelfDistillation(L.LightningModule):
         # would have overwritten them, and the graph is a few fused kernels, so replaying it saves little
         loss_kw = {**kw, **LOSS_COMPILE.get(self.compile_mode, {})}
         compile_loss = self.compile_backend == "inductor"
+        if self.compile_views and compile_loss and self.batch_aug is not None:
+            # the views' per-pixel ops, fused; like the loss without CUDA graphs: the views outlive the next replay
+            self.batch_aug.compile_finish(**loss_kw)
         if self.compile_scope == "blocks":
             self._loss_fn = torch.compile(step_losses, **loss_kw) if compile_loss else step_losses
             blocks = [blk for net in (self.student, self.teacher) for blk in repeated_blocks(net["backbone"])]

@@ -96,6 +96,7 @@ def build(cfg: DictConfig):
                        compile_mode=str(cfg.get("compile_mode", "default")),
                        compile_scope=str(cfg.get("compile_scope", "model")),
                        compile_backend=str(cfg.get("compile_backend", "inductor")),
+                       compile_views=bool(cfg.get("compile_views", False)),
                        finite_check_every_n_steps=int(cfg.get("finite_check_every_n_steps", 1)))
     return dm, model
 

@@ -310,3 +310,50 @@ def test_cuda_matches_cpu_with_same_params() -> None:
     for x, y in zip(cpu["views"], gpu["views"]):
         torch.testing.assert_close(y.cpu(), x, atol=1e-4, rtol=0)
     assert torch.equal(cpu["boxes"], gpu["boxes"].cpu()) and torch.equal(cpu["flips"], gpu["flips"].cpu())
+
+
+@pytest.mark.parametrize("cropped", [False, True])
+def test_compiled_finish_gives_the_eager_views(cropped: bool) -> None:
+    """`compile_finish` (the per-pixel ops traced, every sample blurred with a delta kernel for the unchosen ones)
+    gives the eager views of the same parameters: the crop path (`forward`) and the colour-only path (`colour`),
+    both view sizes, blur and solarize on. aot_eager traces the same graph inductor would compile."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    eager = BatchMultiCrop(global_size=32, local_size=16, n_local=3, blur_p=(1.0, 0.5, 0.5), solarize_p=0.5)
+    traced = BatchMultiCrop(global_size=32, local_size=16, n_local=3, blur_p=(1.0, 0.5, 0.5), solarize_p=0.5)
+    traced.compile_finish(backend="aot_eager", dynamic=False)
+    imgs = torch.randint(0, 256, (6, 3, 40, 48), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    if cropped:
+        views = [torch.randint(0, 256, (6, 3, s, s), dtype=torch.uint8) for s in (32, 32, 16, 16, 16)]
+        want = eager.colour(views, generator=torch.Generator().manual_seed(1))
+        got = traced.colour(views, generator=torch.Generator().manual_seed(1))
+    else:
+        want = eager(imgs, generator=torch.Generator().manual_seed(1))
+        got = traced(imgs, generator=torch.Generator().manual_seed(1))
+    assert len(got["views"]) == 5 and counters["stats"]["unique_graphs"] >= 2  # one graph per view size
+    for a, b in zip(got["views"], want["views"]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert torch.equal(got["flips"], want["flips"])
+    torch._dynamo.reset()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_compiled_finish_matches_eager_on_the_gpu() -> None:
+    """Inductor's fused kernels of the per-pixel ops against the eager kernels, at the ImageNet recipe's sizes."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    eager = BatchMultiCrop(global_size=224, local_size=96, n_local=8)
+    fused = BatchMultiCrop(global_size=224, local_size=96, n_local=8)
+    fused.compile_finish(dynamic=False)
+    views = [torch.randint(0, 256, (16, 3, s, s), dtype=torch.uint8, device="cuda") for s in [224] * 2 + [96] * 8]
+    gen = torch.Generator(device="cuda")
+    want = eager.colour(views, generator=gen.manual_seed(3))
+    got = fused.colour(views, generator=gen.manual_seed(3))
+    for a, b in zip(got["views"], want["views"]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    torch._dynamo.reset()

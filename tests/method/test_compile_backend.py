@@ -113,3 +113,25 @@ def test_cudagraphs_backend_replays_cuda_graphs_and_trains_as_eager_on_the_gpu(m
     torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-3, atol=1e-3)
     assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
     torch._dynamo.reset()
+
+
+def test_compile_views_fuses_the_view_ops_without_cuda_graphs(monkeypatch):
+    import scfs.methods.base as module_mod
+
+    fns: list[tuple[str, dict]] = []
+    monkeypatch.setattr(module_mod.torch, "compile", lambda fn, **kw: fns.append((fn.__name__, kw)) or fn)
+    monkeypatch.setattr(nn.Module, "compile", lambda self, **kw: None)
+    _, model = _build(["data.batch_aug=true", "compile=true", "compile_mode=reduce-overhead", "compile_views=true"])
+    assert ("_finish_normalised", {"dynamic": False, "mode": None}) in fns
+    assert model.batch_aug._finish_compiled is not None
+    fns.clear()
+    _, model = _build(["data.batch_aug=true", "compile=true", "compile_mode=reduce-overhead"])
+    assert "_finish_normalised" not in [name for name, _ in fns] and model.batch_aug._finish_compiled is None
+
+
+def test_compile_views_needs_inductor():
+    from scfs.config import ConfigError
+    from scfs.train import build
+
+    with pytest.raises(ConfigError, match="compile_views=true is invalid with compile_backend=cudagraphs"):
+        build(compose_cfg(["compile=true", "compile_backend=cudagraphs", "compile_views=true"]))

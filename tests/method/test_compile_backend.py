@@ -1,5 +1,6 @@
 """`compile_backend=cudagraphs`: the step's calls traced by dynamo and AOTAutograd without inductor's kernel
-generation (on a GPU replayed as CUDA graphs; on the CPU the traced graphs run as they are), the loss eager."""
+generation (on a GPU replayed as CUDA graphs; on the CPU the traced graphs run as they are), the loss eager. And
+`compile_views`: the views' per-pixel ops fused by inductor, outside CUDA graphs."""
 
 from __future__ import annotations
 

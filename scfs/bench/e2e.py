@@ -155,7 +155,8 @@ def profile_split(actions: dict[str, dict[str, float]], epoch_seconds: list[floa
     """Host ms per training step by part, from a SimpleProfiler report over the whole fit:
 
     * `next`: the loader's `next` (waiting for the workers' batch, pinned);
-    * `to_device`: the batch transfer and `on_after_batch_transfer` (the views or the colour ops, the GPU decode);
+    * `to_device`: the batch transfer, and inside it `views`: `on_after_batch_transfer` (the views or the colour
+      ops, the GPU decode), so that `to_device - views` is the copy itself;
     * `batch`: `run_training_batch` (forward, backward, optimizer, EMA), epoch 0's excess over a steady epoch (the
       compile) taken out;
     * `hooks`: every callback and module hook of a batch (on_train_batch_start / end, on_before_batch_transfer);
@@ -171,12 +172,14 @@ def profile_split(actions: dict[str, dict[str, float]], epoch_seconds: list[floa
     if len(epoch_seconds) > 1:
         excess = max(epoch_seconds[0] - statistics.median(epoch_seconds[1:]), 0.0)
     to_device = sum(v["total_s"] for k, v in actions.items() if k.endswith(".batch_to_device"))
+    views = sum(v["total_s"] for k, v in actions.items() if k.endswith(".on_after_batch_transfer"))
     hooks = {k: v["total_s"] for k, v in actions.items() if k.endswith(BATCH_HOOKS)}
     parts_s = {"next": total(NEXT), "to_device": to_device, "batch": max(total(BATCH) - excess, 0.0),
                "hooks": sum(hooks.values())}
     epochs_s = total(EPOCH) - excess
     parts_s["loop"] = max(epochs_s - sum(parts_s.values()), 0.0)
     per_step = {k: 1e3 * v / steps for k, v in parts_s.items()}
+    per_step["views"] = 1e3 * min(views, to_device) / steps  # a part of to_device, not added to the parts
     top = sorted(hooks.items(), key=lambda kv: -kv[1])[:5]
     return {"steps": steps, "compile_excess_s": round(excess, 2), "ms_per_step": per_step,
             "step_ms": 1e3 * epochs_s / steps,
@@ -269,19 +272,21 @@ def markdown(result: dict) -> str:
         lines += ["", "Where a step's host time goes (`--profile`: Lightning's SimpleProfiler over the whole fit, "
                   "epoch 0's excess over a steady epoch taken out of the training batch), ms per step: `next` = the "
                   "loader's next batch (waiting for the workers), to device = the transfer and "
-                  "`on_after_batch_transfer` (views or colour ops; the GPU decode), batch = forward, backward, "
+                  "`on_after_batch_transfer`, of which views = `on_after_batch_transfer` alone (views or colour ops; "
+                  "the GPU decode), batch = forward, backward, "
                   "optimizer, EMA, hooks = the callbacks' and module's per-batch hooks, loop = the rest. With CUDA a "
                   "part includes the waits for the GPU at the host's syncs in it. step bench = the step "
                   "benchmark's step at this batch; missing = what the e2e step takes beyond it.", "",
-                  "| decode | next | to device | batch | hooks | loop | e2e step (profiled) | step bench | missing | "
-                  "heaviest hooks |", "|---|---|---|---|---|---|---|---|---|---|"]
+                  "| decode | next | to device | of it views | batch | hooks | loop | e2e step (profiled) | "
+                  "step bench | missing | heaviest hooks |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in prof:
             p = r["profile"]
             ms = p["ms_per_step"]
             bench = f"{st['step_ms']:.1f}" if st.get("step_ms") else "-"
             missing = f"{p['step_ms'] - st['step_ms']:.1f}" if st.get("step_ms") else "-"
             hooks = ", ".join(f"{h['hook']} {h['ms_per_step']:.2f}" for h in p["top_hooks"][:3])
-            lines.append(f"| {r['decode']} | {ms['next']:.1f} | {ms['to_device']:.1f} | {ms['batch']:.1f} | "
+            views = f"{ms['views']:.1f}" if "views" in ms else "-"
+            lines.append(f"| {r['decode']} | {ms['next']:.1f} | {ms['to_device']:.1f} | {views} | {ms['batch']:.1f} | "
                          f"{ms['hooks']:.1f} | {ms['loop']:.1f} | {p['step_ms']:.1f} | {bench} | {missing} | "
                          f"{hooks} |")
     diffs = sorted({d for r in result["rows"] for d in r.get("mismatch", [])})

@@ -468,6 +468,18 @@ def render(record: dict, committed_rows: dict[str, dict] | None = None) -> str:
             ci = _interval(diffs, one_seed="(1 seed, no interval)", none="-")
             out.append(f"| {m} | {mean_std([r[m] for r in sc.values()])} | {mean_std([r[m] for r in dn.values()])} | "
                        f"{', '.join(f'{d:+.2f}' for d in diffs) or '-'} | {ci} |")
+    pairs = _pairs_with_curves(rows)
+    if pairs:
+        out += ["", "## Faster or better: the epoch at which DINO reaches SCFS's kNN20", "",
+                "Per SCFS checkpoint, the epoch of the same seed and schedule at which DINO's kNN20 curve first "
+                "reaches SCFS's value (linear between DINO's checkpoints), and that epoch over SCFS's. A steady ratio "
+                "is a lead in speed; `not reached` is a value DINO's schedule does not get to.", ""]
+        for epochs, seed, sc_run, dn_run in pairs:
+            match = epochs_to_match(_curve(sc_run), _curve(dn_run))
+            out += [f"| {epochs} epochs, seed {seed}: SCFS epoch | " + " | ".join(str(e) for e, _ in match) + " |",
+                    "|---" * (len(match) + 1) + "|",
+                    "| DINO reaches it at | " + " | ".join(_match_cell(e, at) for e, at in match) + " |", ""]
+        out.pop()
     abl = [r for r in rows if r["method"] == "scfs" and r["seed"] == 0 and r["epochs"] == 100]
     if len(abl) > 1:
         out += ["", "## Ablation, seed 0, 100 epochs (ranked by kNN20)", "", "| variant | kNN20 | kNN200 | linear |",
@@ -548,6 +560,7 @@ def readme_block(record: dict) -> str:
 
         gap = (f"{_paired(sl, dl, 'knn_top1_k20')} / {_paired(sl, dl, 'linear_top1')}" if sl and dl else "–")
         out.append(f"| kNN20 / linear, {epochs} epochs, seed {seeds} | {both(sl)} | {both(dl)} | {gap} |")
+    out += _match_lines(rows)
     abl = sorted((r for r in rows if r["method"] == "scfs" and r["seed"] == 0 and r["epochs"] == 100),
                  key=lambda r: -(r["knn_top1_k20"] or 0))
     d0 = dn.get(0)
@@ -562,6 +575,35 @@ def readme_block(record: dict) -> str:
     out += ["", f"{done}" + (f" (still to run: {', '.join(f'`{k}`' for k in left)})" if left else "") + "; "
             "per run and per seed: `benchmarks/results/cifar10-quality.md`."]
     return "\n".join(out)
+
+
+def _match_lines(rows: list[dict]) -> list[str]:
+    """The README's faster-or-better line: per schedule, the epoch at which DINO reaches SCFS's kNN20 of the
+    schedule's middle and of its end, over the seeds with both curves."""
+    pairs = _pairs_with_curves(rows)
+    if not pairs:
+        return []
+    parts = []
+    for epochs in sorted({p[0] for p in pairs}):
+        mine = [p for p in pairs if p[0] == epochs]
+        seeds = " / ".join(str(p[1]) for p in mine)
+        cells = []
+        for at_epoch in (epochs // 2, epochs):
+            found = [dict(epochs_to_match(_curve(sc), _curve(dn))).get(at_epoch, "absent") for _, _, sc, dn in mine]
+            if any(f == "absent" for f in found):
+                continue
+            if all(f is None for f in found):
+                cells.append(f"SCFS's epoch-{at_epoch} value on no seed")
+            else:
+                shown = " / ".join("never" if f is None else f"{f:.0f}" for f in found)
+                cells.append(f"SCFS's epoch-{at_epoch} value at epoch {shown}")
+        if cells:
+            parts.append(f"over {epochs} epochs (seed{'s' if len(mine) > 1 else ''} {seeds}) DINO reaches "
+                         + " and ".join(cells))
+    if not parts:
+        return []
+    return ["", "Faster or better, DINO's kNN20 curve against SCFS's of the same seed and schedule: "
+            + "; ".join(parts) + " (`cifar10-quality.md` has every checkpoint)."]
 
 
 def write_readme(record: dict, readme: Path, check: bool = False) -> bool:
@@ -605,6 +647,45 @@ def gaps_to_dino(record: dict, seed: int = 0, epochs: int = 100) -> dict[str, li
         if run is not None:
             out[variant] = [(e, y - base[e]) for e, y in sorted(_curve(run).items()) if e in base]
     return out
+
+
+def epochs_to_match(curve: dict[int, float], reference: dict[int, float]) -> list[tuple[int, float | None]]:
+    """For each epoch e of `curve` (SCFS's kNN20 checkpoints), the epoch at which `reference` (DINO's curve, same
+    seed and schedule) first reaches the value `curve` has at e, interpolated linearly between its checkpoints
+    (from epoch 0 at minus infinity: a value reached at the first checkpoint reads as that epoch), or None when
+    `reference` never reaches it. The ratio to e is how many times the epochs DINO needs: a constant ratio is
+    faster training; None at the end means SCFS ends where DINO's schedule does not get."""
+    ref = sorted(reference.items())
+    out: list[tuple[int, float | None]] = []
+    for e, y in sorted(curve.items()):
+        at = None
+        for i, (e1, v1) in enumerate(ref):
+            if v1 >= y:
+                if i == 0:
+                    at = float(e1)
+                else:
+                    e0, v0 = ref[i - 1]
+                    at = e0 + (y - v0) / (v1 - v0) * (e1 - e0)
+                break
+        out.append((e, at))
+    return out
+
+
+def _pairs_with_curves(rows: list[dict]) -> list[tuple[int, int, dict, dict]]:
+    """(epochs, seed, SCFS soft run, DINO run) for every schedule and seed where both runs have a kNN curve."""
+    out = []
+    for r in rows:
+        if r["method"] != "scfs" or r["variant"] != "soft" or not r.get("curve"):
+            continue
+        d = next((x for x in rows if x["method"] == "dino" and x["seed"] == r["seed"] and x["epochs"] == r["epochs"]
+                  and x.get("curve")), None)
+        if d is not None:
+            out.append((r["epochs"], r["seed"], r, d))
+    return sorted(out, key=lambda t: (t[0], t[1]))
+
+
+def _match_cell(e: int, at: float | None) -> str:
+    return "not reached" if at is None else f"{at:.0f} ({at / e:.2f}x)"
 
 
 def curve_figure(record: dict, out: Path, epochs: int = 100) -> Path:

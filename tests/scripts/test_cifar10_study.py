@@ -206,6 +206,36 @@ def test_gaps_to_dino_pair_epochs_of_the_same_seed_and_schedule(study, tmp_path:
     assert out.stat().st_size > 5000
 
 
+def test_epochs_to_match_interpolates_dinos_curve_and_says_when_it_never_gets_there(study) -> None:
+    dino = {10: 40.0, 20: 50.0, 30: 60.0}
+    scfs = {10: 45.0, 20: 55.0, 30: 61.0, 5: 30.0}
+    # 45 is halfway from 40 (epoch 10) to 50 (epoch 20); 30 is below DINO's first checkpoint; 61 is never reached
+    assert study.epochs_to_match(scfs, dino) == [(5, 10.0), (10, 15.0), (20, 25.0), (30, None)]
+    assert study.epochs_to_match({10: 40.0}, dino) == [(10, 10.0)]  # equal counts as reached
+    assert study.epochs_to_match({10: 1.0}, {}) == [(10, None)]
+
+
+def test_render_and_readme_say_when_dino_reaches_scfs(study) -> None:
+    def row(m: str, v: str, seed: int, epochs: int, ys: dict[int, float]) -> dict:
+        r = _run_row(m, v, seed, epochs, ys[max(ys)], 80.0)
+        r["curve"] = [{"epoch": e, "top1_k20": y} for e, y in ys.items()]
+        return r
+
+    rows = [row("dino", "dino", s, 100, {50: 40.0, 100: 50.0}) for s in (0, 1)]
+    rows += [row("scfs", "soft", 0, 100, {50: 45.0, 100: 51.0}), row("scfs", "soft", 1, 100, {50: 50.0, 100: 52.0}),
+             row("scfs", "none", 0, 100, {50: 99.0, 100: 99.0})]  # not the soft search: not paired
+    text = study.render({"runs": rows})
+    assert "| 100 epochs, seed 0: SCFS epoch | 50 | 100 |" in text
+    assert "| DINO reaches it at | 75 (1.50x) | not reached |" in text
+    assert "| DINO reaches it at | 100 (2.00x) | not reached |" in text
+    block = study.readme_block({"runs": rows})
+    assert ("over 100 epochs (seeds 0 / 1) DINO reaches SCFS's epoch-50 value at epoch 75 / 100 and SCFS's "
+            "epoch-100 value on no seed") in block
+    rows[0]["curve"].append({"epoch": 150, "top1_k20": 60.0})  # a value past SCFS's, beyond the schedule's end
+    assert "epoch-100 value at epoch 105 / never" in study.readme_block({"runs": rows})
+    assert "Faster or better" not in study.readme_block({"runs": [r for r in rows if r["method"] == "scfs"]})
+
+
 def test_plan_is_the_jobs_of_the_hydra_study_configs(study) -> None:
     """The window runner and `python -m scfs.train -m +study=...` run the same jobs: the seed pairs, the ablation
     and the long pair, each once, the central claim first."""

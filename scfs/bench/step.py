@@ -519,13 +519,21 @@ def _aug_ms(model: Any, b: int, size: int) -> float | None:
     return statistics.median(s.elapsed_time(e) for s, e in ts)
 
 
+def published_setting(setting: str) -> str:
+    """The eager setting a row's published reference was measured at: the row's precision and memory format with
+    its compilation taken off (`bf16_cl_graphs`, `bf16_cl_compile` and `bf16_cl_cudagraphs` -> `bf16_cl`)."""
+    base = setting.split(" ")[0]
+    for suffix in ("_cudagraphs", "_graphs", "_compile"):
+        base = base.removesuffix(suffix)
+    return base
+
+
 def add_reference(rows: list[dict], suite: str, compare: dict | None) -> None:
     """Published reference, SCFS/DINO ratio and (with a 1-process record) the scaling efficiency."""
     by = {(r["method"], r["B"], r["setting"]): r for r in rows if "step_ms" in r}
     base = {(r["method"], r["B"], r["setting"]): r for r in (compare or {}).get("rows", []) if "img_per_s" in r}
     for r in rows:
-        base_setting = r["setting"].split(" ")[0].replace("_compile", "").replace("_graphs", "")
-        pub = PUBLISHED.get((suite, r["method"], r["B"], base_setting))
+        pub = PUBLISHED.get((suite, r["method"], r["B"], published_setting(r["setting"])))
         if pub:
             r["published"] = {"step_ms": pub[0], "img_per_s": pub[1], "setting": pub[2], "peak_GiB": pub[3]}
         dino = by.get(("dino", r["B"], r["setting"]))

@@ -381,3 +381,15 @@ def test_time_steps_times_each_step_after_the_warmup_and_reads_counters_between(
     calls.clear()
     clock, last = time_steps(step, 2, 0, cuda=False, after_warmup=lambda: calls.append("warm"))
     assert calls == ["step0", "step1", "warm"] and clock.step_ms(2) == [] and clock.warmup_s(2) >= 0.05
+
+
+def test_every_compiled_row_is_compared_with_the_published_eager_step() -> None:
+    from scfs.bench.step import PUBLISHED, add_reference, published_setting
+
+    assert [published_setting(s) for s in ("bf16_cl_graphs", "bf16_cl_cudagraphs", "bf16_cl_compile", "bf16_cl",
+                                           "bf16_graphs")] == ["bf16_cl"] * 4 + ["bf16"]
+    rows = [{"method": m, "B": 32, "setting": "bf16_cl_cudagraphs", "step_ms": ms, "img_per_s": 32e3 / ms}
+            for m, ms in (("scfs", 64.0), ("dino", 51.2))]
+    add_reference(rows, "resnet50", None)
+    assert rows[0]["published"]["img_per_s"] == PUBLISHED[("resnet50", "scfs", 32, "bf16_cl")][1]
+    assert rows[0]["ratio_scfs_dino"] == pytest.approx(1.25)

@@ -5,7 +5,9 @@ and the swept fast linear probe (in the same window: checkpoints do not outlive 
     python scripts/cifar10_study.py run --out /tmp/study --parallel 4 --deadline <unix time> [--ramp]
     python scripts/cifar10_study.py render benchmarks/results/cifar10-quality-*.json \
         --out benchmarks/results/cifar10-quality.md
-    python scripts/cifar10_study.py figure benchmarks/results/cifar10-quality-*.json --out docs/cifar10_knn_curves.png
+    python scripts/cifar10_study.py figure benchmarks/results/cifar10-quality-*.json --out docs/cifar10_knn_curves.png \
+        [--partial benchmarks/results/cifar10-partial-*.json]
+    python scripts/cifar10_study.py partial <extracted study.tgz> --commit <c> --why '<why the runs stopped>'
 
 The runs are the jobs of the Hydra study configs `conf/study/cifar10_{seeds,ablation,long}.yaml` (what
 `python -m scfs.train -m +study=<name>` runs); this runner adds what a GPU window of ~25 minutes needs around them.
@@ -419,6 +421,79 @@ def row_of_train_ok(summary_file: Path, run: Run) -> bool:
 
 
 # ---- the tables --------------------------------------------------------------------------------------------------
+def partial_record(run_dir: Path, run: Run, why: str, commit: str, date: str, rows: dict[str, dict]) -> dict:
+    """An incomplete run as a record of its own: the kNN curve it wrote before its machine went (`knn_curve.json`,
+    brought back by `watch`), beside its partner's (the other method, same seed and schedule) from the complete
+    rows `rows`, at the epochs both have. `"complete": false`: the study's tables, figure rows and skip list never
+    read it (the run is still to run); `figure --partial` draws its curve."""
+    curve = [{"epoch": p["epoch"], "top1_k20": round(p["top1_k20"], 2), "top1_k200": round(p["top1_k200"], 2)}
+             for p in json.loads((run_dir / "knn_curve.json").read_text())]
+    if not curve:
+        raise SystemExit(f"{run_dir}/knn_curve.json holds no checkpoint: nothing to keep of {run.key}")
+    partner_key = (f"dino-dino-s{run.seed}-e{run.epochs}" if run.method == "scfs"
+                   else f"scfs-soft-s{run.seed}-e{run.epochs}")
+    partner = rows.get(partner_key)
+    paired = []
+    if partner is not None:
+        theirs = {p["epoch"]: p for p in partner.get("curve") or []}
+        for p in curve:
+            q = theirs.get(p["epoch"])
+            if q is not None:
+                paired.append({"epoch": p["epoch"], "this_k20": p["top1_k20"], "partner_k20": round(q["top1_k20"], 2),
+                               "gap_k20": round(p["top1_k20"] - q["top1_k20"], 2), "this_k200": p["top1_k200"],
+                               "partner_k200": round(q["top1_k200"], 2),
+                               "gap_k200": round(p["top1_k200"] - q["top1_k200"], 2)})
+    overrides = [o for o in run.overrides() if not o.startswith("name=")]
+    command = " ".join([f"python -m scfs.train -m +study={run.study}", *overrides, "data.root=data/cifar10"])
+    return {"complete": False, "run": run.key, "method": run.method, "variant": run.variant, "seed": run.seed,
+            "epochs_planned": run.epochs, "last_epoch_measured": curve[-1]["epoch"], "why_incomplete": why,
+            "command": command, "commit": commit, "date": date, "partner": partner_key if partner else None,
+            "partner_commit": partner.get("commit") if partner else None, "curve": curve, "paired_curve": paired}
+
+
+def render_partial(rec: dict) -> str:
+    """The markdown of an incomplete run's record: why it stopped, its curve beside its partner's."""
+    name = {"scfs": "SCFS", "dino": "DINO"}
+    this = name.get(rec["method"], rec["method"])
+    out = [f"# CIFAR-10, {rec['run']}: an incomplete run (kNN curve to epoch {rec['last_epoch_measured']} of "
+           f"{rec['epochs_planned']})", "",
+           f"Commit `{rec['commit']}`, {rec['date']}. **Not a result of the study**: {rec['why_incomplete']}. "
+           "No final kNN, no linear probe; the study's tables do not read this record and the run is still to run.",
+           "", f"Run: `{rec['command']}`."]
+    if rec["paired_curve"]:
+        other = "DINO" if rec["method"] == "scfs" else "SCFS"
+        out += ["", f"kNN top-1 (k = 20, 200) at the same epochs of the same schedule as its partner "
+                f"`{rec['partner']}` (complete, commit `{rec['partner_commit']}`):", "",
+                f"| epoch | {this} k20 | {other} k20 | difference | {this} k200 | {other} k200 | difference |",
+                "|---|---|---|---|---|---|---|"]
+        for r in rec["paired_curve"]:
+            out.append(f"| {r['epoch']} | {r['this_k20']:.2f} | {r['partner_k20']:.2f} | {r['gap_k20']:+.2f} | "
+                       f"{r['this_k200']:.2f} | {r['partner_k200']:.2f} | {r['gap_k200']:+.2f} |")
+    else:
+        out += ["", "| epoch | kNN20 | kNN200 |", "|---|---|---|"]
+        out += [f"| {p['epoch']} | {p['top1_k20']:.2f} | {p['top1_k200']:.2f} |" for p in rec["curve"]]
+    return "\n".join(out) + "\n"
+
+
+def write_partials(study_dir: Path, out: Path, why: str, commit: str, date: str, pattern: str) -> list[Path]:
+    """Incomplete records for every run of the plan that has a kNN curve under `<study_dir>/runs/<key>/` and no
+    complete row, neither committed (`pattern`) nor in the window's own record (`<study_dir>/out/`)."""
+    rows = committed(pattern)
+    rows.update(committed(str(study_dir / "out" / "cifar10-quality-*.json")))
+    written = []
+    for run in plan():
+        run_dir = study_dir / "runs" / run.key
+        if run.key in rows or not (run_dir / "knn_curve.json").is_file():
+            continue
+        rec = partial_record(run_dir, run, why, commit, date, rows)
+        stem = out / f"cifar10-partial-{date}-{commit}-{run.key}"
+        out.mkdir(parents=True, exist_ok=True)
+        stem.with_suffix(".json").write_text(json.dumps(rec, indent=1) + "\n")
+        stem.with_suffix(".md").write_text(render_partial(rec))
+        written.append(stem.with_suffix(".json"))
+    return written
+
+
 def mean_std(xs: list[float]) -> str:
     xs = [x for x in xs if x is not None]
     if not xs:
@@ -688,11 +763,25 @@ def _match_cell(e: int, at: float | None) -> str:
     return "not reached" if at is None else f"{at:.0f} ({at / e:.2f}x)"
 
 
-def curve_figure(record: dict, out: Path, epochs: int = 100) -> Path:
+def partials_to_draw(record: dict, partial: list[dict]) -> list[dict]:
+    """The incomplete runs' records whose run has no complete row in `record` (a complete run replaces its
+    incomplete curve), one per run (the longest curve)."""
+    done = {f"{r['method']}-{r['variant']}-s{r['seed']}-e{r['epochs']}" for r in record["runs"]}
+    best: dict[str, dict] = {}
+    for rec in partial:
+        if rec.get("complete") is not False or rec["run"] in done:
+            continue
+        if rec["run"] not in best or rec["last_epoch_measured"] > best[rec["run"]]["last_epoch_measured"]:
+            best[rec["run"]] = rec
+    return list(best.values())
+
+
+def curve_figure(record: dict, out: Path, epochs: int = 100, partial: list[dict] | None = None) -> Path:
     """kNN20 of the teacher against epochs. Left: SCFS (soft) vs DINO, each seed a thin line, the mean over seeds
     bold, a band of mean ± std where there are two seeds or more, and the longer pair (seed 0, its own cosine
     schedule) dashed. Right, once an ablation run exists: each variant's gap to DINO (seed 0), which tells a lead
-    that closes (faster training) from one that stays (better features)."""
+    that closes (faster training) from one that stays (better features). `partial`: incomplete runs' records
+    (`partial_record`), drawn dotted to where they stopped, unless a complete row of the same run exists."""
     import numpy as np
 
     from scfs.plotting import new_figure
@@ -708,6 +797,12 @@ def curve_figure(record: dict, out: Path, epochs: int = 100) -> Path:
             c = sorted(_curve(r).items())
             ax.plot([e for e, _ in c], [y for _, y in c], color=colour, lw=1.4, ls="--",
                     label=f"{label}, {r['epochs']}-epoch schedule (seed {r['seed']})")
+        for rec in partials_to_draw(record, partial or []):
+            if rec["method"] == method and rec["variant"] == variant:
+                c = [(p["epoch"], p["top1_k20"]) for p in rec["curve"]]
+                ax.plot([e for e, _ in c], [y for _, y in c], color=colour, lw=1.4, ls=":",
+                        label=f"{label}, {rec['epochs_planned']}-epoch schedule (seed {rec['seed']}), "
+                              f"incomplete: to epoch {rec['last_epoch_measured']}")
         if not runs:
             continue
         xs = sorted({p["epoch"] for r in runs for p in r["curve"]})
@@ -723,6 +818,8 @@ def curve_figure(record: dict, out: Path, epochs: int = 100) -> Path:
     ax.set_ylabel("kNN top-1, k=20 (%)")
     longer = any(r["epochs"] > epochs and r.get("curve") for r in record["runs"])
     schedules = f"{epochs} epochs, dashed: longer schedule" if longer else f"{epochs} epochs"
+    if any(line.get_linestyle() == ":" for line in ax.get_lines()):
+        schedules += ", dotted: incomplete"
     ax.set_title(f"CIFAR-10, ResNet-18, teacher kNN20 ({schedules})\nband: ± std over seeds", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=7)
@@ -765,6 +862,16 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("figure", help="kNN20 against epochs, SCFS vs DINO, band over seeds (records merged)")
     c.add_argument("records", nargs="+")
     c.add_argument("--out", default="docs/cifar10_knn_curves.png")
+    c.add_argument("--partial", nargs="*", default=[], help="incomplete runs' records (cifar10-partial-*.json), "
+                   "drawn dotted to where they stopped")
+    q = sub.add_parser("partial", help="incomplete records for the runs of a study folder (an extracted watch "
+                       "archive) that have a kNN curve but no row: runs lost with their machine")
+    q.add_argument("study_dir", help="the folder holding runs/<key>/knn_curve.json (and out/, if any)")
+    q.add_argument("--why", required=True, help="why the run stopped, in a sentence")
+    q.add_argument("--commit", required=True)
+    q.add_argument("--date", default=None, help="the window's date (default: today)")
+    q.add_argument("--out", default="benchmarks/results")
+    q.add_argument("--committed", default="benchmarks/results/cifar10-quality-*.json")
     m = sub.add_parser("readme", help="the README's CIFAR-10 block, between its markers, from the records merged")
     m.add_argument("records", nargs="+")
     m.add_argument("--file", default="README.md")
@@ -772,6 +879,13 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.what == "run":
         return main_run(a)
+    if a.what == "partial":
+        import datetime as dt
+
+        written = write_partials(Path(a.study_dir), Path(a.out), a.why, a.commit,
+                                 a.date or dt.date.today().isoformat(), a.committed)
+        print("\n".join(str(p) for p in written) or f"{a.study_dir}: no run with a curve and no row")
+        return 0
     record = merge([Path(r) for r in a.records])
     if a.what == "readme":
         ok = write_readme(record, Path(a.file), check=a.check)
@@ -780,7 +894,8 @@ def main(argv: list[str] | None = None) -> int:
                   "readme benchmarks/results/cifar10-quality-*.json")
         return 0 if ok else 1
     if a.what == "figure":
-        print(curve_figure(record, Path(a.out)))
+        partial = [json.loads(Path(f).read_text()) for f in a.partial]
+        print(curve_figure(record, Path(a.out), partial=partial))
         return 0
     if a.out is None and len(a.records) > 1:
         p.error("render of several records needs --out (the merged tables have no single record to sit beside)")

@@ -236,6 +236,47 @@ def test_render_and_readme_say_when_dino_reaches_scfs(study) -> None:
     assert "Faster or better" not in study.readme_block({"runs": [r for r in rows if r["method"] == "scfs"]})
 
 
+def test_a_lost_runs_curve_becomes_an_incomplete_record_the_study_does_not_read(study, tmp_path: Path) -> None:
+    def curve(ys: dict[int, float]) -> list[dict]:
+        return [{"epoch": e, "top1_k20": y, "top1_k200": y - 1} for e, y in ys.items()]
+
+    results = tmp_path / "results"
+    results.mkdir()
+    dino = dict(_run_row("dino", "dino", 0, 200, 86.8, 88.0), curve=curve({10: 46.0, 20: 58.0, 30: 68.0}),
+                commit="d1")
+    done = dict(_run_row("scfs", "soft", 0, 100, 82.7, 84.9), curve=curve({10: 51.0}))
+    (results / "cifar10-quality-2026-12-03-d1.json").write_text(json.dumps({"runs": [dino, done]}))
+    box = tmp_path / "study"  # an extracted watch archive: the lost run, a recorded one, a run of the window's own
+    for key, ys in (("scfs-soft-s0-e200", {10: 51.5, 20: 65.5}), ("scfs-soft-s0-e100", {10: 51.0}),
+                    ("dino-dino-s1-e100", {10: 40.0})):
+        (box / "runs" / key).mkdir(parents=True)
+        (box / "runs" / key / "knn_curve.json").write_text(json.dumps(curve(ys)))
+    (box / "out").mkdir()
+    (box / "out" / "cifar10-quality-2026-12-04-c2.json").write_text(
+        json.dumps({"runs": [_run_row("dino", "dino", 1, 100, 80.6, 83.5)]}))
+    out = tmp_path / "records"
+    written = study.write_partials(box, out, "the machine went", "c2", "2026-12-04",
+                                   str(results / "cifar10-quality-*.json"))
+    assert [p.name for p in written] == ["cifar10-partial-2026-12-04-c2-scfs-soft-s0-e200.json"]
+    rec = json.loads(written[0].read_text())
+    assert rec["complete"] is False and rec["last_epoch_measured"] == 20 and rec["epochs_planned"] == 200
+    assert rec["partner"] == "dino-dino-s0-e200" and rec["partner_commit"] == "d1"
+    assert [(r["epoch"], r["gap_k20"]) for r in rec["paired_curve"]] == [(10, 5.5), (20, 7.5)]
+    assert "search=soft" in rec["command"] and "+study=cifar10_long" in rec["command"]
+    md = written[0].with_suffix(".md").read_text()
+    assert "an incomplete run (kNN curve to epoch 20 of 200)" in md and "the machine went" in md
+    assert "| 20 | 65.50 | 58.00 | +7.50 | 64.50 | 57.00 | +7.50 |" in md
+    # the study's skip list and tables read complete rows only: the lost run is still to run
+    assert "scfs-soft-s0-e200" not in study.committed(str(out / "cifar10-quality-*.json"))
+    record = {"runs": [dino, done]}
+    assert study.partials_to_draw(record, [rec]) == [rec]
+    assert study.partials_to_draw({"runs": [dino, done, _run_row("scfs", "soft", 0, 200, 87.0, 88.0)]}, [rec]) == []
+    assert study.curve_figure(record, tmp_path / "fig.png", partial=[rec]).stat().st_size > 5000
+    (box / "runs" / "scfs-soft-s0-e200" / "knn_curve.json").write_text("[]")
+    with pytest.raises(SystemExit, match="holds no checkpoint"):
+        study.write_partials(box, out, "x", "c2", "2026-12-04", str(results / "cifar10-quality-*.json"))
+
+
 def test_plan_is_the_jobs_of_the_hydra_study_configs(study) -> None:
     """The window runner and `python -m scfs.train -m +study=...` run the same jobs: the seed pairs, the ablation
     and the long pair, each once, the central claim first."""

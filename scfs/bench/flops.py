@@ -1,0 +1,156 @@
+"""The work of one training step in FLOPs, part by part, SCFS against DINO: the floor under the SCFS / DINO
+step-time ratio.
+
+Why: the speed target "SCFS step within 10 % of DINO's" only makes sense if SCFS's extra work allows it. SCFS adds
+per-stage heads (a residual 1x1-3x3-1x1 bottleneck and a projection MLP) on the student's global and local maps
+and on the teacher's global maps, and a teacher branch over the N·B *searched* maps of global-view size, whose 3x3
+conv cannot be commuted in front of the search (a ReLU sits between). On a GPU-bound step the time ratio cannot
+fall much below the ratio of the work, whatever the kernels; this benchmark counts that work exactly, with
+`torch.utils.flop_counter.FlopCounterMode` (matmuls and convolutions, forward and backward; elementwise and
+normalisation ops are not counted: they cost memory traffic, not FLOPs), on the recipe's real modules and view
+sizes, in float32 on the CPU (FLOPs do not depend on the device or the dtype). The search runs its reference
+backend, whose similarity and weighting are plain matmuls and so counted.
+
+Parts (per image of the batch): the student's and the teacher's backbones (forward), their heads (DINO head, and
+for SCFS the stage heads), the losses with the search and the teacher's searched branch, and the backward split
+into the backbone's and the rest. Each part is counted on its own calls of the real step functions
+(`student_forward`, `teacher_forward`, the method's loss, `backward`); the backbone parts by calling the backbones
+alone on the same views, and the heads are the difference.
+
+    python -m scfs.bench.flops [--recipe imagenet cifar10 imagenet_vit] [--out benchmarks/results]
+    python -m scfs.bench.flops --tiny --out /tmp/x      # seconds, for the test
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+from pathlib import Path
+from typing import Any
+
+from scfs.bench.records import provenance, save_record, source_commit
+
+PARTS = ("student backbone", "student heads", "teacher backbone", "teacher heads", "losses, search, searched branch",
+         "backward: backbone", "backward: heads and losses")
+METHODS = ("scfs", "dino")
+
+
+def _count(fn: Any) -> tuple[Any, int]:
+    """`fn()` and the FLOPs it ran (matmuls and convolutions)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        out = fn()
+    return out, int(counter.get_total_flops())
+
+
+def step_flops(cfg: Any) -> dict[str, Any]:
+    """FLOPs per image of each part of one training step (`PARTS`) of the method `cfg` builds, and their total."""
+    import torch
+
+    from scfs.methods.networks import student_forward, teacher_forward
+    from scfs.train import build
+
+    torch.manual_seed(int(cfg.seed))
+    _, model = build(cfg)
+    model = model.train()
+    b, n_local = int(cfg.batch_size), int(cfg.crops.n_local)
+    gen = torch.Generator().manual_seed(1)
+    g = torch.randn(2 * b, 3, int(cfg.crops.global_size), int(cfg.crops.global_size), generator=gen)
+    loc = (torch.randn(n_local * b, 3, int(cfg.crops.local_size), int(cfg.crops.local_size), generator=gen)
+           if n_local else None)
+    stages, local_heads = model.stages, model._local_heads
+    st, student_all = _count(lambda: student_forward(model.student, g, loc, stages, local_heads))
+    with torch.no_grad():
+        te, teacher_all = _count(lambda: teacher_forward(model.teacher, g, stages))
+        model.prepare_loss(st, te)  # the search backend is chosen on real maps once, outside the counted calls
+
+        def student_backbone() -> None:
+            model.student["backbone"](g)
+            if loc is not None:
+                model.student["backbone"](loc)
+
+        _, student_bb = _count(student_backbone)
+        _, teacher_bb = _count(lambda: model.teacher["backbone"](g))  # the teacher sees the global views only
+    temp = model._temp_arg(0.04, torch.device("cpu"))
+    (loss, _), losses = _count(lambda: model._loss_fn(model, st, te, b, n_local, temp, False))
+    _, backward_all = _count(loss.backward)
+
+    def backbone_backward() -> None:  # every stage map the step reads gets a gradient, as in the step
+        s_g = model.student["backbone"](g)
+        maps = list(s_g.values()) + (list(model.student["backbone"](loc).values()) if loc is not None else [])
+        sum(m.float().mean() for m in maps).backward()
+
+    model.zero_grad(set_to_none=True)
+    _, bb_fwd_bwd = _count(backbone_backward)
+    bb_backward = bb_fwd_bwd - student_bb
+    per = {"student backbone": student_bb, "student heads": student_all - student_bb, "teacher backbone": teacher_bb,
+           "teacher heads": teacher_all - teacher_bb, "losses, search, searched branch": losses,
+           "backward: backbone": bb_backward, "backward: heads and losses": backward_all - bb_backward}
+    parts = {k: v / b for k, v in per.items()}
+    return {"parts": parts, "total": sum(parts.values()), "batch": b, "n_local": n_local,
+            "global_size": int(cfg.crops.global_size), "local_size": int(cfg.crops.local_size),
+            "backbone": str(cfg.backbone.name), "stages": list(stages)}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from scfs.bench.compile import compose
+
+    result: dict[str, Any] = {"date": dt.date.today().isoformat(), "commit": source_commit(),
+                              "command": "python -m scfs.bench.flops " + " ".join(args.argv), "tiny": args.tiny,
+                              "recipes": {}}
+    for recipe in args.recipe:
+        rows = {}
+        for method in METHODS:
+            extra = [f"method={method}", f"batch_size={args.batch}", "search.backend=reference"]
+            cfg = compose(recipe, "cpu", args.tiny, "model", False, extra)
+            rows[method] = step_flops(cfg)
+            print(f"{recipe} {method}: {rows[method]['total'] / 1e9:.2f} GFLOP per image", flush=True)
+        rows["ratio"] = rows["scfs"]["total"] / rows["dino"]["total"]
+        result["recipes"][recipe] = rows
+    return result
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = [f"# Work of one training step in FLOPs, SCFS against DINO ({result['date']})", "",
+             f"{provenance(result.get('commit'), result['command'])} Matmul and convolution FLOPs per image "
+             "(`torch.utils.flop_counter.FlopCounterMode`, forward and backward, float32 on the CPU; elementwise and "
+             "normalisation ops are not counted), on each recipe's modules and view sizes. The ratio is the floor "
+             "under the SCFS / DINO step-time ratio of a compute-bound step.", ""]
+    for recipe, rows in result["recipes"].items():
+        s, d = rows["scfs"], rows["dino"]
+        title = "the CPU default" if recipe == "default" else f"`+experiment={recipe}`"
+        lines += [f"## {title}: {s['backbone']}, 2 x {s['global_size']} + {s['n_local']} x "
+                  f"{s['local_size']} views, SCFS stages {', '.join(s['stages'])}", "",
+                  "| part | SCFS GFLOP | DINO GFLOP | SCFS − DINO | share of SCFS's extra |", "|---|---|---|---|---|"]
+        extra = s["total"] - d["total"]
+        for part in PARTS:
+            a, c = s["parts"][part] / 1e9, d["parts"][part] / 1e9
+            share = f"{(a - c) * 1e9 / extra:.0%}" if extra > 0 else "-"
+            lines.append(f"| {part} | {a:.2f} | {c:.2f} | {a - c:+.2f} | {share} |")
+        lines += [f"| **step** | **{s['total'] / 1e9:.2f}** | **{d['total'] / 1e9:.2f}** | "
+                  f"**{extra / 1e9:+.2f}** | |", "", f"SCFS / DINO work ratio: **{rows['ratio']:.3f}**.", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--recipe", nargs="+", default=["imagenet", "cifar10", "imagenet_vit"],
+                   help="experiments (+experiment=<name>), or 'default' for the CPU default")
+    p.add_argument("--batch", type=int, default=32,
+                   help="images per step (FLOPs are given per image; a few batch-independent products, the "
+                        "closed-form BatchNorm's weight x moments, shrink per image as it grows)")
+    p.add_argument("--tiny", action="store_true", help="the compile benchmark's tiny network (the CPU test)")
+    p.add_argument("--out", default="benchmarks/results")
+    args = p.parse_args(argv)
+    args.argv = argv
+    result = run(args)
+    name = f"flops-{result['date']}" + (f"-{result['commit']}" if result["commit"] else "")
+    print(save_record(result, Path(args.out) / name, markdown))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -122,7 +122,7 @@ def markdown(result: dict[str, Any]) -> str:
         s, d = rows["scfs"], rows["dino"]
         title = "the CPU default" if recipe == "default" else f"`+experiment={recipe}`"
         lines += [f"## {title}: {s['backbone']}, 2 x {s['global_size']} + {s['n_local']} x "
-                  f"{s['local_size']} views, SCFS stages {', '.join(s['stages'])}", "",
+                  f"{s['local_size']} views, B={s['batch']}, SCFS stages {', '.join(s['stages'])}", "",
                   "| part | SCFS GFLOP | DINO GFLOP | SCFS − DINO | share of SCFS's extra |", "|---|---|---|---|---|"]
         extra = s["total"] - d["total"]
         for part in PARTS:

@@ -102,6 +102,11 @@ def plan(conf_dir: Path = STUDY_DIR) -> list[Run]:
     return sorted(runs, key=lambda r: (r.epochs, r.variant not in ("soft", "dino"), r.seed))
 
 
+def row_key(row: dict) -> str:
+    """A record row's run key, as `Run.key` names the run."""
+    return Run(row["method"], row["variant"], row["seed"], row["epochs"]).key
+
+
 def committed_records(pattern: str) -> list[dict]:
     """The committed window records matching `pattern`, in file-name order."""
     return [json.loads(Path(f).read_text()) for f in sorted(glob.glob(pattern))]
@@ -109,7 +114,7 @@ def committed_records(pattern: str) -> list[dict]:
 
 def committed(pattern: str) -> dict[str, dict]:
     """Rows already in committed records, by run key (a run there is not run again)."""
-    return {f"{r['method']}-{r['variant']}-s{r['seed']}-e{r['epochs']}": r
+    return {row_key(r): r
             for rec in committed_records(pattern) for r in rec.get("runs", [])}
 
 
@@ -262,7 +267,7 @@ def main_run(a: argparse.Namespace) -> int:
     # one record per window, named by its commit too: two windows of one day do not share a file name
     record_path = out / f"cifar10-quality-{date}-{commit}.json"
     record = json.loads(record_path.read_text()) if record_path.is_file() else {"runs": [], "concurrency": {}}
-    have = {f"{r['method']}-{r['variant']}-s{r['seed']}-e{r['epochs']}" for r in record["runs"]}
+    have = {row_key(r) for r in record["runs"]}
     todo = [r for r in todo if r.key not in have]
     print(f"[study] {len(done_rows)} runs in committed records, {len(todo)} to run: {[r.key for r in todo]}",
           flush=True)
@@ -430,8 +435,8 @@ def partial_record(run_dir: Path, run: Run, why: str, commit: str, date: str, ro
              for p in json.loads((run_dir / "knn_curve.json").read_text())]
     if not curve:
         raise SystemExit(f"{run_dir}/knn_curve.json holds no checkpoint: nothing to keep of {run.key}")
-    partner_key = (f"dino-dino-s{run.seed}-e{run.epochs}" if run.method == "scfs"
-                   else f"scfs-soft-s{run.seed}-e{run.epochs}")
+    partner_key = (Run("dino", "dino", run.seed, run.epochs) if run.method == "scfs"
+                   else Run("scfs", "soft", run.seed, run.epochs)).key
     partner = rows.get(partner_key)
     paired = []
     if partner is not None:
@@ -561,7 +566,7 @@ def render(record: dict, committed_rows: dict[str, dict] | None = None) -> str:
                 "|---|---|---|---|"]
         for r in sorted(abl, key=lambda r: -(r["knn_top1_k20"] or 0)):
             out.append(f"| {r['variant']} | {f(r['knn_top1_k20'])} | {f(r['knn_top1_k200'])} | {f(r['linear_top1'])} |")
-    recorded = {f"{r['method']}-{r['variant']}-s{r['seed']}-e{r['epochs']}" for r in rows}
+    recorded = {row_key(r) for r in rows}
     left = [r.key for r in plan() if r.key not in recorded]
     if left:
         out += ["", f"Still to run ({len(left)} of {len(plan())}): " + ", ".join(f"`{k}`" for k in left) + "."]
@@ -644,7 +649,7 @@ def readme_block(record: dict) -> str:
         if d0:
             parts.append(f"DINO {d0['knn_top1_k20']:.2f} / {d0['linear_top1']:.2f}")
         out += ["", "Ablation, seed 0, 100 epochs, kNN20 / linear, best first: " + ", ".join(parts) + "."]
-    recorded = {f"{r['method']}-{r['variant']}-s{r['seed']}-e{r['epochs']}" for r in rows}
+    recorded = {row_key(r) for r in rows}
     left = [r.key for r in plan() if r.key not in recorded]
     done = f"{len(plan()) - len(left)} of {len(plan())} runs"
     out += ["", f"{done}" + (f" (still to run: {', '.join(f'`{k}`' for k in left)})" if left else "") + "; "
@@ -662,9 +667,10 @@ def _match_lines(rows: list[dict]) -> list[str]:
     for epochs in sorted({p[0] for p in pairs}):
         mine = [p for p in pairs if p[0] == epochs]
         seeds = " / ".join(str(p[1]) for p in mine)
+        matches = [dict(epochs_to_match(_curve(sc), _curve(dn))) for _, _, sc, dn in mine]
         cells = []
         for at_epoch in (epochs // 2, epochs):
-            found = [dict(epochs_to_match(_curve(sc), _curve(dn))).get(at_epoch, "absent") for _, _, sc, dn in mine]
+            found = [m.get(at_epoch, "absent") for m in matches]
             if any(f == "absent" for f in found):
                 continue
             if all(f is None for f in found):
@@ -766,7 +772,7 @@ def _match_cell(e: int, at: float | None) -> str:
 def partials_to_draw(record: dict, partial: list[dict]) -> list[dict]:
     """The incomplete runs' records whose run has no complete row in `record` (a complete run replaces its
     incomplete curve), one per run (the longest curve)."""
-    done = {f"{r['method']}-{r['variant']}-s{r['seed']}-e{r['epochs']}" for r in record["runs"]}
+    done = {row_key(r) for r in record["runs"]}
     best: dict[str, dict] = {}
     for rec in partial:
         if rec.get("complete") is not False or rec["run"] in done:

@@ -76,6 +76,21 @@ def _autocast(precision: str, device: str) -> Any:
     return torch.autocast(device, dtype=dtype) if dtype is not None else contextlib.nullcontext()
 
 
+def recipe_views(cfg: Any, device: str = "cpu", channels_last: bool = False) -> tuple[Any, Any]:
+    """Random views of the recipe's sizes, as a step takes them: the two global views of `cfg.batch_size` images
+    as one batch, the local views as another (None without local views), seeded, in the model's memory format."""
+    import torch
+
+    b, n_local = int(cfg.batch_size), int(cfg.crops.n_local)
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    cl = torch.channels_last if channels_last else torch.contiguous_format
+    views = [torch.randn(b, 3, s, s, generator=gen).to(device)
+             for s in [int(cfg.crops.global_size)] * 2 + [int(cfg.crops.local_size)] * n_local]
+    g = torch.cat(views[:2]).contiguous(memory_format=cl)
+    loc = torch.cat(views[2:]).contiguous(memory_format=cl) if n_local else None
+    return g, loc
+
+
 def measure(cfg: Any, device: str, first: int, steady: int, artifacts_in: str | None,
             artifacts_out: str | None) -> dict[str, Any]:
     """One row, in this process: build, load `artifacts_in`, time the first and the steady steps, save
@@ -104,12 +119,7 @@ def measure(cfg: Any, device: str, first: int, steady: int, artifacts_in: str | 
     model = model.to(device).train()
     opt = model.configure_optimizers()
     b, n_local = int(cfg.batch_size), int(cfg.crops.n_local)
-    gen = torch.Generator(device="cpu").manual_seed(1)
-    cl = torch.channels_last if model.channels_last else torch.contiguous_format
-    views = [torch.randn(b, 3, s, s, generator=gen).to(device)
-             for s in [int(cfg.crops.global_size)] * 2 + [int(cfg.crops.local_size)] * n_local]
-    g = torch.cat(views[:2]).contiguous(memory_format=cl)
-    loc = torch.cat(views[2:]).contiguous(memory_format=cl) if n_local else None
+    g, loc = recipe_views(cfg, device, model.channels_last)
     temp = model._temp_arg(0.04, torch.device(device))  # a float for an eager loss, a device tensor compiled
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     cast = _autocast(str(cfg.trainer.precision), "cuda" if device.startswith("cuda") else "cpu")

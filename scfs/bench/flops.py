@@ -49,6 +49,7 @@ def step_flops(cfg: Any) -> dict[str, Any]:
     """FLOPs per image of each part of one training step (`PARTS`) of the method `cfg` builds, and their total."""
     import torch
 
+    from scfs.bench.compile import recipe_views
     from scfs.methods.networks import student_forward, teacher_forward
     from scfs.train import build
 
@@ -56,10 +57,7 @@ def step_flops(cfg: Any) -> dict[str, Any]:
     _, model = build(cfg)
     model = model.train()
     b, n_local = int(cfg.batch_size), int(cfg.crops.n_local)
-    gen = torch.Generator().manual_seed(1)
-    g = torch.randn(2 * b, 3, int(cfg.crops.global_size), int(cfg.crops.global_size), generator=gen)
-    loc = (torch.randn(n_local * b, 3, int(cfg.crops.local_size), int(cfg.crops.local_size), generator=gen)
-           if n_local else None)
+    g, loc = recipe_views(cfg)
     stages, local_heads = model.stages, model._local_heads
     st, student_all = _count(lambda: student_forward(model.student, g, loc, stages, local_heads))
     with torch.no_grad():

@@ -258,6 +258,23 @@ def test_gpu_recipes_ship_the_compiled_path():
         assert compose(config_name="config").compile is False
 
 
+def test_imagenet_recipe_fuses_its_views_and_says_how_to_leave_inductor():
+    """The ImageNet recipe makes its views on the GPU and ships them compiled (`compile_views`, measured end to end);
+    moving that recipe to the cudagraphs backend names the one extra key to set, and the CIFAR recipe, whose views
+    the workers make, leaves it off."""
+
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        imagenet = compose(config_name="config", overrides=["+experiment=imagenet"])
+        cifar = compose(config_name="config", overrides=["+experiment=cifar10"])
+        graphs = compose(config_name="config", overrides=["+experiment=imagenet", "compile_backend=cudagraphs",
+                                                          "compile_mode=default"])
+    assert imagenet.compile_views is True and imagenet.data.colour_on_device is True
+    assert cifar.compile_views is False
+    with pytest.raises(ConfigError, match="compile_views=true is invalid with compile_backend=cudagraphs.*"
+                                          "set compile_views=false"):
+        validate_config(graphs)
+
+
 def test_compile_cache_points_torch_at_the_configured_folder(tmp_path, monkeypatch, caplog):
     """`compile_cache` becomes TORCHINDUCTOR_CACHE_DIR (a user's own setting wins), and the run says in one line
     why its first steps wait, and whether the cache already holds compiled graphs."""

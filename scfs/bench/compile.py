@@ -191,7 +191,8 @@ def run_row(args: argparse.Namespace, recipe: str, row: str, cache_dir: Path, sc
     cmd += ["--eager"] if eager else []
     cmd += ["--artifacts-in", str(artifacts_in)] if artifacts_in else []
     cmd += ["--artifacts-out", str(artifacts_out)] if artifacts_out else []
-    row_ov = [] if backend == "inductor" else [f"compile_backend={backend}", "compile_mode=default"]
+    row_ov = [] if backend == "inductor" else [f"compile_backend={backend}", "compile_mode=default",
+                                               "compile_views=false"]
     for o in [*(args.override or []), *row_ov]:
         cmd += ["--override", o]
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir)}

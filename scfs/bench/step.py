@@ -139,6 +139,7 @@ def compose(suite: str, method: str, batch: int, setting: str, args: argparse.Na
           f"compile={str(bool(comp)).lower()}",
           f"compile_mode={comp if isinstance(comp, str) and comp != 'cudagraphs' else 'default'}",
           f"compile_backend={'cudagraphs' if comp == 'cudagraphs' else 'inductor'}",
+          *(["compile_views=false"] if comp == "cudagraphs" else []),  # inductor's fusion of the view ops
           f"trainer.devices={args.devices}", "logger=csv", "trainer.enable_progress_bar=false"]
     if args.data == "synthetic":  # the datamodule is replaced; shapes passes validation and keeps batch_aug on
         ov += ["data=shapes"]

@@ -262,7 +262,6 @@ def test_imagenet_recipe_fuses_its_views_and_says_how_to_leave_inductor():
     """The ImageNet recipe makes its views on the GPU and ships them compiled (`compile_views`, measured end to end);
     moving that recipe to the cudagraphs backend names the one extra key to set, and the CIFAR recipe, whose views
     the workers make, leaves it off."""
-
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
         imagenet = compose(config_name="config", overrides=["+experiment=imagenet"])
         cifar = compose(config_name="config", overrides=["+experiment=cifar10"])

@@ -393,3 +393,22 @@ def test_every_compiled_row_is_compared_with_the_published_eager_step() -> None:
     add_reference(rows, "resnet50", None)
     assert rows[0]["published"]["img_per_s"] == PUBLISHED[("resnet50", "scfs", 32, "bf16_cl")][1]
     assert rows[0]["ratio_scfs_dino"] == pytest.approx(1.25)
+
+
+def test_resnet50_settings_compose_valid_configs_and_follow_the_recipe_views() -> None:
+    """Every ResNet-50 setting composes a config the run accepts: the inductor ones keep the recipe's compiled views,
+    the cudagraphs one turns them off (inductor alone fuses them), the eager one has nothing to compile."""
+    import argparse
+
+    from scfs.bench.step import SETTINGS, compose
+    from scfs.config import validate_config
+
+    args = argparse.Namespace(devices=1, data="synthetic", device="cuda", tiny=False, override=None)
+    seen = {}
+    for setting in ("bf16_cl_graphs", "bf16_cl_cudagraphs", "bf16_cl"):
+        assert setting in SETTINGS
+        cfg = compose("resnet50", "scfs", 32, setting, args)
+        validate_config(cfg)
+        seen[setting] = (cfg.compile, cfg.compile_backend, cfg.compile_views)
+    assert seen == {"bf16_cl_graphs": (True, "inductor", True), "bf16_cl_cudagraphs": (True, "cudagraphs", False),
+                    "bf16_cl": (False, "inductor", True)}

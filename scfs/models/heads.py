@@ -225,7 +225,8 @@ class StageHead(nn.Module):
         n, b = queries.shape[:2]
         h, w = feats.shape[-2:]
         branch = getattr(self, "_branch_pool", self.branch_pool)(out.features)
-        # GAP of the searched map itself: mean_hw a[n,b,h,w] * feats[b,:,h,w]
+        # GAP of the searched map itself: mean_hw a[n,b,h,w] * feats[b,:,h,w], one matmul per image (B, N, C);
+        # added to the n-major branch first, so the sum comes out n-major without a copy of the (B, N, C) product
         a = as_dtype(out.weights, feats.dtype).flatten(2)  # (N,B,HW)
-        gap_x = torch.einsum("nbp,bcp->nbc", a, feats.flatten(2)).reshape(n * b, -1) / (h * w)
-        return as_dtype(gap_x, branch.dtype) + branch, out
+        gap_x = torch.bmm(a.transpose(0, 1), feats.flatten(2).transpose(1, 2)) / (h * w)  # (B, N, C)
+        return (branch.view(n, b, -1) + as_dtype(gap_x, branch.dtype).transpose(0, 1)).view(n * b, -1), out

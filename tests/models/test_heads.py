@@ -29,6 +29,34 @@ def test_stage_head_commuted_search_equals_materialised(mode, norm):
     torch.testing.assert_close(fast, slow, rtol=1e-9, atol=1e-9)
 
 
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_stage_head_commuted_search_gradients_equal_materialised(channels_last):
+    """The commuted path in training mode, in both memory formats: values and the gradients of the map, the
+    queries and every head parameter equal those of the head on the materialised searched maps."""
+    torch.manual_seed(3)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    fast_head = StageHead(16, out_dim=20, hidden_dim=16, bottleneck_dim=8).double().to(memory_format=fmt)
+    torch.nn.init.normal_(fast_head.bn3.weight)
+    slow_head = StageHead(16, out_dim=20, hidden_dim=16, bottleneck_dim=8, pooled_bn=False).double()
+    slow_head.load_state_dict(fast_head.state_dict())
+    feats = torch.randn(3, 16, 5, 7, dtype=torch.float64).contiguous(memory_format=fmt)
+    queries = torch.randn(4, 3, 16, dtype=torch.float64)
+    f1, q1 = feats.clone().requires_grad_(), queries.clone().requires_grad_()
+    f2, q2 = feats.clone().requires_grad_(), queries.clone().requires_grad_()
+    fast, _ = fast_head.forward_searched(f1, q1, backend="reference")
+    slow = slow_head(feature_search(f2, q2, backend="reference").features)
+    torch.testing.assert_close(fast, slow, rtol=1e-9, atol=1e-9)
+    g = torch.randn_like(slow)
+    fast.backward(g)
+    slow.backward(g)
+    torch.testing.assert_close(f1.grad, f2.grad, rtol=1e-8, atol=1e-10)
+    torch.testing.assert_close(q1.grad, q2.grad, rtol=1e-8, atol=1e-10)
+    slow_params = dict(slow_head.named_parameters())
+    for name, p in fast_head.named_parameters():
+        if p.requires_grad:
+            torch.testing.assert_close(p.grad, slow_params[name].grad, rtol=1e-8, atol=1e-10, msg=name)
+
+
 def test_stage_head_final_relu_path_materialises():
     torch.manual_seed(0)
     head = StageHead(16, out_dim=20, hidden_dim=16, bottleneck_dim=8, final_relu=True).double().eval()

@@ -195,11 +195,12 @@ class StageHead(nn.Module):
         covers `forward`, and `forward_searched` does not go through it."""
         self._branch_pool = torch.compile(self.branch_pool, **kwargs)
 
-    def pool(self, x: torch.Tensor) -> torch.Tensor:
-        """The pooled (pre-MLP) feature of a map batch: GAP(x) + GAP(branch(x)) when no ReLU follows the sum."""
+    def pool(self, x: torch.Tensor, gap: torch.Tensor | None = None) -> torch.Tensor:
+        """The pooled (pre-MLP) feature of a map batch: GAP(x) + GAP(branch(x)) when no ReLU follows the sum.
+        `gap`: GAP(x), `x.mean(dim=(2, 3))`, when the caller has it already (the step pools each map once)."""
         if self.final_relu:
             return F.relu(x + self._branch_after_conv1(self.conv1(x))).mean(dim=(2, 3))
-        return x.mean(dim=(2, 3)) + self.branch_pool(self.conv1(x))
+        return (x.mean(dim=(2, 3)) if gap is None else gap) + self.branch_pool(self.conv1(x))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.proj(self.pool(x))

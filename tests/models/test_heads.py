@@ -177,3 +177,27 @@ def test_stage_head_pooled_bn_matches_materialised_head(norm):
             torch.testing.assert_close(pa.grad, pb.grad, msg=name, **tol)
     for (name, ba), bb in zip(a.named_buffers(), b.buffers()):
         torch.testing.assert_close(ba, bb, msg=name, **tol)
+
+
+def test_stage_head_pool_with_a_given_gap_is_the_plain_pool():
+    """The step hands the stage heads the maps' GAPs it has already (`scfs.methods.networks.stage_gaps`): the same
+    pooled feature, bit for bit."""
+    torch.manual_seed(4)
+    head = StageHead(16, out_dim=20, hidden_dim=16, bottleneck_dim=8)
+    torch.nn.init.normal_(head.bn3.weight)
+    x = torch.randn(3, 16, 5, 4).contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(head.pool(x, x.mean(dim=(2, 3))), head.pool(x), rtol=0, atol=0)
+
+
+def test_stage_gaps_reuse_the_backbone_pool_where_it_is_the_gap():
+    from scfs.methods.networks import stage_gaps
+    from scfs.models.backbone import make_backbone
+
+    torch.manual_seed(5)
+    bb = make_backbone("resnet18", stages=("layer3", "layer4"), layers=[1, 1, 1, 1], channels=[8, 8, 16, 16])
+    maps = bb(torch.randn(2, 3, 32, 32))
+    pooled = bb.pool(maps)
+    gaps = stage_gaps(bb, maps, pooled, ("layer3", "layer4"))
+    assert gaps["layer4"] is pooled
+    for s in ("layer3", "layer4"):
+        torch.testing.assert_close(gaps[s], maps[s].mean(dim=(2, 3)), rtol=0, atol=0)

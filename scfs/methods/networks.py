@@ -14,6 +14,7 @@ from torch import nn
 
 from scfs.models import DINOHead, StageHead
 from scfs.models.backbone import make_backbone
+from scfs.models.heads import stacked_dino_heads
 from scfs.names import VIT_LAST_STAGE, backbone_arch
 
 # Graphs one code object may get per stage head: the stage heads of student and teacher share `StageHead.forward`,
@@ -132,18 +133,35 @@ def student_forward(student: nn.ModuleDict, g: torch.Tensor, loc: torch.Tensor |
         logits = torch.cat([head(pooled_g), head(pooled_l)])
     heads = student["stage_heads"]
     stage_global, stage_local = {}, {}
+    stacked_g = stacked_l = None
     gap_g = stage_gaps(backbone, s_g, pooled_g, stages)
     gap_l = stage_gaps(backbone, s_l, pooled_l, stages) if s_l else {}
-    for s in stages:
-        if local_heads and s_l:
-            stage_global[s], stage_local[s] = _stage_head_pair(heads[s], s_g[s], s_l[s], gap_g[s], gap_l[s])
-        else:
-            stage_global[s] = heads[s].proj(heads[s].pool(s_g[s], gap_g[s]))
+    local = bool(local_heads and s_l)
+    if stages and all(heads[s].proj.rows_independent for s in stages):
+        # every stage's projection on its global and local rows in one stacked call (`stacked_dino_heads`); the
+        # maps are pooled per view batch (their residual branch's BatchNorm keeps per-batch statistics)
+        xs = [heads[s].pool(s_g[s], gap_g[s]) for s in stages]
+        if local:
+            xs = [torch.cat([x, heads[s].pool(s_l[s], gap_l[s])]) for s, x in zip(stages, xs, strict=True)]
+        out = stacked_dino_heads([heads[s].proj for s in stages], xs)  # (S, rows, K)
+        n_g = g.shape[0]
+        stacked_g, stacked_l = (out[:, :n_g], out[:, n_g:]) if local else (out, None)
+        stage_global = dict(zip(stages, stacked_g.unbind(0), strict=True))
+        stage_local = dict(zip(stages, stacked_l.unbind(0), strict=True)) if local else {}
+    else:
+        for s in stages:
+            if local:
+                stage_global[s], stage_local[s] = _stage_head_pair(heads[s], s_g[s], s_l[s], gap_g[s], gap_l[s])
+            else:
+                stage_global[s] = heads[s].proj(heads[s].pool(s_g[s], gap_g[s]))
     return {
         "pooled_global": pooled_g,
         "logits": logits,
         "stage_global": stage_global,
         "stage_local": stage_local,
+        # the same logits stacked over the stages (S, rows, K) when the stage heads ran as one, else None
+        "stage_global_stacked": stacked_g,
+        "stage_local_stacked": stacked_l,
         "queries": {s: gap_l[s].detach() for s in stages} if s_l else {},
         "local_size": {s: int(s_l[s].shape[-1]) for s in stages} if s_l else {},
     }
@@ -197,3 +215,21 @@ def teacher_stage_logits(head: StageHead, pooled: torch.Tensor, target: torch.Te
     out = head.proj(torch.cat([pooled, target]))
     n = pooled.shape[0]
     return out[:n], out[n:]
+
+
+def stacked_teacher_stage_logits(heads: Sequence[StageHead], pooled: Sequence[torch.Tensor],
+                                 targets: Sequence[torch.Tensor | None]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`teacher_stage_logits` of every stage, stacked over the stages: the global views' logits (S, n, K) and the
+    local targets' (S, m, K), or None when a stage has no target. With row-independent projections all stages'
+    projections run as one (`stacked_dino_heads`) on each stage's global and target rows."""
+    projs = [h.proj for h in heads]
+    if any(t is None for t in targets):
+        if all(t is None for t in targets):
+            return stacked_dino_heads(projs, pooled), None
+        return torch.stack([p(x) for p, x in zip(projs, pooled, strict=True)]), None
+    if not all(p.rows_independent for p in projs):
+        pairs = [teacher_stage_logits(h, x, t) for h, x, t in zip(heads, pooled, targets, strict=True)]
+        return torch.stack([g for g, _ in pairs]), torch.stack([t for _, t in pairs])
+    out = stacked_dino_heads(projs, [torch.cat([x, t]) for x, t in zip(pooled, targets, strict=True)])
+    n = pooled[0].shape[0]
+    return out[:, :n], out[:, n:]

@@ -201,3 +201,49 @@ def test_stage_gaps_reuse_the_backbone_pool_where_it_is_the_gap():
     assert gaps["layer4"] is pooled
     for s in ("layer3", "layer4"):
         torch.testing.assert_close(gaps[s], maps[s].mean(dim=(2, 3)), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("norm_last_layer", [True, False])
+@pytest.mark.parametrize("nlayers", [1, 3])
+def test_stacked_dino_heads_equal_per_head_calls_values_and_gradients(norm_last_layer, nlayers):
+    """Heads of one architecture but different input sizes (SCFS's stage projections) as one stacked call: the
+    logits and the gradients of the inputs and of every parameter (the last layer's magnitude when it trains
+    too) equal those of one call per head."""
+    from scfs.models.heads import stacked_dino_heads
+
+    torch.manual_seed(6)
+    kw = {"out_dim": 12, "hidden_dim": 10, "bottleneck_dim": 6, "nlayers": nlayers, "norm_last_layer": norm_last_layer}
+    heads = [DINOHead(d, **kw).double() for d in (5, 7, 9)]
+    for h in heads:
+        with torch.no_grad():
+            h.last_layer.parametrizations.weight.original0.uniform_(0.5, 2.0)
+    xs = [torch.randn(4, d, dtype=torch.float64, requires_grad=True) for d in (5, 7, 9)]
+    got = stacked_dino_heads(heads, xs)
+    g = torch.randn_like(got)
+    fast = torch.autograd.grad((got * g).sum(), xs + [p for h in heads for p in h.parameters() if p.requires_grad])
+    want = torch.stack([h(x) for h, x in zip(heads, xs)])
+    slow = torch.autograd.grad((want * g).sum(), xs + [p for h in heads for p in h.parameters() if p.requires_grad])
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    for a, b in zip(fast, slow, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_stacked_dino_heads_under_bf16_autocast_and_fallback():
+    """Under bf16 autocast the stacked call gives the per-head logits to bf16 rounding; heads with BatchNorm (or
+    inputs of different row counts) fall back to one call per head, exactly."""
+    from scfs.models.heads import stacked_dino_heads
+
+    torch.manual_seed(7)
+    heads = [DINOHead(d, out_dim=32, hidden_dim=16, bottleneck_dim=8) for d in (8, 16)]
+    xs = [torch.randn(6, 8), torch.randn(6, 16)]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = stacked_dino_heads(heads, xs)
+        want = torch.stack([h(x) for h, x in zip(heads, xs)])
+    assert got.dtype == want.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+    bn_heads = [DINOHead(d, out_dim=32, hidden_dim=16, bottleneck_dim=8, use_bn=True) for d in (8, 16)]
+    torch.testing.assert_close(stacked_dino_heads(bn_heads, xs), torch.stack([h(x) for h, x in zip(bn_heads, xs)]),
+                               rtol=0, atol=0)
+    uneven = [torch.randn(6, 8), torch.randn(5, 16)]
+    with pytest.raises(RuntimeError):  # the per-head fallback: logits of 6 and 5 rows cannot be stacked
+        stacked_dino_heads(heads, uneven)

@@ -14,6 +14,7 @@ from torch import nn
 
 from scfs.models import DINOHead, StageHead
 from scfs.models.backbone import make_backbone
+from scfs.models.heads import stacked_dino_heads
 from scfs.names import VIT_LAST_STAGE, backbone_arch
 
 # Graphs one code object may get per stage head: the stage heads of student and teacher share `StageHead.forward`,
@@ -117,41 +118,73 @@ def student_forward(student: nn.ModuleDict, g: torch.Tensor, loc: torch.Tensor |
     one per module call (the H200 step is host-bound). Returns the pooled global feature, the DINO head's logits
     (global views, then local), the stage heads' logits on the global and local maps, and per stage the detached
     pooled local feature (the search queries) and the local map size."""
-    s_g = student["backbone"](g)
-    pool = student["backbone"].pool  # the representation: GAP of layer4 (CNN), the CLS token (ViT)
+    backbone = student["backbone"]
+    s_g = backbone(g)
+    pool = backbone.pool  # the representation: GAP of layer4 (CNN), the CLS token (ViT)
     pooled_g = pool(s_g)
-    s_l = student["backbone"](loc) if loc is not None else {}
+    s_l = backbone(loc) if loc is not None else {}
+    pooled_l = pool(s_l) if s_l else None
     head = student["head"]
     if not s_l:
         logits = head(pooled_g)
     elif head.rows_independent:  # one head call on all views' rows: half the head's ops and its backward's
-        logits = head(torch.cat([pooled_g, pool(s_l)]))
+        logits = head(torch.cat([pooled_g, pooled_l]))
     else:  # BatchNorm in the head: each view batch keeps its own batch statistics
-        logits = torch.cat([head(pooled_g), head(pool(s_l))])
+        logits = torch.cat([head(pooled_g), head(pooled_l)])
     heads = student["stage_heads"]
     stage_global, stage_local = {}, {}
-    for s in stages:
-        if local_heads and s_l:
-            stage_global[s], stage_local[s] = _stage_head_pair(heads[s], s_g[s], s_l[s])
-        else:
-            stage_global[s] = heads[s](s_g[s])
+    stacked_g = stacked_l = None
+    gap_g = stage_gaps(backbone, s_g, pooled_g, stages)
+    gap_l = stage_gaps(backbone, s_l, pooled_l, stages) if s_l else {}
+    local = bool(local_heads and s_l)
+    if stages and all(heads[s].proj.rows_independent for s in stages):
+        # every stage's projection on its global and local rows in one stacked call (`stacked_dino_heads`); the
+        # maps are pooled per view batch (their residual branch's BatchNorm keeps per-batch statistics)
+        xs = [heads[s].pool(s_g[s], gap_g[s]) for s in stages]
+        if local:
+            xs = [torch.cat([x, heads[s].pool(s_l[s], gap_l[s])]) for s, x in zip(stages, xs, strict=True)]
+        out = stacked_dino_heads([heads[s].proj for s in stages], xs)  # (S, rows, K)
+        n_g = g.shape[0]
+        stacked_g, stacked_l = (out[:, :n_g], out[:, n_g:]) if local else (out, None)
+        stage_global = dict(zip(stages, stacked_g.unbind(0), strict=True))
+        stage_local = dict(zip(stages, stacked_l.unbind(0), strict=True)) if local else {}
+    else:
+        for s in stages:
+            if local:
+                stage_global[s], stage_local[s] = _stage_head_pair(heads[s], s_g[s], s_l[s], gap_g[s], gap_l[s])
+            else:
+                stage_global[s] = heads[s].proj(heads[s].pool(s_g[s], gap_g[s]))
     return {
         "pooled_global": pooled_g,
         "logits": logits,
         "stage_global": stage_global,
         "stage_local": stage_local,
-        "queries": {s: s_l[s].detach().mean(dim=(2, 3)) for s in stages} if s_l else {},
+        # the same logits stacked over the stages (S, rows, K) when the stage heads ran as one, else None
+        "stage_global_stacked": stacked_g,
+        "stage_local_stacked": stacked_l,
+        "queries": {s: gap_l[s].detach() for s in stages} if s_l else {},
         "local_size": {s: int(s_l[s].shape[-1]) for s in stages} if s_l else {},
     }
 
 
-def _stage_head_pair(head: StageHead, x_g: torch.Tensor, x_l: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A stage head on the global and the local maps: `(head(x_g), head(x_l))`. The maps are pooled separately
-    (their residual branch's BatchNorm keeps per-batch statistics); the projection runs once on both pooled batches
-    when its rows are independent, which halves its ops and its backward's."""
+def stage_gaps(backbone: nn.Module, maps: dict[str, torch.Tensor], pooled: torch.Tensor | None,
+               stages: Sequence[str]) -> dict[str, torch.Tensor]:
+    """Per stage, the GAP of its map, `maps[s].mean(dim=(2, 3))`: the stage heads' pooled shortcut and the
+    search's queries. The backbone's own representation is reused where it is that GAP (`pool_stage`)."""
+    same = getattr(backbone, "pool_stage", None)
+    return {s: pooled if s == same and pooled is not None else maps[s].mean(dim=(2, 3)) for s in stages}
+
+
+def _stage_head_pair(head: StageHead, x_g: torch.Tensor, x_l: torch.Tensor, gap_g: torch.Tensor | None = None,
+                     gap_l: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A stage head on the global and the local maps: `(head(x_g), head(x_l))` (`gap_*`: the maps' GAPs, when
+    known). The maps are pooled separately (their residual branch's BatchNorm keeps per-batch statistics); the
+    projection runs once on both pooled batches when its rows are independent, which halves its ops and its
+    backward's."""
+    p_g, p_l = head.pool(x_g, gap_g), head.pool(x_l, gap_l)
     if not head.proj.rows_independent:
-        return head(x_g), head(x_l)
-    out = head.proj(torch.cat([head.pool(x_g), head.pool(x_l)]))
+        return head.proj(p_g), head.proj(p_l)
+    out = head.proj(torch.cat([p_g, p_l]))
     n_g = x_g.shape[0]
     return out[:n_g], out[n_g:]
 
@@ -161,10 +194,13 @@ def teacher_forward(teacher: nn.ModuleDict, g: torch.Tensor, stages: Sequence[st
     global-view maps (searched later by the student's queries), DINO head logits and the stage heads' pooled
     (pre-projection) features, one graph under `compile=true` for the reason given in `student_forward`. The loss
     projects the pooled features together with the local targets' (`teacher_stage_logits`)."""
-    maps = teacher["backbone"](g)
+    backbone = teacher["backbone"]
+    maps = backbone(g)
+    pooled = backbone.pool(maps)
     heads = teacher["stage_heads"]
-    return {"maps": maps, "logits": teacher["head"](teacher["backbone"].pool(maps)),
-            "stage_pooled": {s: heads[s].pool(maps[s]) for s in stages}}
+    gaps = stage_gaps(backbone, maps, pooled, stages)
+    return {"maps": maps, "logits": teacher["head"](pooled),
+            "stage_pooled": {s: heads[s].pool(maps[s], gaps[s]) for s in stages}}
 
 
 def teacher_stage_logits(head: StageHead, pooled: torch.Tensor, target: torch.Tensor | None
@@ -179,3 +215,21 @@ def teacher_stage_logits(head: StageHead, pooled: torch.Tensor, target: torch.Te
     out = head.proj(torch.cat([pooled, target]))
     n = pooled.shape[0]
     return out[:n], out[n:]
+
+
+def stacked_teacher_stage_logits(heads: Sequence[StageHead], pooled: Sequence[torch.Tensor],
+                                 targets: Sequence[torch.Tensor | None]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`teacher_stage_logits` of every stage, stacked over the stages: the global views' logits (S, n, K) and the
+    local targets' (S, m, K), or None when a stage has no target. With row-independent projections all stages'
+    projections run as one (`stacked_dino_heads`) on each stage's global and target rows."""
+    projs = [h.proj for h in heads]
+    if any(t is None for t in targets):
+        if all(t is None for t in targets):
+            return stacked_dino_heads(projs, pooled), None
+        return torch.stack([p(x) for p, x in zip(projs, pooled, strict=True)]), None
+    if not all(p.rows_independent for p in projs):
+        pairs = [teacher_stage_logits(h, x, t) for h, x, t in zip(heads, pooled, targets, strict=True)]
+        return torch.stack([g for g, _ in pairs]), torch.stack([t for _, t in pairs])
+    out = stacked_dino_heads(projs, [torch.cat([x, t]) for x, t in zip(pooled, targets, strict=True)])
+    n = pooled[0].shape[0]
+    return out[:, :n], out[:, n:]

@@ -13,7 +13,7 @@ from torch.profiler import record_function
 
 from scfs.methods.dino import DINO
 from scfs.methods.losses import DINOLoss, sharpened_cross_entropy, stacked_dino_losses
-from scfs.methods.networks import teacher_stage_logits
+from scfs.methods.networks import stacked_teacher_stage_logits
 from scfs.methods.registry import register
 from scfs.models.heads import as_dtype
 from scfs.names import LOCAL_TARGETS, WEIGHTINGS, search_centred, search_settings
@@ -78,31 +78,36 @@ class SCFS(DINO):
     def loss_terms(self, st: dict[str, Any], te: dict[str, Any], b: int, n_local: int, temp: float | torch.Tensor,
                    logs: dict[str, Any], diagnostics: bool) -> torch.Tensor:
         """DINO's loss plus the stage terms. The eager step is host-bound, so the terms are grouped into few ops:
-        per stage, the teacher's projection runs once on its global views' and its local target's pooled features
-        (`teacher_stage_logits`); the stages' heads share one output size, so their global terms are one stacked
-        `DINOLoss` computation and their local terms one stacked cross-entropy (one softmax and one log-softmax per
-        kind of term for all stages). The per-stage values and their sum are those of the per-stage terms."""
+        the teacher's projections run once on every stage's global views' and local target's pooled features
+        (`stacked_teacher_stage_logits`); the stages' heads share one output size, so their global terms are one
+        stacked `DINOLoss` computation and their local terms one stacked cross-entropy (one softmax and one
+        log-softmax per kind of term for all stages). The per-stage values and their sum are those of the per-stage
+        terms."""
         loss = super().loss_terms(st, te, b, n_local, temp, logs, diagnostics)
         if not self.stages:
             return loss
         w = self.method_cfg.get("stage_weight", 0.5)
-        teacher_g, targets = [], []
+        targets = []
         for s in self.stages:
             with record_function(f"scfs/stage_{s}_local"):
-                target = self._local_target(s, st["stage_local"].get(s), st["queries"].get(s),
-                                            st["local_size"].get(s, 1), te["maps"][s][:b], b, n_local, logs,
-                                            diagnostics)
-                with torch.no_grad():
-                    t_g, t_l = teacher_stage_logits(self.teacher["stage_heads"][s], te["stage_pooled"][s], target)
-            teacher_g.append(t_g)
-            targets.append(t_l)
-        losses_g = stacked_dino_losses(
-            [self.stage_losses[s] for s in self.stages], torch.stack([st["stage_global"][s] for s in self.stages]),
-            torch.stack(teacher_g), temp).unbind(0)
+                targets.append(self._local_target(s, st["stage_local"].get(s), st["queries"].get(s),
+                                                  st["local_size"].get(s, 1), te["maps"][s][:b], b, n_local, logs,
+                                                  diagnostics))
+        with torch.no_grad():
+            teacher_g, teacher_l = stacked_teacher_stage_logits(
+                [self.teacher["stage_heads"][s] for s in self.stages], [te["stage_pooled"][s] for s in self.stages],
+                targets)
+        student_g = st.get("stage_global_stacked")
+        if student_g is None:
+            student_g = torch.stack([st["stage_global"][s] for s in self.stages])
+        losses_g = stacked_dino_losses([self.stage_losses[s] for s in self.stages], student_g, teacher_g,
+                                       temp).unbind(0)
         losses_l: tuple[torch.Tensor | None, ...] = (None,) * len(self.stages)
-        if all(t is not None for t in targets):
-            losses_l = sharpened_cross_entropy(torch.stack([st["stage_local"][s] for s in self.stages]),
-                                               torch.stack(targets), temp,
+        if teacher_l is not None:
+            student_l = st.get("stage_local_stacked")
+            if student_l is None:
+                student_l = torch.stack([st["stage_local"][s] for s in self.stages])
+            losses_l = sharpened_cross_entropy(student_l, teacher_l, temp,
                                                self.method_cfg.get("student_temp", 0.1)).unbind(0)
         for s, loss_g, loss_l in zip(self.stages, losses_g, losses_l, strict=True):
             logs[f"loss/{s}_global"] = loss_g

@@ -91,6 +91,8 @@ class Backbone(nn.Module):
     def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         return dict(zip(self.stage_names, self.body(x)))
 
+    pool_stage = "layer4"  # the stage whose GAP, `maps[pool_stage].mean(dim=(2, 3))`, is `pool`
+
     @staticmethod
     def pool(maps: dict[str, torch.Tensor]) -> torch.Tensor:
         """Global-average pool of the last stage: the image representation."""

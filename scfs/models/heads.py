@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -73,6 +74,49 @@ class DINOHead(nn.Module):
         return self.last_layer(x)
 
 
+def _stackable(heads: Sequence[DINOHead], xs: Sequence[torch.Tensor]) -> bool:
+    """Whether `stacked_dino_heads` can run these heads as one: no BatchNorm, the same layers and shapes after the
+    first linear layer, the same number of rows, one dtype and one device."""
+    h0 = heads[0]
+    if len(heads) < 2 or not all(h.rows_independent for h in heads) or len({x.shape[0] for x in xs}) != 1:
+        return False
+    if len({(x.dtype, x.device) for x in xs}) != 1:
+        return False
+
+    def layout(h: DINOHead) -> list[Any]:
+        return [type(m) if not isinstance(m, nn.Linear) else (m.weight.shape, m.bias is not None)
+                for m in list(h.mlp)[1:]] + [h.last_layer.parametrizations.weight.original1.shape, type(h.mlp[0])]
+    return all(layout(h) == layout(h0) for h in heads[1:])
+
+
+def stacked_dino_heads(heads: Sequence[DINOHead], xs: Sequence[torch.Tensor]) -> torch.Tensor:
+    """`torch.stack([h(x) for h, x in zip(heads, xs)])` for heads of one architecture (SCFS's stage heads, whose
+    input sizes alone differ): each head's first linear layer runs on its own input, every later layer once for
+    all heads as a batched matmul of their stacked weights (the weight-normalised last layers too). The eager
+    step is host-bound: one op instead of one per head, for the forward and the backward. Falls back to the
+    per-head calls where the heads or the inputs differ (`_stackable`)."""
+    if not _stackable(heads, xs):
+        return torch.stack([h(x) for h, x in zip(heads, xs, strict=True)])
+    mlps = [h.mlp for h in heads]
+    y = torch.stack([m[0](x) for m, x in zip(mlps, xs, strict=True)])  # (S, R, hidden)
+    for i in range(1, len(mlps[0])):
+        layer = mlps[0][i]
+        if isinstance(layer, nn.Linear):
+            w = torch.stack([m[i].weight for m in mlps]).transpose(1, 2)  # (S, in, out)
+            if layer.bias is None:
+                y = torch.bmm(y, w)
+            else:
+                y = torch.baddbmm(torch.stack([m[i].bias for m in mlps]).unsqueeze(1), y, w)
+        else:  # the activation, the same module kind in every head
+            y = layer(y)
+    y = y / torch.linalg.vector_norm(y, dim=-1, keepdim=True).clamp_min(1e-6)
+    wn = [h.last_layer.parametrizations.weight for h in heads]
+    v = torch.stack([p.original1 for p in wn])  # (S, out, in): each row normalised to its magnitude g
+    g = torch.stack([p.original0 for p in wn])  # (S, out, 1)
+    w = torch._weight_norm(v.flatten(0, 1), g.flatten(0, 1), 0).view_as(v)
+    return torch.bmm(y, w.transpose(1, 2))
+
+
 def pooled_conv_bn(z: torch.Tensor, conv: nn.Conv2d, bn: nn.BatchNorm2d) -> torch.Tensor:
     """`bn(conv(z)).mean((2, 3))` for a bias-free 1x1 `conv`, without materialising conv's (M, C, H, W) output.
 
@@ -87,10 +131,11 @@ def pooled_conv_bn(z: torch.Tensor, conv: nn.Conv2d, bn: nn.BatchNorm2d) -> torc
     n, mid, h, w = z.shape
     training = bn.training or bn.running_mean is None
     acc = torch.float64 if z.dtype == torch.float64 else torch.float32  # torch.promote_types would dispatch an op
+    # mm / mv rather than `@`: the same kernels without matmul's own dispatch (the eager step is host-bound)
     with torch.autocast(device_type=z.device.type, enabled=False):
         zf = as_dtype(z, acc).permute(0, 2, 3, 1).reshape(n, h * w, mid)  # a view for channels_last maps
         w3 = as_dtype(conv.weight, acc).flatten(1)  # (C, mid)
-        ybar = zf.mean(1) @ w3.T  # (n, C): the pooled conv output
+        ybar = torch.mm(zf.mean(1), w3.t())  # (n, C): the pooled conv output
         if training:
             m_count = n * h * w
             if m_count < 2:
@@ -98,9 +143,9 @@ def pooled_conv_bn(z: torch.Tensor, conv: nn.Conv2d, bn: nn.BatchNorm2d) -> torc
                                  f"{tuple(z.shape)}")
             flat = zf.reshape(-1, mid)
             mean_z = flat.mean(0)
-            mean = w3 @ mean_z
-            second = flat.T @ flat / m_count  # (mid, mid)
-            var = (((w3 @ second) * w3).sum(1) - mean * mean).clamp_min(0)
+            mean = torch.mv(w3, mean_z)
+            second = torch.mm(flat.t(), flat) / m_count  # (mid, mid)
+            var = ((torch.mm(w3, second) * w3).sum(1) - mean * mean).clamp_min(0)
             if bn.training and bn.track_running_stats and bn.running_mean is not None:
                 with torch.no_grad():
                     factor = 0.0 if bn.momentum is None else bn.momentum
@@ -195,11 +240,12 @@ class StageHead(nn.Module):
         covers `forward`, and `forward_searched` does not go through it."""
         self._branch_pool = torch.compile(self.branch_pool, **kwargs)
 
-    def pool(self, x: torch.Tensor) -> torch.Tensor:
-        """The pooled (pre-MLP) feature of a map batch: GAP(x) + GAP(branch(x)) when no ReLU follows the sum."""
+    def pool(self, x: torch.Tensor, gap: torch.Tensor | None = None) -> torch.Tensor:
+        """The pooled (pre-MLP) feature of a map batch: GAP(x) + GAP(branch(x)) when no ReLU follows the sum.
+        `gap`: GAP(x), `x.mean(dim=(2, 3))`, when the caller has it already (the step pools each map once)."""
         if self.final_relu:
             return F.relu(x + self._branch_after_conv1(self.conv1(x))).mean(dim=(2, 3))
-        return x.mean(dim=(2, 3)) + self.branch_pool(self.conv1(x))
+        return (x.mean(dim=(2, 3)) if gap is None else gap) + self.branch_pool(self.conv1(x))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.proj(self.pool(x))
@@ -225,7 +271,8 @@ class StageHead(nn.Module):
         n, b = queries.shape[:2]
         h, w = feats.shape[-2:]
         branch = getattr(self, "_branch_pool", self.branch_pool)(out.features)
-        # GAP of the searched map itself: mean_hw a[n,b,h,w] * feats[b,:,h,w]
+        # GAP of the searched map itself: mean_hw a[n,b,h,w] * feats[b,:,h,w], one matmul per image (B, N, C);
+        # added to the n-major branch first, so the sum comes out n-major without a copy of the (B, N, C) product
         a = as_dtype(out.weights, feats.dtype).flatten(2)  # (N,B,HW)
-        gap_x = torch.einsum("nbp,bcp->nbc", a, feats.flatten(2)).reshape(n * b, -1) / (h * w)
-        return as_dtype(gap_x, branch.dtype) + branch, out
+        gap_x = torch.bmm(a.transpose(0, 1), feats.flatten(2).transpose(1, 2)) / (h * w)  # (B, N, C)
+        return (branch.view(n, b, -1) + as_dtype(gap_x, branch.dtype).transpose(0, 1)).view(n * b, -1), out

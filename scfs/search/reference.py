@@ -71,8 +71,8 @@ def reference_search(
     n, b = queries.shape[:2]
     _, c, h, w = feats.shape
     cd = compute_dtype(feats.dtype)
-    f = feats.to(cd)
-    q = queries.to(cd)
+    f = _as(feats, cd)
+    q = _as(queries, cd)
     if centre:
         mu = f.mean(dim=(2, 3))
         fn = safe_normalize(f - mu[:, :, None, None], 1, eps)
@@ -80,13 +80,33 @@ def reference_search(
     else:
         fn = safe_normalize(f, 1, eps)
         qn = safe_normalize(q, -1, eps)
-    sim = torch.einsum("nbc,bchw->nbhw", qn, fn)
-    a = apply_mode(sim, mode, topk, temperature, mask)
-    g = f if weight is None else torch.einsum("oc,bchw->bohw", weight.to(cd), f)
-    out = (a.unsqueeze(2) * g.unsqueeze(0)).reshape(n * b, g.shape[1], h, w).to(feats.dtype)
-    if feats.dim() == 4 and _is_channels_last(feats):
-        out = out.contiguous(memory_format=torch.channels_last)
-    return out, sim, a
+    # plain batched matmuls over the images, on (B, H*W, C) views of channels_last maps and (B, C, H*W) views of
+    # contiguous ones: einsum would add its own permutes, reshapes and copies around the same products (the eager
+    # step dispatches each op from the host). The similarity is made n-major (one small copy), so the weighted
+    # maps come out in feats' memory format without a copy of their own.
+    wt = None if weight is None else _as(weight, cd)
+    if _is_channels_last(feats):
+        sim = torch.bmm(_pixels(fn), qn.permute(1, 2, 0)).permute(2, 0, 1).contiguous().view(n, b, h, w)
+        a = apply_mode(sim, mode, topk, temperature, mask)
+        g = _pixels(f) if wt is None else _pixels(f) @ wt.T  # (B, HW, C_out)
+        out = (a.reshape(n, b, h * w, 1) * g).view(n * b, h, w, -1).permute(0, 3, 1, 2)  # channels_last
+    else:
+        sim = torch.bmm(qn.transpose(0, 1), fn.flatten(2)).transpose(0, 1).contiguous().view(n, b, h, w)
+        a = apply_mode(sim, mode, topk, temperature, mask)
+        g = f.flatten(2) if wt is None else torch.matmul(wt, f.flatten(2))  # (B, C_out, HW)
+        out = (a.reshape(n, b, 1, h * w) * g).view(n * b, -1, h, w)
+    return _as(out, feats.dtype), sim, a
+
+
+def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`x.to(dtype)`, without dispatching an op when `x` already has it."""
+    return x if x.dtype == dtype else x.to(dtype)
+
+
+def _pixels(x: torch.Tensor) -> torch.Tensor:
+    """(B, H*W, C) view of a channels_last (B, C, H, W) map."""
+    b, c, h, w = x.shape
+    return x.permute(0, 2, 3, 1).reshape(b, h * w, c)
 
 
 def _is_channels_last(x: torch.Tensor) -> bool:

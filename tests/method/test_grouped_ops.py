@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 from helpers import compose_cfg
 
@@ -60,3 +61,25 @@ def test_one_projection_on_global_and_local_rows_matches_separate_calls():
             t_g, t_l = teacher_stage_logits(head, te["stage_pooled"][s], target)
             torch.testing.assert_close(t_g, head.proj(te["stage_pooled"][s]))
             torch.testing.assert_close(t_l, head.proj(target))
+
+
+@pytest.mark.parametrize("with_targets", [True, False])
+def test_stacked_teacher_stage_logits_match_per_stage_calls(with_targets):
+    """The teacher's stage projections of every stage in one stacked call: the logits of the per-stage calls."""
+    from scfs.methods.networks import stacked_teacher_stage_logits, teacher_forward, teacher_stage_logits
+    from scfs.train import build
+
+    torch.manual_seed(1)
+    _, method = build(compose_cfg(["search=soft", "method.head_bn=false", "method.bottleneck_bn=false"]))
+    heads = [method.teacher["stage_heads"][s] for s in method.stages]
+    with torch.no_grad():
+        te = teacher_forward(method.teacher, torch.randn(8, 3, 32, 32), method.stages)
+        pooled = [te["stage_pooled"][s] for s in method.stages]
+        targets = [torch.randn(12, p.shape[1]) if with_targets else None for p in pooled]
+        t_g, t_l = stacked_teacher_stage_logits(heads, pooled, targets)
+        for i, (h, p, t) in enumerate(zip(heads, pooled, targets, strict=True)):
+            want_g, want_l = teacher_stage_logits(h, p, t)
+            torch.testing.assert_close(t_g[i], want_g)
+            if with_targets:
+                torch.testing.assert_close(t_l[i], want_l)
+    assert (t_l is None) == (not with_targets)

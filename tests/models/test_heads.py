@@ -29,6 +29,34 @@ def test_stage_head_commuted_search_equals_materialised(mode, norm):
     torch.testing.assert_close(fast, slow, rtol=1e-9, atol=1e-9)
 
 
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_stage_head_commuted_search_gradients_equal_materialised(channels_last):
+    """The commuted path in training mode, in both memory formats: values and the gradients of the map, the
+    queries and every head parameter equal those of the head on the materialised searched maps."""
+    torch.manual_seed(3)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    fast_head = StageHead(16, out_dim=20, hidden_dim=16, bottleneck_dim=8).double().to(memory_format=fmt)
+    torch.nn.init.normal_(fast_head.bn3.weight)
+    slow_head = StageHead(16, out_dim=20, hidden_dim=16, bottleneck_dim=8, pooled_bn=False).double()
+    slow_head.load_state_dict(fast_head.state_dict())
+    feats = torch.randn(3, 16, 5, 7, dtype=torch.float64).contiguous(memory_format=fmt)
+    queries = torch.randn(4, 3, 16, dtype=torch.float64)
+    f1, q1 = feats.clone().requires_grad_(), queries.clone().requires_grad_()
+    f2, q2 = feats.clone().requires_grad_(), queries.clone().requires_grad_()
+    fast, _ = fast_head.forward_searched(f1, q1, backend="reference")
+    slow = slow_head(feature_search(f2, q2, backend="reference").features)
+    torch.testing.assert_close(fast, slow, rtol=1e-9, atol=1e-9)
+    g = torch.randn_like(slow)
+    fast.backward(g)
+    slow.backward(g)
+    torch.testing.assert_close(f1.grad, f2.grad, rtol=1e-8, atol=1e-10)
+    torch.testing.assert_close(q1.grad, q2.grad, rtol=1e-8, atol=1e-10)
+    slow_params = dict(slow_head.named_parameters())
+    for name, p in fast_head.named_parameters():
+        if p.requires_grad:
+            torch.testing.assert_close(p.grad, slow_params[name].grad, rtol=1e-8, atol=1e-10, msg=name)
+
+
 def test_stage_head_final_relu_path_materialises():
     torch.manual_seed(0)
     head = StageHead(16, out_dim=20, hidden_dim=16, bottleneck_dim=8, final_relu=True).double().eval()
@@ -149,3 +177,73 @@ def test_stage_head_pooled_bn_matches_materialised_head(norm):
             torch.testing.assert_close(pa.grad, pb.grad, msg=name, **tol)
     for (name, ba), bb in zip(a.named_buffers(), b.buffers()):
         torch.testing.assert_close(ba, bb, msg=name, **tol)
+
+
+def test_stage_head_pool_with_a_given_gap_is_the_plain_pool():
+    """The step hands the stage heads the maps' GAPs it has already (`scfs.methods.networks.stage_gaps`): the same
+    pooled feature, bit for bit."""
+    torch.manual_seed(4)
+    head = StageHead(16, out_dim=20, hidden_dim=16, bottleneck_dim=8)
+    torch.nn.init.normal_(head.bn3.weight)
+    x = torch.randn(3, 16, 5, 4).contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(head.pool(x, x.mean(dim=(2, 3))), head.pool(x), rtol=0, atol=0)
+
+
+def test_stage_gaps_reuse_the_backbone_pool_where_it_is_the_gap():
+    from scfs.methods.networks import stage_gaps
+    from scfs.models.backbone import make_backbone
+
+    torch.manual_seed(5)
+    bb = make_backbone("resnet18", stages=("layer3", "layer4"), layers=[1, 1, 1, 1], channels=[8, 8, 16, 16])
+    maps = bb(torch.randn(2, 3, 32, 32))
+    pooled = bb.pool(maps)
+    gaps = stage_gaps(bb, maps, pooled, ("layer3", "layer4"))
+    assert gaps["layer4"] is pooled
+    for s in ("layer3", "layer4"):
+        torch.testing.assert_close(gaps[s], maps[s].mean(dim=(2, 3)), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("norm_last_layer", [True, False])
+@pytest.mark.parametrize("nlayers", [1, 3])
+def test_stacked_dino_heads_equal_per_head_calls_values_and_gradients(norm_last_layer, nlayers):
+    """Heads of one architecture but different input sizes (SCFS's stage projections) as one stacked call: the
+    logits and the gradients of the inputs and of every parameter (the last layer's magnitude when it trains
+    too) equal those of one call per head."""
+    from scfs.models.heads import stacked_dino_heads
+
+    torch.manual_seed(6)
+    kw = {"out_dim": 12, "hidden_dim": 10, "bottleneck_dim": 6, "nlayers": nlayers, "norm_last_layer": norm_last_layer}
+    heads = [DINOHead(d, **kw).double() for d in (5, 7, 9)]
+    for h in heads:
+        with torch.no_grad():
+            h.last_layer.parametrizations.weight.original0.uniform_(0.5, 2.0)
+    xs = [torch.randn(4, d, dtype=torch.float64, requires_grad=True) for d in (5, 7, 9)]
+    got = stacked_dino_heads(heads, xs)
+    g = torch.randn_like(got)
+    fast = torch.autograd.grad((got * g).sum(), xs + [p for h in heads for p in h.parameters() if p.requires_grad])
+    want = torch.stack([h(x) for h, x in zip(heads, xs)])
+    slow = torch.autograd.grad((want * g).sum(), xs + [p for h in heads for p in h.parameters() if p.requires_grad])
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    for a, b in zip(fast, slow, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_stacked_dino_heads_under_bf16_autocast_and_fallback():
+    """Under bf16 autocast the stacked call gives the per-head logits to bf16 rounding; heads with BatchNorm (or
+    inputs of different row counts) fall back to one call per head, exactly."""
+    from scfs.models.heads import stacked_dino_heads
+
+    torch.manual_seed(7)
+    heads = [DINOHead(d, out_dim=32, hidden_dim=16, bottleneck_dim=8) for d in (8, 16)]
+    xs = [torch.randn(6, 8), torch.randn(6, 16)]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = stacked_dino_heads(heads, xs)
+        want = torch.stack([h(x) for h, x in zip(heads, xs)])
+    assert got.dtype == want.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+    bn_heads = [DINOHead(d, out_dim=32, hidden_dim=16, bottleneck_dim=8, use_bn=True) for d in (8, 16)]
+    torch.testing.assert_close(stacked_dino_heads(bn_heads, xs), torch.stack([h(x) for h, x in zip(bn_heads, xs)]),
+                               rtol=0, atol=0)
+    uneven = [torch.randn(6, 8), torch.randn(5, 16)]
+    with pytest.raises(RuntimeError):  # the per-head fallback: logits of 6 and 5 rows cannot be stacked
+        stacked_dino_heads(heads, uneven)

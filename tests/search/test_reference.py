@@ -137,3 +137,44 @@ def test_batch_invariance(gen):
     full = feature_search(feats, queries, backend="reference").features.view(2, 4, *feats.shape[1:])
     one = feature_search(feats[2:3], queries[:, 2:3], backend="reference").features
     torch.testing.assert_close(full[:, 2], one, rtol=0, atol=1e-6)
+
+
+def _einsum_search(feats, queries, weight, centre, eps=1e-6):
+    """The soft search written with einsum, as the reference was before it used batched matmuls."""
+    from scfs.search.reference import safe_normalize
+
+    f, q = feats.double(), queries.double()
+    if centre:
+        mu = f.mean(dim=(2, 3))
+        fn, qn = safe_normalize(f - mu[:, :, None, None], 1, eps), safe_normalize(q - mu.unsqueeze(0), -1, eps)
+    else:
+        fn, qn = safe_normalize(f, 1, eps), safe_normalize(q, -1, eps)
+    sim = torch.einsum("nbc,bchw->nbhw", qn, fn)
+    g = f if weight is None else torch.einsum("oc,bchw->bohw", weight.double(), f)
+    n, b = q.shape[:2]
+    return (sim.unsqueeze(2) * g.unsqueeze(0)).reshape(n * b, g.shape[1], *f.shape[-2:]), sim
+
+
+@pytest.mark.parametrize("fmt", [torch.contiguous_format, torch.channels_last])
+@pytest.mark.parametrize("proj", [False, True])
+@pytest.mark.parametrize("centre", [False, True])
+def test_matmul_reference_equals_einsum_formula_values_and_gradients(gen, fmt, proj, centre):
+    """The batched-matmul reference (both memory formats) against the einsum formula: values, layout and the
+    gradients of the map, the queries and the projection."""
+    from scfs.search.reference import reference_search
+
+    feats, queries = _inputs(gen, n=3, b=2, c=6, h=4, w=5)
+    feats = feats.contiguous(memory_format=fmt).requires_grad_()
+    queries.requires_grad_()
+    weight = torch.randn(7, 6, generator=gen, dtype=torch.float64, requires_grad=True) if proj else None
+    out, sim, a = reference_search(feats, queries, "soft", weight, 0.25, 0.1, 1e-6, centre=centre)
+    want, want_sim = _einsum_search(feats, queries, weight, centre)
+    assert out.is_contiguous(memory_format=fmt) and sim.is_contiguous()
+    torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(sim, want_sim, rtol=1e-12, atol=1e-12)
+    g = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+    leaves = [t for t in (feats, queries, weight) if t is not None]
+    got = torch.autograd.grad((out * g).sum() + sim.square().sum(), leaves)
+    exp = torch.autograd.grad((want * g).sum() + want_sim.square().sum(), leaves)
+    for x, y in zip(got, exp, strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-10, atol=1e-12)

@@ -140,7 +140,7 @@ def test_batch_invariance(gen):
 
 
 def _einsum_search(feats, queries, weight, centre, eps=1e-6):
-    """The soft search written with einsum, as the reference was before it used batched matmuls."""
+    """The soft search as its formula, in einsum: a check written independently of the reference's matmul layouts."""
     from scfs.search.reference import safe_normalize
 
     f, q = feats.double(), queries.double()

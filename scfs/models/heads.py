@@ -10,6 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.parametrizations import weight_norm
 
+from scfs.search.reference import as_dtype
+
 
 def _mlp(in_dim: int, hidden_dim: int, out_dim: int, nlayers: int, use_bn: bool) -> nn.Sequential:
     if nlayers == 1:
@@ -163,12 +165,6 @@ def pooled_conv_bn(z: torch.Tensor, conv: nn.Conv2d, bn: nn.BatchNorm2d) -> torc
         if bn.affine:
             out = out * as_dtype(bn.weight, acc) + as_dtype(bn.bias, acc)
     return as_dtype(out, z.dtype)
-
-
-def as_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """`x.to(dtype)` without dispatching an op when it is already of that dtype (`to` would return `x` itself): the
-    eager step dispatches every op from the host, and most of these casts are no-ops outside autocast."""
-    return x if x.dtype == dtype else x.to(dtype)
 
 
 # The residual branch's norm layers: BatchNorm as published; GroupNorm(1, C) (per-sample statistics, as timm's

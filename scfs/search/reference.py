@@ -71,8 +71,8 @@ def reference_search(
     n, b = queries.shape[:2]
     _, c, h, w = feats.shape
     cd = compute_dtype(feats.dtype)
-    f = _as(feats, cd)
-    q = _as(queries, cd)
+    f = as_dtype(feats, cd)
+    q = as_dtype(queries, cd)
     if centre:
         mu = f.mean(dim=(2, 3))
         fn = safe_normalize(f - mu[:, :, None, None], 1, eps)
@@ -84,7 +84,7 @@ def reference_search(
     # contiguous ones: einsum would add its own permutes, reshapes and copies around the same products (the eager
     # step dispatches each op from the host). The similarity is made n-major (one small copy), so the weighted
     # maps come out in feats' memory format without a copy of their own.
-    wt = None if weight is None else _as(weight, cd)
+    wt = None if weight is None else as_dtype(weight, cd)
     if _is_channels_last(feats):
         sim = torch.bmm(_pixels(fn), qn.permute(1, 2, 0)).permute(2, 0, 1).contiguous().view(n, b, h, w)
         a = apply_mode(sim, mode, topk, temperature, mask)
@@ -95,11 +95,12 @@ def reference_search(
         a = apply_mode(sim, mode, topk, temperature, mask)
         g = f.flatten(2) if wt is None else torch.matmul(wt, f.flatten(2))  # (B, C_out, HW)
         out = (a.reshape(n, b, 1, h * w) * g).view(n * b, -1, h, w)
-    return _as(out, feats.dtype), sim, a
+    return as_dtype(out, feats.dtype), sim, a
 
 
-def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """`x.to(dtype)`, without dispatching an op when `x` already has it."""
+def as_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`x.to(dtype)` without dispatching an op when it is already of that dtype (`to` would return `x` itself): the
+    eager step dispatches every op from the host, and most of these casts are no-ops outside autocast."""
     return x if x.dtype == dtype else x.to(dtype)
 
 

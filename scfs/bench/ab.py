@@ -178,14 +178,18 @@ def markdown(result: dict[str, Any]) -> str:
              "", f"| method | B | setting | {a} ms (median of rounds) | {b} ms | {b} / {a} per round | "
              f"{b} / {a} median [min, max] |", "|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
-        failed = {i: ", ".join(e["tree"] for e in r["errors"] if e["round"] == i) for i in range(m["rounds"])}
-
         def ms(t: str, r: dict = r) -> str:
             v = r["step_ms"][t]
             return f"{v:.1f}" if v is not None else "-"
 
-        per_round = ", ".join(f"{x:.3f}" if x is not None else f"r{i}: {failed.get(i, '?')} failed"
-                              for i, x in enumerate(r["ratio_rounds"]))
+        def ratio(i: int, x: float | None, r: dict = r) -> str:
+            """A round's B / A, else the side that failed in it ("-": the round has not run yet)."""
+            if x is not None:
+                return f"{x:.3f}"
+            trees = ", ".join(e["tree"] for e in r["errors"] if e["round"] == i)
+            return f"r{i}: {trees} failed" if trees else "-"
+
+        per_round = ", ".join(ratio(i, x) for i, x in enumerate(r["ratio_rounds"]))
         spread = (f"{r['ratio_median']:.3f} [{r['ratio_min']:.3f}, {r['ratio_max']:.3f}]"
                   if r["ratio_median"] is not None else "-")
         lines.append(f"| {r['method']} | {r['B']} | {r['setting']} | {ms(a)} | {ms(b)} | {per_round} | {spread} |")

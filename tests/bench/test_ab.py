@@ -111,6 +111,17 @@ def test_a_failed_round_is_left_out_of_the_numbers_and_named_in_the_table() -> N
     assert "Commit `A vs B`; `python -m scfs.bench.ab x`." in md
 
 
+def test_the_record_written_mid_round_shows_the_missing_side_as_not_run() -> None:
+    runs = [{"round": 0, "tree": "A", "record": record({"scfs": 100.0}), "error": None},
+            {"round": 0, "tree": "B", "record": record({"scfs": 90.0}), "error": None},
+            {"round": 1, "tree": "B", "record": record({"scfs": 99.0}), "error": None}]
+    (row,) = aggregate(runs, ("A", "B"))
+    assert row["ratio_rounds"] == [pytest.approx(0.9), None] and row["step_ms"] == {"A": 100.0, "B": 94.5}
+    md = markdown({"meta": {"command": "c", "trees": {"A": "/a", "B": "/b"}, "rounds": 3, "step_args": [],
+                            "date": "d"}, "rounds": runs, "rows": [row]})
+    assert "| 0.900, - | 0.900 [0.900, 0.900] |" in md and "failed" not in md.lower()
+
+
 def test_each_run_imports_its_own_tree(tmp_path: Path) -> None:
     """The records' numbers come from each tree's own stub, run from that tree with COMMIT = its name."""
     a = fake_tree(tmp_path / "ta", {"scfs": 100.0, "dino": 50.0})

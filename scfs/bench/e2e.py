@@ -111,12 +111,13 @@ def shown(cmd: list[str]) -> str:
     return shlex.join(["python", *cmd[1:]] if cmd and cmd[0] == sys.executable else cmd)
 
 
-def run_logged(cmd: list[str], log: Path, timeout: float, env: dict[str, str] | None = None) -> tuple[int, float]:
-    """Run `cmd` with its output in `log`; (return code, wall seconds); 124 when it ran past `timeout`."""
+def run_logged(cmd: list[str], log: Path, timeout: float | None, env: dict[str, str] | None = None,
+               cwd: Path | None = None) -> tuple[int, float]:
+    """Run `cmd` (in `cwd`) with its output in `log`; (return code, wall seconds); 124 when it ran past `timeout`."""
     t0 = time.perf_counter()
     with log.open("w") as f:
         try:
-            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout,
+            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout, cwd=cwd,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}).returncode
         except subprocess.TimeoutExpired:
             rc = 124

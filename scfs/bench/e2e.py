@@ -1,5 +1,6 @@
-"""End-to-end training speed: a real `python -m scfs.train +experiment=imagenet` run on real JPEGs, beside the
-step benchmark at the same batch, and where the difference goes.
+"""End-to-end training speed: a real `python -m scfs.train +experiment=imagenet` run on real JPEGs (or
+`+experiment=cifar10` on the CIFAR-10 training split, `--recipe cifar10`), beside the step benchmark at the same batch,
+and where the difference goes.
 
 Why: `scfs.bench.step` times the training step on synthetic images already on the GPU; a user sees the speed of
 the whole run (DataLoader workers decoding and cropping JPEGs, host-to-device copies, the colour ops on the device,
@@ -8,33 +9,48 @@ epochs after the first of steps x batch / epoch wall seconds; epoch 0 holds the 
 is e2e >= 95 % of the step benchmark's img/s at the same batch.
 
 What one call does:
-1. data: an ImageFolder tree of hard links to the sample photos (`scfs.data.prepare.repeat_photos`): each photo
-   `--repeat` times in 10 class folders, so one epoch decodes ~10,000 real JPEGs (100 photos x 100), plus a small
-   val/ for the kNN pass at the run's end (outside the timed epochs). `--root DIR` uses an existing tree instead.
-2. the real run, as a user runs it, once per `--decode` mode: `python -m scfs.train +experiment=imagenet
+1. data. imagenet: an ImageFolder tree of hard links to the sample photos (`scfs.data.prepare.repeat_photos`):
+   each photo `--repeat` times in 10 class folders, so one epoch decodes ~10,000 real JPEGs (100 photos x 100), plus
+   a small val/ for the kNN pass at the run's end (outside the timed epochs); `--root DIR` uses an existing tree
+   instead. cifar10: the prepared folder `--root` (default data/cifar10), made from `--archive` by the project's
+   preparer (`python -m scfs.data.prepare cifar10`) when given; the recipe decodes its training split once (cached
+   under `<root>/.scfs_cache/`) and holds it on the GPU (`data.on_device`), its views made there
+   (`data.batch_aug`).
+2. the real run, as a user runs it. imagenet, once per `--decode` mode: `python -m scfs.train +experiment=imagenet
    data.root=<tree> batch_size=<B> global_batch_size=null trainer.max_epochs=<epochs> data.decode=<mode>
    eval.figure=false hydra.run.dir=<dir>` (the recipe's compile, precision, workers, logger and checkpoints as
-   shipped; the recipe already has no kNN before or during training). `--profile` adds Lightning's
-   SimpleProfiler (`+trainer.profiler=simple`) and splits a step's host time into the loader's `next`, the batch
-   transfer with the views made on the device, the training batch and the per-batch hooks.
-3. the step benchmark in a subprocess: `python -m scfs.bench.step --batch <B> --setting <setting> --method
-   <method> --no-ceiling`, its `img_per_s` (`--step-record FILE`: the figure of an existing step record instead,
-   e.g. one measured in an earlier call on the same machine when one call cannot hold both compiles).
-4. the record `imagenet-e2e-<gpu>-<date>[-<commit>].{json,md}`: both figures, their ratio against the target,
-   the first epoch's seconds, the profile split, the settings each side ran (a mismatch between them is named), the
+   shipped; the recipe already has no kNN before or during training). cifar10, once: `python -m scfs.train
+   +experiment=cifar10 data.root=<root> batch_size=<B> global_batch_size=null trainer.max_epochs=<epochs>
+   eval.figure=false eval.knn_at_start=false eval.knn_every_n_epochs=0 hydra.run.dir=<dir>` (the recipe's compile,
+   precision, data path and checkpoints as shipped; its kNN passes before and during training are evaluation, not
+   training, so they are off, as the ImageNet recipe ships them). `--profile` adds Lightning's SimpleProfiler
+   (`+trainer.profiler=simple`) and splits a step's host time into the loader's `next`, the batch transfer with
+   the views made on the device, the training batch and the per-batch hooks, and an epoch's once-per-epoch time
+   into its start and end hooks, the checkpoint saves and the rest of the epoch loop.
+3. the step benchmark in a subprocess: `python -m scfs.bench.step [--suite cifar] --batch <B> --setting <setting>
+   --method <method> --no-ceiling`, its `img_per_s` (`--step-record FILE`: the figure of an existing step record
+   instead, e.g. one measured in an earlier call on the same machine when one call cannot hold both compiles).
+4. the record `<recipe>-e2e-<gpu>-<date>[-<commit>].{json,md}`: both figures, their ratio against the target, the
+   first epoch's seconds, the profile split, the settings each side ran (a mismatch between them is named), the
    exact commands, the commit, torch / lightning versions and the GPU; the subprocesses' logs beside it in
    `<record>-logs/`.
 
 Profile times are the host's: with CUDA the step is queued asynchronously, so a part's time includes waiting for
 the GPU wherever the host synchronises (a GPU-bound run shows it in the training batch; a loader-bound run in
 `next`). SimpleProfiler sums the whole fit; epoch 0's excess over a steady epoch (the compile) is taken out of
-the training batch.
+the training batch. The run's epoch clock (`EpochTimer`, its first callback) starts before every other
+epoch-start hook and stops before every epoch-end hook (Lightning runs the checkpoint callbacks last), so the
+epoch-start hooks are inside `epoch_seconds` and the epoch-end hooks, checkpoint saves included, fall between the
+timed epochs: in a run's wall time, not in its img/s.
 
 `--device cpu --tiny` runs the same flow on the CPU in seconds (tiny backbone and crops, fp32, eager, no workers).
 Usage:
     python -m scfs.bench.e2e --archive .gpudata/imagenet-samples-100.tar.xz [--photos data/imagenet-samples]
         [--batch 64] [--epochs 3] [--decode cpu gpu] [--profile] [--out benchmarks/results]
+    python -m scfs.bench.e2e --recipe cifar10 --archive .gpudata/cifar10-jpeg.tar.xz [--root data/cifar10]
+        [--batch 512] [--epochs 6] [--profile] [--out benchmarks/results]
     python -m scfs.bench.e2e --device cpu --tiny --photos DIR --repeat 4 --batch 8 --out /tmp/x
+    python -m scfs.bench.e2e --recipe cifar10 --device cpu --tiny --root DIR --batch 8 --epochs 2 --out /tmp/x
 """
 
 from __future__ import annotations
@@ -44,6 +60,7 @@ import datetime as dt
 import json
 import os
 import platform
+import re
 import shlex
 import shutil
 import statistics
@@ -51,6 +68,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +77,18 @@ from scfs.names import DATA_DECODE
 
 TARGET = 0.95  # e2e img/s over the step benchmark's at the same batch
 DEFAULT_PHOTOS, DEFAULT_TREE = Path("data/imagenet-samples"), Path("data/imagenet-e2e")
+DEFAULT_CIFAR_ROOT, CIFAR_ARCHIVE = Path("data/cifar10"), ".gpudata/cifar10-jpeg.tar.xz"
+RECIPES = ("imagenet", "cifar10")
+# Per recipe: the step benchmark's suite of the same experiment (step.EXPERIMENT), the default batch (ImageNet: 64,
+# the batch of the step benchmark's yardstick row; CIFAR-10: the recipe's own) and epochs (epoch 0 is the compile,
+# the later ones give the median).
+SUITE = {"imagenet": "resnet50", "cifar10": "cifar"}
+DEFAULT_BATCH = {"imagenet": 64, "cifar10": 512}
+DEFAULT_EPOCHS = {"imagenet": 3, "cifar10": 6}
+# The CIFAR-10 recipe's kNN passes before training and every 10 epochs: evaluation, not training (a run's epoch
+# clock leaves them out, its wall time does not), so they are off, as the ImageNet recipe ships them.
+NO_EVAL = ["eval.knn_at_start=false", "eval.knn_every_n_epochs=0"]
+IMAGENET_ONLY = ("photos", "tree", "repeat", "decode")
 # The tiny CPU flow: the step benchmark's tiny network and crops, fp32 and eager on both sides, no workers.
 TINY_TRAIN = ["trainer.precision=32-true", "compile=false", "num_workers=0", "logger=csv"]
 TINY_SETTING = "fp32"
@@ -66,24 +96,35 @@ TINY_STEP = ["--tiny", "--warmup", "2", "--steps", "5"]
 # SimpleProfiler action names (strategy class names vary: SingleDeviceStrategy, DDPStrategy) -> parts of a step
 NEXT, EPOCH, BATCH = "[_TrainingEpochLoop].train_dataloader_next", "run_training_epoch", "run_training_batch"
 BATCH_HOOKS = (".on_train_batch_start", ".on_train_batch_end", ".on_before_batch_transfer")
+# ... and of an epoch: its start and end hooks (`[Callback]<state_key>.<hook>`, `[LightningModule]<class>.<hook>`),
+# every `Trainer.save_checkpoint`, and the datamodule's `train_dataloader` (once per fit: the on-device split's
+# decode or cache load and copy)
+EPOCH_START, EPOCH_END = ".on_train_epoch_start", ".on_train_epoch_end"
+SAVE, LOADER_SETUP = "save_checkpoint", ".train_dataloader"
+HOOK_OWNERS = ("[Callback]", "[LightningModule]")
 
 
 class E2EError(RuntimeError):
-    """Bad input (the data to train on), said in one line."""
+    """Bad input (the data to train on, a flag of the other recipe), said in one line."""
 
 
 # ---- commands ----------------------------------------------------------------------------------------------------
-def train_command(root: Path, batch: int, epochs: int, decode: str, run_dir: Path, *, method: str = "scfs",
+def train_command(root: Path, batch: int, epochs: int, decode: str | None, run_dir: Path, *, method: str = "scfs",
                   workers: int | None = None, profile: bool = False, tiny: bool = False, device: str = "cuda",
-                  overrides: list[str] | None = None) -> list[str]:
-    """`python -m scfs.train +experiment=imagenet ...` as a user types it, plus only what makes it a measurement:
-    the data, batch, epochs, decode mode and the run folder (and the figure off: it is drawn after training, on
-    the wall clock of the slot but not of the epochs). `tiny`: the CPU flow's network and crops, fp32, eager."""
+                  overrides: list[str] | None = None, recipe: str = "imagenet") -> list[str]:
+    """`python -m scfs.train +experiment=<recipe> ...` as a user types it, plus only what makes it a measurement:
+    the data, batch, epochs, decode mode (imagenet; the CIFAR-10 recipe's on-device split has none) and the run
+    folder (and the figure off: it is drawn after training, on the wall clock of the slot but not of the epochs;
+    for cifar10 the kNN passes before and during training too, `NO_EVAL`). `tiny`: the CPU flow's network and
+    crops, fp32, eager."""
     from scfs.bench.step import TINY
 
-    cmd = [sys.executable, "-m", "scfs.train", "+experiment=imagenet", f"method={method}", f"data.root={root}",
-           f"batch_size={batch}", "global_batch_size=null", f"trainer.max_epochs={epochs}", f"data.decode={decode}",
-           "eval.figure=false", f"hydra.run.dir={run_dir}"]
+    if recipe not in RECIPES:
+        raise ValueError(f"recipe {recipe!r}: one of {', '.join(RECIPES)}")
+    cmd = [sys.executable, "-m", "scfs.train", f"+experiment={recipe}", f"method={method}", f"data.root={root}",
+           f"batch_size={batch}", "global_batch_size=null", f"trainer.max_epochs={epochs}"]
+    cmd += [f"data.decode={decode}"] if decode is not None else []
+    cmd += ["eval.figure=false", *(NO_EVAL if recipe == "cifar10" else []), f"hydra.run.dir={run_dir}"]
     if workers is not None:
         cmd.append(f"num_workers={workers}")
     if device == "cpu":
@@ -96,10 +137,13 @@ def train_command(root: Path, batch: int, epochs: int, decode: str, run_dir: Pat
 
 
 def step_command(batch: int, setting: str, method: str, out: Path, *, tiny: bool = False, device: str = "cuda",
-                 overrides: list[str] | None = None) -> list[str]:
-    """`python -m scfs.bench.step` for the one row compared: same method and batch, the recipe's default path."""
-    cmd = [sys.executable, "-m", "scfs.bench.step", "--batch", str(batch), "--setting", setting, "--method", method,
-           "--no-ceiling", "--strict", "--device", device, "--out", str(out)]
+                 overrides: list[str] | None = None, recipe: str = "imagenet") -> list[str]:
+    """`python -m scfs.bench.step` for the one row compared: same experiment (its suite), method and batch, the
+    recipe's default path."""
+    cmd = [sys.executable, "-m", "scfs.bench.step"]
+    cmd += ["--suite", SUITE[recipe]] if recipe != "imagenet" else []
+    cmd += ["--batch", str(batch), "--setting", setting, "--method", method, "--no-ceiling", "--strict", "--device",
+            device, "--out", str(out)]
     cmd += TINY_STEP if tiny else []
     for o in overrides or []:
         cmd += ["--override", o]
@@ -152,40 +196,88 @@ def parse_simple_profiler(text: str) -> dict[str, dict[str, float]]:
     return out
 
 
+def _present(actions: dict[str, dict[str, float]], match: Callable[[str], bool]) -> dict[str, float]:
+    """{action: total seconds} of the actions `match(name)` accepts."""
+    return {k: v["total_s"] for k, v in actions.items() if match(k)}
+
+
 def profile_split(actions: dict[str, dict[str, float]], epoch_seconds: list[float]) -> dict[str, Any]:
     """Host ms per training step by part, from a SimpleProfiler report over the whole fit:
 
-    * `next`: the loader's `next` (waiting for the workers' batch, pinned);
+    * `next`: the loader's `next` (waiting for the workers' batch, pinned; on the on-device path an index_select);
     * `to_device`: the batch transfer, and inside it `views`: `on_after_batch_transfer` (the views or the colour
       ops, the GPU decode), so that `to_device - views` is the copy itself;
     * `batch`: `run_training_batch` (forward, backward, optimizer, EMA), epoch 0's excess over a steady epoch (the
       compile) taken out;
     * `hooks`: every callback and module hook of a batch (on_train_batch_start / end, on_before_batch_transfer);
-    * `loop`: the rest of the epochs' time (the loop itself, epoch-end hooks), per step.
-    Also the five heaviest per-batch hooks by total seconds (`top_hooks`)."""
-    def total(name: str) -> float:
-        return sum(v["total_s"] for k, v in actions.items() if k == name)
-
+    * `loop`: the rest of the epochs' time (the loop itself, the epoch's iterator creation), per step.
+    A part whose actions the report lacks is None (shown "–"), never 0. Also the five heaviest per-batch hooks by
+    total seconds (`top_hooks`) and the once-per-epoch time (`per_epoch`, `epoch_overhead`)."""
     steps = int(actions.get(BATCH, {}).get("calls", 0))
     if not steps:
         return {"error": "no run_training_batch in the profiler report"}
     excess = 0.0
     if len(epoch_seconds) > 1:
         excess = max(epoch_seconds[0] - statistics.median(epoch_seconds[1:]), 0.0)
-    to_device = sum(v["total_s"] for k, v in actions.items() if k.endswith(".batch_to_device"))
-    views = sum(v["total_s"] for k, v in actions.items() if k.endswith(".on_after_batch_transfer"))
-    hooks = {k: v["total_s"] for k, v in actions.items() if k.endswith(BATCH_HOOKS)}
-    parts_s = {"next": total(NEXT), "to_device": to_device, "batch": max(total(BATCH) - excess, 0.0),
-               "hooks": sum(hooks.values())}
-    epochs_s = total(EPOCH) - excess
-    parts_s["loop"] = max(epochs_s - sum(parts_s.values()), 0.0)
-    per_step = {k: 1e3 * v / steps for k, v in parts_s.items()}
-    per_step["views"] = 1e3 * min(views, to_device) / steps  # a part of to_device, not added to the parts
+    to_device = _present(actions, lambda k: k.endswith(".batch_to_device"))
+    views = _present(actions, lambda k: k.endswith(".on_after_batch_transfer"))
+    hooks = _present(actions, lambda k: k.endswith(BATCH_HOOKS))
+    parts_s: dict[str, float | None] = {
+        "next": actions[NEXT]["total_s"] if NEXT in actions else None,
+        "to_device": sum(to_device.values()) if to_device else None,
+        "batch": max(actions[BATCH]["total_s"] - excess, 0.0),
+        "hooks": sum(hooks.values()) if hooks else None}
+    epochs_s = actions.get(EPOCH, {}).get("total_s", 0.0) - excess
+    loop = max(epochs_s - sum(v for v in parts_s.values() if v is not None), 0.0)
+    parts_s["loop"] = loop
+    per_step = {k: None if v is None else 1e3 * v / steps for k, v in parts_s.items()}
+    if views and to_device:  # a part of to_device, not added to the parts
+        per_step["views"] = 1e3 * min(sum(views.values()), sum(to_device.values())) / steps
+    else:
+        per_step["views"] = None
     top = sorted(hooks.items(), key=lambda kv: -kv[1])[:5]
     return {"steps": steps, "compile_excess_s": round(excess, 2), "ms_per_step": per_step,
             "step_ms": 1e3 * epochs_s / steps,
-            "share": {k: v / epochs_s for k, v in parts_s.items()} if epochs_s > 0 else {},
-            "top_hooks": [{"hook": k, "ms_per_step": 1e3 * v / steps} for k, v in top]}
+            "share": {k: v / epochs_s for k, v in parts_s.items() if v is not None} if epochs_s > 0 else {},
+            "top_hooks": [{"hook": k, "ms_per_step": 1e3 * v / steps} for k, v in top],
+            "per_epoch": epoch_overhead(actions, epoch_seconds, loop)}
+
+
+def epoch_overhead(actions: dict[str, dict[str, float]], epoch_seconds: list[float],
+                   loop_s: float | None = None) -> dict[str, Any]:
+    """Seconds per epoch of what runs once per epoch rather than once per batch, and each as a share of the steady
+    epoch (the median of `epoch_seconds` after the first), from a SimpleProfiler report over the whole fit (means
+    over all epochs, epoch 0 included):
+
+    * `epoch_start`: every callback's and the module's `on_train_epoch_start` (inside the run's timed epoch);
+    * `epoch_end`: every `on_train_epoch_end` (after the timed epoch: the epoch clock stops first), the epoch-end
+      checkpoint saves included;
+    * `checkpoint`: `save_checkpoint`, every save of the fit (last.ckpt at each epoch end, the numbered checkpoint
+      every `checkpoint.every_n_epochs`, a step save every `checkpoint.every_n_train_steps`, which falls inside a
+      batch's hooks), with `saves` and `per_save_s`;
+    * `loop_rest`: the epoch loop's time outside every per-batch action (`loop_s`, from `profile_split`): the
+      epoch's iterator creation, which Lightning does not profile on its own, and the loop's own code;
+    * `loader_setup_s`: the datamodule's `train_dataloader`, once before epoch 0 (not per epoch).
+    A part whose actions the report lacks is None (shown "–"). Also the three heaviest per-epoch hooks."""
+    epochs = int(actions.get(EPOCH, {}).get("calls", 0))
+    if not epochs:
+        return {"error": "no run_training_epoch in the profiler report"}
+    steady = (statistics.median(epoch_seconds[1:]) if len(epoch_seconds) > 1 else
+              epoch_seconds[0] if epoch_seconds else None)
+    start = _present(actions, lambda k: k.startswith(HOOK_OWNERS) and k.endswith(EPOCH_START))
+    end = _present(actions, lambda k: k.startswith(HOOK_OWNERS) and k.endswith(EPOCH_END))
+    setup = _present(actions, lambda k: k.startswith("[LightningDataModule]") and k.endswith(LOADER_SETUP))
+    save = actions.get(SAVE)
+    parts = {"epoch_start": sum(start.values()) / epochs if start else None,
+             "epoch_end": sum(end.values()) / epochs if end else None,
+             "checkpoint": save["total_s"] / epochs if save else None,
+             "loop_rest": loop_s / epochs if loop_s is not None else None}
+    top = sorted({**start, **end}.items(), key=lambda kv: -kv[1])[:3]
+    return {"epochs": epochs, "steady_epoch_s": steady, "s_per_epoch": parts,
+            "share": {k: (v / steady if v is not None and steady else None) for k, v in parts.items()},
+            "saves": int(save["calls"]) if save else 0, "per_save_s": save["mean_s"] if save else None,
+            "loader_setup_s": sum(setup.values()) if setup else None,
+            "top_hooks": [{"hook": k, "s_per_epoch": v / epochs} for k, v in top]}
 
 
 # ---- comparison --------------------------------------------------------------------------------------------------
@@ -217,7 +309,8 @@ def run_settings(run_dir: Path) -> dict[str, Any]:
     return {"precision": str(get("trainer.precision")), "channels_last": bool(get("backbone.channels_last")),
             "compile": bool(get("compile")), "compile_mode": str(get("compile_mode")),
             "num_workers": get("num_workers"), "decode": str(get("data.decode")),
-            "colour_on_device": bool(get("data.colour_on_device")), "backbone": str(get("backbone.name")),
+            "colour_on_device": bool(get("data.colour_on_device")), "on_device": bool(get("data.on_device")),
+            "batch_aug": bool(get("data.batch_aug")), "backbone": str(get("backbone.name")),
             "logger": str(get("logger.name") or "-"),
             "progress_bar": bool(get("trainer.enable_progress_bar")),
             "finite_check_every_n_steps": get("finite_check_every_n_steps")}
@@ -239,32 +332,95 @@ def mismatches(run: dict[str, Any], step: dict[str, Any]) -> list[str]:
 
 
 # ---- the record --------------------------------------------------------------------------------------------------
+def cell(v: float | None, fmt: str = "{:.1f}") -> str:
+    """A measured part as a table shows it; "–" for a part whose profiler actions the run's report lacks."""
+    return "–" if v is None else fmt.format(v)
+
+
+def hook_name(action: str) -> str:
+    """A hook's profiler action as a table names it: a callback's state in its key (ModelCheckpoint's
+    `{'monitor': None, ...}`) left out; the record keeps the full name."""
+    return re.sub(r"\{[^}]*\}", "", action)
+
+
+def row_label(r: dict) -> str:
+    """What a row ran on: its decode mode (imagenet, one row per mode); for the CIFAR-10 recipe its data path."""
+    if r.get("decode"):
+        return str(r["decode"])
+    s = r.get("settings") or {}
+    return "on-device" if s.get("on_device") else f"decode={s['decode']}" if s.get("decode") else "recipe"
+
+
+def epoch_cell(pe: dict[str, Any], part: str) -> str:
+    """`s (share of the steady epoch)` of one once-per-epoch part; checkpoint saves with their count and mean."""
+    v, share = pe["s_per_epoch"].get(part), pe["share"].get(part)
+    if v is None:
+        return "–"
+    text = f"{v:.3f} s" + (f" ({100 * share:.1f} %)" if share is not None else "")
+    if part == "checkpoint" and pe.get("saves"):
+        text += f", {pe['saves']} saves of {pe['per_save_s']:.3f} s"
+    return text
+
+
+def epoch_table(rows: list[dict], col: str) -> list[str]:
+    """The once-per-epoch part of the profile (`epoch_overhead`) as markdown lines, one row per profiled run."""
+    rows = [r for r in rows if "error" not in r["profile"].get("per_epoch", {"error": "none"})]
+    if not rows:
+        return []
+    lines = ["", "Once per epoch (`--profile`), seconds per epoch (the mean over all epochs, epoch 0 included) and "
+             "their share of the steady epoch (the median epoch s after the first): epoch-start hooks = every "
+             "callback's and the module's `on_train_epoch_start`, inside the timed epoch; epoch-end hooks = every "
+             "`on_train_epoch_end`, the epoch-end checkpoint saves included: the run's epoch clock (`EpochTimer`, its "
+             "first callback) stops before them, so they are in a run's wall time but not in its epoch s or e2e "
+             "img/s; checkpoint saves = every `save_checkpoint` of the fit (last.ckpt at each epoch end, the numbered "
+             "checkpoint every `checkpoint.every_n_epochs`, a step save every `checkpoint.every_n_train_steps`, which "
+             "falls in a batch's hooks); loop rest = the epoch loop outside every per-batch action: the epoch's "
+             "iterator creation (Lightning profiles it with no action of its own) and the loop's own code; loader "
+             "setup = the datamodule's `train_dataloader`, once before epoch 0 (the on-device path's decode or cache "
+             "load and copy). – = the run's report has no such action.", "",
+             f"| {col} | steady epoch s | epoch-start hooks | epoch-end hooks | checkpoint saves | loop rest | loader "
+             "setup s (once) | heaviest per-epoch hooks (s per epoch) |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        pe = r["profile"]["per_epoch"]
+        hooks = ", ".join(f"{hook_name(h['hook'])} {h['s_per_epoch']:.3f}" for h in pe["top_hooks"])
+        lines.append(f"| {row_label(r)} | {cell(pe['steady_epoch_s'], '{:.2f}')} | {epoch_cell(pe, 'epoch_start')} | "
+                     f"{epoch_cell(pe, 'epoch_end')} | {epoch_cell(pe, 'checkpoint')} | "
+                     f"{epoch_cell(pe, 'loop_rest')} | {cell(pe['loader_setup_s'], '{:.2f}')} | {hooks or '–'} |")
+    return lines
+
+
 def markdown(result: dict) -> str:
     m = result["meta"]
     st = result.get("step") or {}
-    lines = [f"# End-to-end training speed (`+experiment=imagenet`, real JPEGs): {m['gpu']}, {m['date']}", "",
+    recipe = m.get("recipe", "imagenet")
+    what = "real JPEGs" if recipe == "imagenet" else "the CIFAR-10 training split"
+    col = "decode" if recipe == "imagenet" else "data"
+    lines = [f"# End-to-end training speed (`+experiment={recipe}`, {what}): {m['gpu']}, {m['date']}", "",
              f"{provenance(m.get('commit'), m['command'])} torch {m['torch']}, lightning "
              f"{m['lightning']}, {m['cpus']} CPU cores. Data: {m['data']}.", "",
              "e2e img/s = the run's `summary.json` `img_per_s`: the median over the epochs after the first of steps x "
              "batch / epoch wall seconds (epoch 0 holds the compile). step img/s = `scfs.bench.step` (synthetic uint8 "
-             f"images on the device, median step) at the same batch. Target: e2e >= {100 * TARGET:.0f} % of step.", "",
-             "| decode | workers | precision | compile | B | epochs | e2e img/s | step img/s (setting) | e2e / step | "
-             f"target {100 * TARGET:.0f} % | missing ms/step | first epoch s | epoch s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"images on the device, median step) at the same batch. Target: e2e >= {100 * TARGET:.0f} % of step."]
+    if m.get("eval_off"):
+        lines[-1] += (f" The recipe's kNN passes before and during training are off (`{' '.join(m['eval_off'])}`): "
+                      "they are evaluation, not training; its kNN after training still runs, after the timed epochs.")
+    lines += ["", f"| {col} | workers | precision | compile | B | epochs | e2e img/s | step img/s (setting) | "
+              f"e2e / step | target {100 * TARGET:.0f} % | missing ms/step | first epoch s | epoch s |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     step_cell = (f"{rate(st['img_per_s'])} ({st['setting']})" if st.get("img_per_s") else
                  f"- ({st.get('error', 'not run')[:80]})")
     for r in result["rows"]:
         s, c = r.get("settings", {}), r.get("compare", {})
         e2e = r.get("summary", {})
         if "error" in r:
-            lines.append(f"| {r['decode']} | {s.get('num_workers', '-')} | {s.get('precision', '-')} | "
+            lines.append(f"| {row_label(r)} | {s.get('num_workers', '-')} | {s.get('precision', '-')} | "
                          f"{s.get('compile_mode', '-') if s.get('compile') else 'eager' if s else '-'} | {r['B']} | "
                          f"{r['epochs']} | error: {r['error'][:120]} | {step_cell} | - | - | - | - | - |")
             continue
         ratio = f"{100 * c['ratio']:.1f} %" if "ratio" in c else "-"
         missing = f"{c['missing_ms_per_step']:.1f}" if "missing_ms_per_step" in c else "-"
         img = rate(e2e["img_per_s"]) if e2e.get("img_per_s") else "-"
-        lines.append(f"| {r['decode']} | {s.get('num_workers', '-')} | {s.get('precision', '-')} | "
+        lines.append(f"| {row_label(r)} | {s.get('num_workers', '-')} | {s.get('precision', '-')} | "
                      f"{s.get('compile_mode') if s.get('compile') else 'eager'} | {r['B']} | {r['epochs']} | {img} | "
                      f"{step_cell} | {ratio} | {c.get('verdict', '-')} | {missing} | {e2e.get('first_epoch_s', '-')} | "
                      f"{', '.join(str(x) for x in e2e.get('epoch_seconds', []))} |")
@@ -277,25 +433,27 @@ def markdown(result: dict) -> str:
                   "the GPU decode), batch = forward, backward, "
                   "optimizer, EMA, hooks = the callbacks' and module's per-batch hooks, loop = the rest. With CUDA a "
                   "part includes the waits for the GPU at the host's syncs in it. step bench = the step "
-                  "benchmark's step at this batch; missing = what the e2e step takes beyond it.", "",
-                  "| decode | next | to device | of it views | batch | hooks | loop | e2e step (profiled) | "
+                  "benchmark's step at this batch; missing = what the e2e step takes beyond it. "
+                  "– = the run's report has no such action.", "",
+                  f"| {col} | next | to device | of it views | batch | hooks | loop | e2e step (profiled) | "
                   "step bench | missing | heaviest hooks |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in prof:
             p = r["profile"]
             ms = p["ms_per_step"]
             bench = f"{st['step_ms']:.1f}" if st.get("step_ms") else "-"
             missing = f"{p['step_ms'] - st['step_ms']:.1f}" if st.get("step_ms") else "-"
-            hooks = ", ".join(f"{h['hook']} {h['ms_per_step']:.2f}" for h in p["top_hooks"][:3])
-            views = f"{ms['views']:.1f}" if "views" in ms else "-"
-            lines.append(f"| {r['decode']} | {ms['next']:.1f} | {ms['to_device']:.1f} | {views} | {ms['batch']:.1f} | "
-                         f"{ms['hooks']:.1f} | {ms['loop']:.1f} | {p['step_ms']:.1f} | {bench} | {missing} | "
-                         f"{hooks} |")
+            hooks = ", ".join(f"{hook_name(h['hook'])} {h['ms_per_step']:.2f}" for h in p["top_hooks"][:3])
+            lines.append(f"| {row_label(r)} | {cell(ms['next'])} | {cell(ms['to_device'])} | {cell(ms.get('views'))} | "
+                         f"{cell(ms['batch'])} | {cell(ms['hooks'])} | {cell(ms['loop'])} | {p['step_ms']:.1f} | "
+                         f"{bench} | {missing} | {hooks} |")
+        lines += epoch_table(prof, col)
     diffs = sorted({d for r in result["rows"] for d in r.get("mismatch", [])})
     if diffs:
         lines += ["", "The two sides ran different settings (the step benchmark's `--setting` against the recipe as "
                   "shipped), so part of the gap is the step itself: " + "; ".join(diffs) + "."]
     lines += ["", "Commands:", ""]
-    lines += [f"- real run, decode={r['decode']}: `{r['command']}`" for r in result["rows"]]
+    lines += [f"- real run, {'decode=' + r['decode'] if r.get('decode') else recipe}: `{r['command']}`"
+              for r in result["rows"]]
     if st.get("command"):
         lines.append(f"- step benchmark: `{st['command']}`")
     return "\n".join(lines) + "\n"
@@ -307,22 +465,28 @@ def step_row(rows: list[dict], method: str, batch: int, setting: str) -> dict | 
                  and str(r.get("setting", "")).split(" ")[0] == setting), None)
 
 
-def read_step_record(path: Path, method: str, batch: int, setting: str) -> dict[str, Any]:
+def read_step_record(path: Path, method: str, batch: int, setting: str, recipe: str = "imagenet") -> dict[str, Any]:
     """The step figure from an existing record instead of a new measurement (a slot too short for both compiles,
     or the committed record a speed claim cites): the row of this method, batch and setting of a `scfs.bench.step`
-    record, or the step of an e2e record."""
+    record of the recipe's suite, or the step of an e2e record of the recipe."""
     try:
         rec = json.loads(path.read_text())
     except (OSError, ValueError) as err:
         raise E2EError(f"--step-record {path}: not a readable JSON step record ({err})") from None
+    meta = rec.get("meta", {})
     rows = rec.get("rows", [])
     if isinstance(rec.get("step"), dict):  # an e2e record: the step it measured
-        rows = [{"method": rec.get("meta", {}).get("method"), **rec["step"]}]
+        rows = [{"method": meta.get("method"), **rec["step"]}]
+        suite = SUITE.get(meta.get("recipe", "imagenet"))
+    else:
+        suite = meta.get("suite", "resnet50")
+    if suite != SUITE[recipe]:
+        raise E2EError(f"--step-record {path}: measures the {suite} suite, not --recipe {recipe}'s {SUITE[recipe]} "
+                       "(pass a record of the same experiment, or leave --step-record out to measure the step)")
     row = step_row(rows, method, batch, setting)
     if row is None or "img_per_s" not in row:
         raise E2EError(f"--step-record {path}: no {method} row at B={batch} with setting {setting} (pass --batch and "
                        "--setting of a row it has, or leave --step-record out to measure the step)")
-    meta = rec.get("meta", {})
     return {"command": f"{meta.get('command', 'python -m scfs.bench.step')} (record {path}, {meta.get('gpu', '?')}, "
                        f"{meta.get('date', '?')})", "setting": setting, "B": batch, "record": str(path),
             "settings": step_settings(setting),
@@ -347,7 +511,9 @@ def gpu_name() -> str | None:
 
 
 def build_data(args: argparse.Namespace) -> tuple[Path, str]:
-    """The ImageFolder tree the run trains on, and its description for the record."""
+    """The folder the run trains on, and its description for the record."""
+    if args.recipe == "cifar10":
+        return cifar_data(args.root, args.archive)
     from scfs.data.prepare import PrepareError, extract_archive, repeat_photos
 
     if args.root is not None:
@@ -369,29 +535,78 @@ def build_data(args: argparse.Namespace) -> tuple[Path, str]:
                        f"{args.photos} x {args.repeat} hard links, {counts['classes']} classes), {counts['val']} val")
 
 
+def cifar_data(root: Path, archive: Path | None) -> tuple[Path, str]:
+    """The prepared CIFAR-10 folder: made from `archive` by the project's preparer when given (kept as is when it
+    already exists), else checked for its train/ split."""
+    from scfs.data.prepare import PrepareError, prepare_cifar10
+
+    if archive is not None:
+        try:
+            prepare_cifar10(archive, root, log=lambda s: print(s, flush=True))
+        except PrepareError as err:
+            raise E2EError(str(err)) from None
+    if not (root / "train").is_dir():
+        raise E2EError(f"--root {root}: no train/ folder there; prepare it with `python -m scfs.data.prepare cifar10 "
+                       f"--archive {CIFAR_ARCHIVE} --out {root}`, or pass --archive")
+    n = sum(1 for p in (root / "train").rglob("*") if p.is_file())
+    return root, (f"{root}: {n} train files, decoded once (cached under {root / '.scfs_cache'}), the split then held "
+                  "on the training device as the recipe ships it")
+
+
+def recipe_args(args: argparse.Namespace) -> None:
+    """Check the flags against `--recipe` and fill the recipe's defaults in place; E2EError for a flag of the
+    other recipe (imagenet's photo tree and decode modes mean nothing to the CIFAR-10 on-device split)."""
+    if args.recipe == "cifar10":
+        given = [f"--{k}" for k in IMAGENET_ONLY if getattr(args, k) is not None]
+        if given:
+            raise E2EError(f"{', '.join(given)}: imagenet-only (--recipe cifar10 trains on --root, default "
+                           f"{DEFAULT_CIFAR_ROOT}, made from --archive {CIFAR_ARCHIVE})")
+        args.root = args.root or DEFAULT_CIFAR_ROOT
+    else:
+        args.photos = args.photos or DEFAULT_PHOTOS
+        args.tree = args.tree or DEFAULT_TREE
+        args.repeat = 100 if args.repeat is None else args.repeat
+        args.decode = args.decode or ["cpu"]
+    args.batch = DEFAULT_BATCH[args.recipe] if args.batch is None else args.batch
+    args.epochs = DEFAULT_EPOCHS[args.recipe] if args.epochs is None else args.epochs
+
+
 def main(argv: list[str] | None = None) -> int:
-    from scfs.bench.step import DEFAULT_SETTING, SETTINGS
+    from scfs.bench.step import PATHS, SETTINGS
 
     ap = argparse.ArgumentParser(prog="python -m scfs.bench.e2e", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--photos", type=Path, default=DEFAULT_PHOTOS,
-                    help="folder of photos (python -m scfs.data.prepare imagenet-samples ...), linked into --tree")
+    ap.add_argument("--recipe", choices=RECIPES, default="imagenet",
+                    help="the experiment measured: imagenet (JPEG tree, --decode modes) or cifar10 (the training split "
+                         "on the device, views made there)")
+    ap.add_argument("--photos", type=Path, default=None,
+                    help=f"imagenet: folder of photos (python -m scfs.data.prepare imagenet-samples ...), linked into "
+                         f"--tree (default {DEFAULT_PHOTOS})")
     ap.add_argument("--archive", type=Path, default=None,
-                    help="the sample photos' archive (.gpudata/imagenet-samples-100.tar.xz): extracted into --photos "
-                         "first when that folder is missing")
-    ap.add_argument("--tree", type=Path, default=DEFAULT_TREE, help="where the linked ImageFolder tree is made")
-    ap.add_argument("--repeat", type=int, default=100, help="links per photo in train/ (100 photos x 100 = 10,000)")
-    ap.add_argument("--root", type=Path, default=None, help="train on this existing ImageFolder tree instead")
-    ap.add_argument("--batch", type=int, default=64, help="per-GPU batch of both sides")
-    ap.add_argument("--epochs", type=int, default=3, help="epochs of the real run (>= 2: epoch 0 is the compile)")
-    ap.add_argument("--decode", nargs="+", choices=DATA_DECODE, default=["cpu"],
-                    help="data.decode of the real run: one run per mode")
+                    help="imagenet: the sample photos' archive (.gpudata/imagenet-samples-100.tar.xz), extracted into "
+                         f"--photos first when that folder is missing; cifar10: the CIFAR-10 JPEG archive "
+                         f"({CIFAR_ARCHIVE}), prepared into --root unless that folder already exists")
+    ap.add_argument("--tree", type=Path, default=None,
+                    help=f"imagenet: where the linked ImageFolder tree is made (default {DEFAULT_TREE})")
+    ap.add_argument("--repeat", type=int, default=None,
+                    help="imagenet: links per photo in train/ (default 100: 100 photos x 100 = 10,000)")
+    ap.add_argument("--root", type=Path, default=None,
+                    help="imagenet: train on this existing ImageFolder tree instead; cifar10: the prepared folder "
+                         f"(default {DEFAULT_CIFAR_ROOT})")
+    ap.add_argument("--batch", type=int, default=None,
+                    help="per-GPU batch of both sides (default: imagenet 64, cifar10 512)")
+    ap.add_argument("--epochs", type=int, default=None,
+                    help="epochs of the real run (>= 2: epoch 0 is the compile; default: imagenet 3, cifar10 6)")
+    ap.add_argument("--decode", nargs="+", choices=DATA_DECODE, default=None,
+                    help="imagenet: data.decode of the real run, one run per mode (default cpu)")
     ap.add_argument("--workers", type=int, default=None, help="num_workers of the real run (default: the recipe's)")
     ap.add_argument("--method", choices=("scfs", "dino"), default="scfs")
     ap.add_argument("--setting", choices=tuple(SETTINGS), default=None,
-                    help=f"the step benchmark's setting (default {DEFAULT_SETTING}, its default path: the recipe's "
-                         f"compile and memory format in bf16; {TINY_SETTING} with --tiny)")
-    ap.add_argument("--profile", action="store_true", help="SimpleProfiler in the real run: where a step's time goes")
+                    help=f"the step benchmark's setting (default: the recipe's shipped path, "
+                         f"{PATHS['resnet50'][0]} for imagenet, {PATHS['cifar'][0]} for cifar10: its compile and "
+                         f"memory format in bf16; {TINY_SETTING} with --tiny)")
+    ap.add_argument("--profile", action="store_true",
+                    help="SimpleProfiler in the real run: where a step's time goes, and an epoch's once-per-epoch time")
     ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                     help="Hydra override for the real run (repeatable), e.g. trainer.precision=bf16-mixed")
     ap.add_argument("--step-override", action="append", default=[], metavar="KEY=VALUE",
@@ -407,20 +622,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", type=Path, default=None, help="keep the runs' folders and logs here (default: a tmp dir)")
     ap.add_argument("--tag", default="", help="suffix of the record's name")
     args = ap.parse_args(argv)
+    prog = "scfs.bench.e2e"
+    try:
+        recipe_args(args)
+    except E2EError as err:
+        print(f"{prog}: error: {err}", file=sys.stderr)
+        return 2
     if args.epochs < 2:
         ap.error(f"--epochs {args.epochs}: needs >= 2 (the run's img/s is the median over the epochs after the first)")
-    if args.batch < 1 or args.repeat < 1:
+    if args.batch < 1 or (args.repeat is not None and args.repeat < 1):
         ap.error("--batch and --repeat must be >= 1")
     if args.device == "cpu" and not args.tiny:
-        ap.error("--device cpu runs the tiny flow only: add --tiny (ResNet-50 at 224 px on the CPU takes hours)")
-    setting = args.setting or (TINY_SETTING if args.tiny else DEFAULT_SETTING)
-    prog = "scfs.bench.e2e"
+        ap.error("--device cpu runs the tiny flow only: add --tiny (the recipes' networks on the CPU take hours)")
+    setting = args.setting or (TINY_SETTING if args.tiny else PATHS[SUITE[args.recipe]][0])
     gpu = "cpu" if args.device == "cpu" else gpu_name()
     if gpu is None:
         print(f"{prog}: error: no CUDA GPU found by nvidia-smi (use --device cpu --tiny)", file=sys.stderr)
         return 2
     try:
-        recorded = read_step_record(args.step_record, args.method, args.batch, setting) if args.step_record else None
+        recorded = (read_step_record(args.step_record, args.method, args.batch, setting, args.recipe)
+                    if args.step_record else None)
         root, data = build_data(args)
     except E2EError as err:
         print(f"{prog}: error: {err}", file=sys.stderr)
@@ -431,12 +652,14 @@ def main(argv: list[str] | None = None) -> int:
 
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     date, sha = dt.date.today().isoformat(), source_commit()
-    meta = {"gpu": gpu, "date": date, "commit": sha, "torch": torch.__version__, "lightning": lightning.__version__,
-            "python": platform.python_version(), "cpus": cpus, "data": data, "batch": args.batch,
-            "epochs": args.epochs, "method": args.method, "target": TARGET,
+    meta = {"recipe": args.recipe, "gpu": gpu, "date": date, "commit": sha, "torch": torch.__version__,
+            "lightning": lightning.__version__, "python": platform.python_version(), "cpus": cpus, "data": data,
+            "batch": args.batch, "epochs": args.epochs, "method": args.method, "target": TARGET,
             "command": "python -m scfs.bench.e2e " + shlex.join(argv if argv is not None else sys.argv[1:])}
+    if args.recipe == "cifar10":
+        meta["eval_off"] = NO_EVAL
     result: dict[str, Any] = {"meta": meta, "rows": [], "step": None}
-    stem = record_stem(args.out, "imagenet-e2e", gpu, date, sha, args.tag + ("-tiny" if args.tiny else ""))
+    stem = record_stem(args.out, f"{args.recipe}-e2e", gpu, date, sha, args.tag + ("-tiny" if args.tiny else ""))
     work = args.keep or Path(tempfile.mkdtemp(prefix="scfs-e2e-"))
     work.mkdir(parents=True, exist_ok=True)
     # one compile cache for both sides: the step benchmark reuses the kernels the runs compiled (warm-up only)
@@ -445,19 +668,22 @@ def main(argv: list[str] | None = None) -> int:
     env = {"OMP_NUM_THREADS": "1", "SCFS_THREADS": "1"} if args.device == "cpu" else {}
     failed = False
     try:
-        for decode in args.decode:
-            run_dir = work / f"run-{decode}"
+        # imagenet: one run per decode mode; cifar10: one run, its data path the recipe's
+        for decode in args.decode if args.recipe == "imagenet" else [None]:
+            name = f"decode={decode}" if decode else args.recipe
+            run_dir = work / f"run-{decode or args.recipe}"
+            log = work / f"{run_dir.name}.log"
             shutil.rmtree(run_dir, ignore_errors=True)
             cmd = train_command(root, args.batch, args.epochs, decode, run_dir, method=args.method,
                                 workers=args.workers, profile=args.profile, tiny=args.tiny, device=args.device,
-                                overrides=args.override)
-            print(f"real run, decode={decode}: {shown(cmd)}", flush=True)
-            rc, secs = run_logged(cmd, work / f"run-{decode}.log", args.timeout, env)
+                                overrides=args.override, recipe=args.recipe)
+            print(f"real run, {name}: {shown(cmd)}", flush=True)
+            rc, secs = run_logged(cmd, log, args.timeout, env)
             row: dict[str, Any] = {"decode": decode, "B": args.batch, "epochs": args.epochs, "command": shown(cmd),
                                    "returncode": rc, "wall_s": round(secs, 1), "settings": run_settings(run_dir)}
             summary_file = run_dir / "summary.json"
             if rc != 0 or not summary_file.is_file():
-                why = last_line(work / f"run-{decode}.log")
+                why = last_line(log)
                 row["error"] = ("timed out" if rc == 124 else f"exit {rc}") + f": {why}"
                 failed = True
             else:
@@ -465,19 +691,19 @@ def main(argv: list[str] | None = None) -> int:
                 row["summary"] = {k: s.get(k) for k in ("img_per_s", "first_epoch_s", "epoch_seconds", "steps",
                                                          "epochs", "seconds")}
                 if args.profile:
-                    actions = parse_simple_profiler((work / f"run-{decode}.log").read_text(errors="replace"))
+                    actions = parse_simple_profiler(log.read_text(errors="replace"))
                     row["profile"] = (profile_split(actions, list(s.get("epoch_seconds") or []))
                                       if actions else {"error": "no SimpleProfiler report in the run's log"})
             result["rows"].append(row)
-            print(f"decode={decode}: " + (f"{row['summary']['img_per_s']} img/s" if "summary" in row
-                                          else row["error"]), flush=True)
+            print(f"{name}: " + (f"{row['summary']['img_per_s']} img/s" if "summary" in row else row["error"]),
+                  flush=True)
             save_record(result, stem, markdown)
         if recorded is not None:
             result["step"] = recorded
         elif args.step:
             step_out = work / "step"
             cmd = step_command(args.batch, setting, args.method, step_out, tiny=args.tiny, device=args.device,
-                               overrides=args.step_override)
+                               overrides=args.step_override, recipe=args.recipe)
             print(f"step benchmark: {shown(cmd)}", flush=True)
             rc, secs = run_logged(cmd, work / "step.log", args.timeout, {**env, "TORCHINDUCTOR_CACHE_DIR": cache})
             step: dict[str, Any] = {"command": shown(cmd), "setting": setting, "B": args.batch, "returncode": rc,
@@ -499,8 +725,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         logs = stem.parent / f"{stem.name}-logs"  # the subprocesses' output: a failed or odd row is read there
         logs.mkdir(parents=True, exist_ok=True)
-        for log in work.glob("*.log"):
-            shutil.copy2(log, logs / log.name)
+        for f in work.glob("*.log"):
+            shutil.copy2(f, logs / f.name)
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)
     print(md)

@@ -1,10 +1,13 @@
 """`python -m scfs.bench.e2e`: the linked photo tree, the profiler-report parser, the ratio maths and the record,
-and (slow) the whole CLI on the CPU with the tiny network."""
+the CIFAR-10 recipe's commands, arguments and once-per-epoch split, and (slow) the whole CLI on the CPU with the
+tiny network, for both recipes."""
 
 from __future__ import annotations
 
 import json
 import os
+import sys
+import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -111,7 +114,7 @@ def test_profile_split_takes_the_compile_out_of_the_training_batch() -> None:
     assert ms["to_device"] == pytest.approx(4.0, rel=1e-3) and ms["hooks"] == pytest.approx(3.0, rel=1e-3)
     assert ms["views"] == pytest.approx(3.0, rel=1e-3)  # the colour ops: counted inside to_device, not again
     assert split["step_ms"] == pytest.approx(100.0, rel=1e-3)  # 30 s of steady epochs / 300 steps
-    assert ms["loop"] == pytest.approx(3.0, rel=1e-2)  # the rest: epoch-end hooks and the loop
+    assert ms["loop"] == pytest.approx(3.0, rel=1e-2)  # the rest: the loop itself (epoch-end hooks are outside)
     assert sum(split["share"].values()) == pytest.approx(1.0)
     assert split["top_hooks"][0]["hook"] == "[Callback]OnlineLinearMonitor.on_train_batch_end"
 
@@ -202,3 +205,245 @@ def test_whole_cli_on_the_cpu_writes_the_record(tmp_path: Path) -> None:
     assert {p.name for p in (out / f"{js.stem}-logs").iterdir()} == {"run-cpu.log", "run-gpu.log", "step.log"}
     md = js.with_suffix(".md").read_text()
     assert "| cpu | 0 | 32-true | eager | 4 | 2 |" in md and "- step benchmark: `python -m scfs.bench.step" in md
+
+
+# ---- the CIFAR-10 recipe -----------------------------------------------------------------------------------------
+def cifar_folder(root: Path, per_class: int = 4, classes: int = 10) -> Path:
+    """A prepared CIFAR-10 folder in miniature: `train/` and `test/` of 32x32 JPEGs per class, as
+    `python -m scfs.data.prepare cifar10` leaves it."""
+    rng = np.random.default_rng(0)
+    for split, n in (("train", per_class), ("test", max(per_class // 2, 1))):
+        for c in range(classes):
+            (root / split / f"class{c}").mkdir(parents=True, exist_ok=True)
+            for i in range(n):
+                Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(
+                    root / split / f"class{c}" / f"{i}.jpg")
+    return root
+
+
+def test_cifar10_train_command_is_the_recipe_with_the_kNN_passes_off(tmp_path: Path) -> None:
+    cmd = e2e.train_command(Path("data/cifar10"), 512, 6, None, tmp_path / "run", recipe="cifar10", profile=True,
+                            overrides=["checkpoint.every_n_epochs=0"])
+    assert cmd[0] == sys.executable and cmd[1:] == [
+        "-m", "scfs.train", "+experiment=cifar10", "method=scfs", "data.root=data/cifar10", "batch_size=512",
+        "global_batch_size=null", "trainer.max_epochs=6", "eval.figure=false", "eval.knn_at_start=false",
+        "eval.knn_every_n_epochs=0", f"hydra.run.dir={tmp_path / 'run'}", "+trainer.profiler=simple",
+        "checkpoint.every_n_epochs=0"]
+    assert not any(c.startswith(("data.decode=", "compile", "trainer.precision=")) for c in cmd)  # as shipped
+    tiny = e2e.train_command(Path("d"), 8, 2, None, tmp_path, recipe="cifar10", tiny=True, device="cpu")
+    assert {"trainer.accelerator=cpu", "compile=false", "trainer.precision=32-true", "backbone=tiny"} <= set(tiny)
+    assert "data.decode=cpu" in e2e.train_command(Path("d"), 64, 3, "cpu", tmp_path)  # imagenet keeps its decode
+    with pytest.raises(ValueError, match="recipe 'cifar100'"):
+        e2e.train_command(Path("d"), 8, 2, None, tmp_path, recipe="cifar100")
+
+
+def test_cifar10_step_command_is_the_cifar_suite(tmp_path: Path) -> None:
+    cmd = e2e.step_command(512, "bf16_cl_graphs", "dino", tmp_path / "step", recipe="cifar10")
+    assert cmd[1:] == ["-m", "scfs.bench.step", "--suite", "cifar", "--batch", "512", "--setting", "bf16_cl_graphs",
+                       "--method", "dino", "--no-ceiling", "--strict", "--device", "cuda", "--out",
+                       str(tmp_path / "step")]
+    assert "--suite" not in e2e.step_command(64, "bf16_cl_graphs", "scfs", tmp_path)  # imagenet: the default suite
+
+
+def test_the_default_step_setting_is_the_cifar10_recipe_as_shipped(tmp_path: Path) -> None:
+    """The step side's default setting for cifar10 has the precision, memory format and compile that
+    `+experiment=cifar10` composes to (read back as `run_settings` reads a run's config), so no mismatch is named."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from scfs.bench.step import PATHS
+    from scfs.names import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["+experiment=cifar10"])
+    (tmp_path / ".hydra").mkdir()
+    OmegaConf.save(cfg, tmp_path / ".hydra" / "config.yaml")
+    run = e2e.run_settings(tmp_path)
+    assert run["on_device"] and run["batch_aug"] and run["compile_mode"] == "reduce-overhead"
+    setting = PATHS[e2e.SUITE["cifar10"]][0]
+    assert e2e.mismatches(run, e2e.step_settings(setting)) == []
+    assert e2e.mismatches(run, e2e.step_settings("bf16_cl"))[0] == "compile: real run True, step False"
+
+
+def one_line_error(capsys: pytest.CaptureFixture) -> str:
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+@pytest.mark.parametrize("flag", [["--photos", "p"], ["--tree", "t"], ["--repeat", "4"], ["--decode", "gpu"]])
+def test_imagenet_only_flags_with_cifar10_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                      flag: list[str]) -> None:
+    out = tmp_path / "out"
+    assert e2e.main(["--recipe", "cifar10", "--device", "cpu", "--tiny", *flag, "--out", str(out)]) == 2
+    err = one_line_error(capsys)
+    assert err.startswith(f"scfs.bench.e2e: error: {flag[0]}: imagenet-only") and not out.exists()
+
+
+def test_cifar10_root_without_train_says_how_to_prepare_it(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    (tmp_path / "empty").mkdir()
+    assert e2e.main(["--recipe", "cifar10", "--device", "cpu", "--tiny", "--root", str(tmp_path / "empty"), "--out",
+                     str(tmp_path / "out")]) == 2
+    err = one_line_error(capsys)
+    assert f"--root {tmp_path / 'empty'}: no train/ folder there" in err
+    prepare = "python -m scfs.data.prepare cifar10 --archive .gpudata/cifar10-jpeg.tar.xz"
+    assert f"{prepare} --out {tmp_path / 'empty'}`" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_cifar10_archive_is_prepared_into_root(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    src = cifar_folder(tmp_path / "src" / "cifar10", per_class=1, classes=2)
+    archive = tmp_path / "cifar10-jpeg.tar.xz"
+    with tarfile.open(archive, "w:xz") as tar:
+        tar.add(src, arcname="cifar10")
+    root, data = e2e.cifar_data(tmp_path / "data" / "cifar10", archive)
+    assert root == tmp_path / "data" / "cifar10" and (root / "train" / "class1" / "0.jpg").is_file()
+    assert data.startswith(f"{root}: 2 train files")
+    assert e2e.cifar_data(root, archive)[0] == root  # an existing folder is kept
+    assert "already exists; nothing done" in capsys.readouterr().out
+    assert e2e.main(["--recipe", "cifar10", "--device", "cpu", "--tiny", "--archive", str(tmp_path / "none.tar.xz"),
+                     "--root", str(tmp_path / "other"), "--out", str(tmp_path / "out")]) == 2
+    assert "archive" in one_line_error(capsys) and not (tmp_path / "out").exists()
+
+
+def test_step_record_of_the_other_suite_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "step.json"
+    path.write_text(json.dumps({"meta": {"suite": "resnet50"}, "rows": [
+        {"method": "scfs", "B": 512, "setting": "bf16_cl_graphs", "img_per_s": 900.0}]}))
+    with pytest.raises(e2e.E2EError, match="measures the resnet50 suite, not --recipe cifar10's cifar"):
+        e2e.read_step_record(path, "scfs", 512, "bf16_cl_graphs", "cifar10")
+    path.write_text(json.dumps({"meta": {"suite": "cifar"}, "rows": [
+        {"method": "scfs", "B": 512, "setting": "bf16_cl_graphs", "img_per_s": 15500.0, "step_ms": 33.0}]}))
+    assert e2e.read_step_record(path, "scfs", 512, "bf16_cl_graphs", "cifar10")["img_per_s"] == 15500.0
+
+
+# ---- the once-per-epoch split ------------------------------------------------------------------------------------
+NUMBERED = ("[Callback]ModelCheckpoint{'monitor': None, 'mode': 'min', 'every_n_train_steps': 0, 'every_n_epochs': 5, "
+            "'train_time_interval': None}")
+
+
+def cifar_profile() -> dict[str, list[float]]:
+    """Durations of a CIFAR-10 run of 6 epochs of 97 steps as Lightning's SimpleProfiler names its actions (the
+    names as a real `+experiment=cifar10 +trainer.profiler=simple` run logs them): epoch 0 holds 60 s of compile,
+    a steady epoch 4 s; last.ckpt at every epoch end, the numbered checkpoint at epoch 4, a step save at step 500."""
+    steps = 6 * 97
+    return {
+        "run_training_epoch": [64.0] + [4.0] * 5,
+        "run_training_batch": [60.0 + 0.032] + [0.032] * (steps - 1),
+        "[_TrainingEpochLoop].train_dataloader_next": [0.0002] * steps,  # the on-device loader's index_select
+        "[Strategy]SingleDeviceStrategy.batch_to_device": [0.004] * steps,
+        "[LightningModule]SCFS.on_after_batch_transfer": [0.0035] * steps,
+        "[Callback]OnlineLinearMonitor.on_train_batch_end": [0.001] * steps,
+        "[LightningModule]SCFS.on_train_batch_start": [0.0002] * steps,
+        "[Callback]LastCheckpoint.on_train_batch_end": [0.00001] * (steps - 1) + [0.45],
+        "[Callback]EpochTimer.on_train_epoch_start": [1e-5] * 6,
+        "[Callback]OnlineLinearMonitor.on_train_epoch_start": [0.002] * 6,
+        "[Callback]LoggedStepsProgressBar.on_train_epoch_start": [0.0005] * 6,
+        "[LightningModule]SCFS.on_train_epoch_start": [1e-5] * 6,
+        "[Callback]EpochTimer.on_train_epoch_end": [1e-5] * 6,
+        "[Callback]OnlineLinearMonitor.on_train_epoch_end": [0.01] * 6,
+        f"{NUMBERED}.on_train_epoch_end": [0.0005] * 4 + [0.45, 0.0005],
+        "[LightningModule]SCFS.on_train_epoch_end": [2e-6] * 6,
+        "[Callback]LastCheckpoint.on_train_epoch_end": [0.45] * 6,
+        "save_checkpoint": [0.449] * 8,  # 6 last.ckpt, 1 numbered, 1 step save
+        "[LightningModule]SCFS.on_save_checkpoint": [1e-6] * 8,
+        "[LightningDataModule]SSLDataModule.train_dataloader": [25.0],  # the split decoded and copied, once
+    }
+
+
+def report(durations: dict[str, list[float]]) -> str:
+    """A run's log around Lightning's own SimpleProfiler report of these durations."""
+    from lightning.pytorch.profilers import SimpleProfiler
+
+    prof = SimpleProfiler()
+    prof._stage = "fit"
+    prof.recorded_durations.update(durations)
+    return "Epoch 5: 100%|####| 97/97 loss=7.1\nINFO: " + prof.summary() + "\nSCFS (soft) done in 130s\n"
+
+
+EPOCH_SECONDS = [64.05] + [4.05] * 5
+
+
+def test_per_epoch_split_names_the_hooks_and_saves() -> None:
+    actions = e2e.parse_simple_profiler(report(cifar_profile()))
+    assert f"{NUMBERED}.on_train_epoch_end" in actions  # the long name survives the report's table
+    split = e2e.profile_split(actions, EPOCH_SECONDS)
+    assert split["ms_per_step"]["batch"] == pytest.approx(32.0, rel=1e-3)
+    pe = split["per_epoch"]
+    s = pe["s_per_epoch"]
+    assert pe["epochs"] == 6 and pe["steady_epoch_s"] == pytest.approx(4.05)
+    assert s["epoch_start"] == pytest.approx((0.012 + 0.003 + 1.2e-4) / 6, rel=1e-3)
+    assert s["epoch_end"] == pytest.approx((2.7 + 0.4525 + 0.06 + 6e-5 + 1.2e-5) / 6, rel=1e-3)
+    assert s["checkpoint"] == pytest.approx(8 * 0.449 / 6, rel=1e-3)
+    assert pe["saves"] == 8 and pe["per_save_s"] == pytest.approx(0.449, rel=1e-3)
+    # the epoch loop outside the per-batch actions: 24 s of steady epochs less next, to device, batch and hooks
+    rest = 24.0 - 582 * (0.0002 + 0.004 + 0.032 + 0.001 + 0.0002 + 0.00001) - 0.45 + 0.00001
+    assert s["loop_rest"] == pytest.approx(rest / 6, rel=1e-3)
+    assert pe["share"]["checkpoint"] == pytest.approx(s["checkpoint"] / 4.05)
+    assert pe["loader_setup_s"] == pytest.approx(25.0)
+    assert [h["hook"] for h in pe["top_hooks"]] == ["[Callback]LastCheckpoint.on_train_epoch_end",
+                                                   f"{NUMBERED}.on_train_epoch_end",
+                                                   "[Callback]OnlineLinearMonitor.on_train_epoch_end"]
+
+
+def test_absent_actions_are_dashes_not_numbers() -> None:
+    """A report without the loader's `next`, any checkpoint save, any epoch-start hook or the datamodule's loader
+    (say, a run with checkpoints and the monitor off) gives None for those parts and "–" in the tables."""
+    durations = {k: v for k, v in cifar_profile().items()
+                 if not k.endswith((".on_train_epoch_start", ".train_dataloader", ".train_dataloader_next"))
+                 and k != "save_checkpoint"}
+    split = e2e.profile_split(e2e.parse_simple_profiler(report(durations)), EPOCH_SECONDS)
+    pe = split["per_epoch"]
+    assert split["ms_per_step"]["next"] is None and "next" not in split["share"]
+    assert split["ms_per_step"]["batch"] == pytest.approx(32.0, rel=1e-3)
+    assert pe["s_per_epoch"]["epoch_start"] is None and pe["s_per_epoch"]["checkpoint"] is None
+    assert pe["share"]["checkpoint"] is None and pe["saves"] == 0 and pe["loader_setup_s"] is None
+    row = {"decode": None, "B": 512, "epochs": 6, "command": "python -m scfs.train +experiment=cifar10",
+           "settings": {"on_device": True, "precision": "bf16-mixed", "compile": True,
+                        "compile_mode": "reduce-overhead", "num_workers": 8},
+           "summary": {"img_per_s": 12263.0, "first_epoch_s": 64.05, "epoch_seconds": EPOCH_SECONDS},
+           "profile": split, "compare": e2e.compare(12263.0, 15515.0, 512)}
+    md = e2e.markdown({"meta": {"recipe": "cifar10", "gpu": "NVIDIA H200", "date": "2026-12-04", "commit": "abc1234",
+                                "command": "python -m x", "torch": "2.x", "lightning": "2.6", "cpus": 16,
+                                "data": "data/cifar10", "eval_off": e2e.NO_EVAL},
+                       "rows": [row], "step": {"img_per_s": 15515.0, "step_ms": 33.0, "setting": "bf16_cl_graphs",
+                                               "command": "python -m s"}})
+    assert md.startswith("# End-to-end training speed (`+experiment=cifar10`, the CIFAR-10 training split)")
+    assert "`eval.knn_at_start=false eval.knn_every_n_epochs=0`" in md
+    assert "| on-device | – | 4.0 | 3.5 | 32.0 |" in md
+    assert "| on-device | 4.05 | – | 0.535 s (13.2 %) | – | " in md
+    assert "[Callback]ModelCheckpoint.on_train_epoch_end 0.075" in md  # the callback's state left out of its name
+    assert "- real run, cifar10: `python -m scfs.train +experiment=cifar10`" in md
+    assert e2e.epoch_overhead({}, [])["error"].startswith("no run_training_epoch")
+
+
+@pytest.mark.slow
+def test_whole_cli_on_the_cpu_for_cifar10(tmp_path: Path) -> None:
+    """The real `python -m scfs.train +experiment=cifar10` (eager, tiny, the split held on the CPU as the recipe
+    holds it on the GPU) and `python -m scfs.bench.step --suite cifar` on a prepared folder in miniature."""
+    root = cifar_folder(tmp_path / "cifar10")
+    out = tmp_path / "out"
+    env_commit = os.environ.pop("COMMIT", None)
+    try:
+        rc = e2e.main(["--recipe", "cifar10", "--device", "cpu", "--tiny", "--root", str(root), "--batch", "8",
+                       "--epochs", "2", "--profile", "--out", str(out), "--tag=-test"])
+    finally:
+        if env_commit is not None:
+            os.environ["COMMIT"] = env_commit
+    assert rc == 0
+    (js,) = out.glob("cifar10-e2e-cpu-*-test-tiny.json")
+    rec = json.loads(js.read_text())
+    assert rec["meta"]["recipe"] == "cifar10" and rec["meta"]["eval_off"] == e2e.NO_EVAL
+    (r,) = rec["rows"]
+    assert r["returncode"] == 0 and r["summary"]["img_per_s"] > 0 and len(r["summary"]["epoch_seconds"]) == 2
+    assert r["summary"]["steps"] == 10 and r["settings"]["on_device"] and r["settings"]["batch_aug"]
+    assert r["settings"]["precision"] == "32-true" and not r["settings"]["compile"] and r["mismatch"] == []
+    assert r["profile"]["steps"] == 10 and r["profile"]["ms_per_step"]["batch"] > 0
+    pe = r["profile"]["per_epoch"]
+    assert pe["epochs"] == 2 and pe["saves"] >= 2 and pe["s_per_epoch"]["checkpoint"] > 0
+    assert pe["s_per_epoch"]["epoch_end"] >= pe["s_per_epoch"]["checkpoint"]  # the epoch-end saves are in it
+    assert rec["step"]["img_per_s"] > 0 and rec["step"]["setting"] == "fp32"
+    assert "--suite cifar" in rec["step"]["command"]
+    assert {p.name for p in (out / f"{js.stem}-logs").iterdir()} == {"run-cifar10.log", "step.log"}
+    md = js.with_suffix(".md").read_text()
+    assert "`+experiment=cifar10`" in md and "| on-device | 0 | 32-true | eager | 8 | 2 |" in md

@@ -5,7 +5,6 @@ tiny network, for both recipes."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 import tarfile
 from pathlib import Path
@@ -180,18 +179,14 @@ def test_step_figure_from_an_existing_record(tmp_path: Path, capsys: pytest.Capt
 
 
 @pytest.mark.slow
-def test_whole_cli_on_the_cpu_writes_the_record(tmp_path: Path) -> None:
+def test_whole_cli_on_the_cpu_writes_the_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The real `python -m scfs.train +experiment=imagenet` and `python -m scfs.bench.step`, tiny, on the CPU."""
     src = photos(tmp_path / "photos", 8)
     out = tmp_path / "out"
-    env_commit = os.environ.pop("COMMIT", None)
-    try:
-        rc = e2e.main(["--device", "cpu", "--tiny", "--photos", str(src), "--tree", str(tmp_path / "tree"),
-                       "--repeat", "2", "--batch", "4", "--epochs", "2", "--profile", "--decode", "cpu", "gpu",
-                       "--out", str(out), "--tag=-test"])
-    finally:
-        if env_commit is not None:
-            os.environ["COMMIT"] = env_commit
+    monkeypatch.delenv("COMMIT", raising=False)
+    rc = e2e.main(["--device", "cpu", "--tiny", "--photos", str(src), "--tree", str(tmp_path / "tree"),
+                   "--repeat", "2", "--batch", "4", "--epochs", "2", "--profile", "--decode", "cpu", "gpu",
+                   "--out", str(out), "--tag=-test"])
     assert rc == 0
     (js,) = out.glob("imagenet-e2e-cpu-*-test-tiny.json")
     rec = json.loads(js.read_text())
@@ -418,18 +413,14 @@ def test_absent_actions_are_dashes_not_numbers() -> None:
 
 
 @pytest.mark.slow
-def test_whole_cli_on_the_cpu_for_cifar10(tmp_path: Path) -> None:
+def test_whole_cli_on_the_cpu_for_cifar10(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The real `python -m scfs.train +experiment=cifar10` (eager, tiny, the split held on the CPU as the recipe
     holds it on the GPU) and `python -m scfs.bench.step --suite cifar` on a prepared folder in miniature."""
     root = cifar_folder(tmp_path / "cifar10")
     out = tmp_path / "out"
-    env_commit = os.environ.pop("COMMIT", None)
-    try:
-        rc = e2e.main(["--recipe", "cifar10", "--device", "cpu", "--tiny", "--root", str(root), "--batch", "8",
-                       "--epochs", "2", "--profile", "--out", str(out), "--tag=-test"])
-    finally:
-        if env_commit is not None:
-            os.environ["COMMIT"] = env_commit
+    monkeypatch.delenv("COMMIT", raising=False)
+    rc = e2e.main(["--recipe", "cifar10", "--device", "cpu", "--tiny", "--root", str(root), "--batch", "8",
+                   "--epochs", "2", "--profile", "--out", str(out), "--tag=-test"])
     assert rc == 0
     (js,) = out.glob("cifar10-e2e-cpu-*-test-tiny.json")
     rec = json.loads(js.read_text())

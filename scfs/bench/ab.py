@@ -41,8 +41,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from scfs.bench.e2e import last_line, run_logged
-from scfs.bench.records import provenance, save_record
+from scfs.bench.records import last_line, provenance, run_logged, save_record
 
 Key = tuple[str, int, str]  # (method, B, setting): a row of a step record
 

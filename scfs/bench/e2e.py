@@ -67,12 +67,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from scfs.bench.records import provenance, record_stem, save_record, source_commit
+from scfs.bench.records import last_line, provenance, record_stem, run_logged, save_record, source_commit
 from scfs.names import DATA_DECODE
 
 TARGET = 0.95  # e2e img/s over the step benchmark's at the same batch
@@ -153,25 +152,6 @@ def step_command(batch: int, setting: str, method: str, out: Path, *, tiny: bool
 def shown(cmd: list[str]) -> str:
     """A command as one pastes it: `python -m ...` (the interpreter's path says nothing on another machine)."""
     return shlex.join(["python", *cmd[1:]] if cmd and cmd[0] == sys.executable else cmd)
-
-
-def run_logged(cmd: list[str], log: Path, timeout: float | None, env: dict[str, str] | None = None,
-               cwd: Path | None = None) -> tuple[int, float]:
-    """Run `cmd` (in `cwd`) with its output in `log`; (return code, wall seconds); 124 when it ran past `timeout`."""
-    t0 = time.perf_counter()
-    with log.open("w") as f:
-        try:
-            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout, cwd=cwd,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}).returncode
-        except subprocess.TimeoutExpired:
-            rc = 124
-    return rc, time.perf_counter() - t0
-
-
-def last_line(log: Path) -> str:
-    """The last non-empty line of a log: a failing scfs CLI's one-line error."""
-    lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()] if log.is_file() else []
-    return lines[-1][:300] if lines else "no output"
 
 
 # ---- the profiler report -----------------------------------------------------------------------------------------

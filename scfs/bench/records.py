@@ -1,4 +1,5 @@
-"""Benchmark records: `<stem>.json` (everything measured) beside `<stem>.md` (the table), one write per row."""
+"""Benchmark records: `<stem>.json` (everything measured) beside `<stem>.md` (the table), one write per row; and
+the benchmarks' subprocesses, each with its output in a log the record keeps."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import json
 import os
 import re
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -49,3 +51,22 @@ def record_stem(out: Path, kind: str, device: str, date: str, commit: str | None
     """`<out>/<kind>-<device slug>-<date>[-<commit>][<tag>]`: every benchmark names its records alike, so one
     GPU's records of one day sort together and each names the code it measured."""
     return out / (f"{kind}-{device_slug(device)}-{date}" + (f"-{commit}" if commit else "") + tag)
+
+
+def run_logged(cmd: list[str], log: Path, timeout: float | None, env: dict[str, str] | None = None,
+               cwd: Path | None = None) -> tuple[int, float]:
+    """Run `cmd` (in `cwd`) with its output in `log`; (return code, wall seconds); 124 when it ran past `timeout`."""
+    t0 = time.perf_counter()
+    with log.open("w") as f:
+        try:
+            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout, cwd=cwd,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}).returncode
+        except subprocess.TimeoutExpired:
+            rc = 124
+    return rc, time.perf_counter() - t0
+
+
+def last_line(log: Path) -> str:
+    """The last non-empty line of a log: a failing scfs CLI's one-line error."""
+    lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()] if log.is_file() else []
+    return lines[-1][:300] if lines else "no output"

@@ -224,9 +224,7 @@ def stacked_teacher_stage_logits(heads: Sequence[StageHead], pooled: Sequence[to
     projections run as one (`stacked_dino_heads`) on each stage's global and target rows."""
     projs = [h.proj for h in heads]
     if any(t is None for t in targets):
-        if all(t is None for t in targets):
-            return stacked_dino_heads(projs, pooled), None
-        return torch.stack([p(x) for p, x in zip(projs, pooled, strict=True)]), None
+        return stacked_dino_heads(projs, pooled), None
     if not all(p.rows_independent for p in projs):
         pairs = [teacher_stage_logits(h, x, t) for h, x, t in zip(heads, pooled, targets, strict=True)]
         return torch.stack([g for g, _ in pairs]), torch.stack([t for _, t in pairs])

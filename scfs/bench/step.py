@@ -19,8 +19,10 @@ Timing: a CUDA event at every `on_train_batch_start`; step time = median gap bet
 `--warmup` steps (one synchronize at the end), img/s = batch x processes / step. `warmup s` is the wall time
 of the warm-up steps (includes torch.compile's compile time on compiled rows). Peak memory = max allocated.
 `--devices 2` runs under DDP (re-launched through torchrun when needed); `--compare <1-GPU json>` adds the
-scaling efficiency img/s(n) / (n x img/s(1)). The "published" columns are the reference numbers of the
-published implementation from ../shared/MEASUREMENTS.md, measured separately (not by this script).
+scaling efficiency img/s(n) / (n x img/s(1)). The "published" columns are the published implementation's step:
+timed first in the same call with `--published-tree PATH` (a checkout of github.com/skyoux/scfs, run by
+`scfs.bench.published`; the speed targets are then judged against it), otherwise the reference numbers of
+../shared/MEASUREMENTS.md, measured separately.
 Each (batch, precision, memory format) also gets its backbone-bound limit (`backbone_ceiling`: the backbones'
 work alone), the ceiling no step of that shape can beat; `--no-ceiling` skips it.
 No published implementation exists for the ViT suite: its published columns read "-".
@@ -63,6 +65,8 @@ PUBLISHED = {
     ("cifar", "scfs", 512, "bf16_cl"): (83.9, 6105, "bf16 + channels_last", None),
     ("cifar", "dino", 512, "bf16_cl"): (52.3, 9798, "bf16 + channels_last", None),
 }
+# the published rows' settings, as the reference columns name them
+SETTING_NAMES = {"bf16_cl": "bf16 + channels_last", "fp16": "fp16 autocast, NCHW", "fp32": "fp32, NCHW"}
 # The settings `+experiment=imagenet` / `cifar10` ship (the default path) and the eager path.
 DEFAULT_SETTING, EAGER_SETTING = "bf16_cl_graphs", "bf16_cl"
 SUITES = ("resnet50", "cifar", "vit")
@@ -529,14 +533,31 @@ def published_setting(setting: str) -> str:
     return base
 
 
-def add_reference(rows: list[dict], suite: str, compare: dict | None) -> None:
+def published_reference(suite: str, method: str, b: int, setting: str,
+                        same_call: dict | None = None) -> dict[str, Any] | None:
+    """The published step a row of ours is compared with: the published row timed in the same call
+    (`same_call`, the record's `published_same_call`) where there is one, else ../shared/MEASUREMENTS.md's
+    (`PUBLISHED`); None where neither has one (the ViT suite, say)."""
+    base = published_setting(setting)
+    for r in (same_call or {}).get("rows", []):
+        if (r.get("method"), r.get("B"), r.get("setting")) == (method, b, base) and "step_ms" in r:
+            return {"step_ms": r["step_ms"], "img_per_s": round(r["img_per_s"]), "peak_GiB": r.get("peak_GiB"),
+                    "setting": SETTING_NAMES.get(base, base), "source": "same call"}
+    pub = PUBLISHED.get((suite, method, b, base))
+    if pub is None:
+        return None
+    return {"step_ms": pub[0], "img_per_s": pub[1], "setting": pub[2], "peak_GiB": pub[3],
+            "source": "MEASUREMENTS.md"}
+
+
+def add_reference(rows: list[dict], suite: str, compare: dict | None, same_call: dict | None = None) -> None:
     """Published reference, SCFS/DINO ratio and (with a 1-process record) the scaling efficiency."""
     by = {(r["method"], r["B"], r["setting"]): r for r in rows if "step_ms" in r}
     base = {(r["method"], r["B"], r["setting"]): r for r in (compare or {}).get("rows", []) if "img_per_s" in r}
     for r in rows:
-        pub = PUBLISHED.get((suite, r["method"], r["B"], published_setting(r["setting"])))
+        pub = published_reference(suite, r["method"], r["B"], r["setting"], same_call)
         if pub:
-            r["published"] = {"step_ms": pub[0], "img_per_s": pub[1], "setting": pub[2], "peak_GiB": pub[3]}
+            r["published"] = pub
         dino = by.get(("dino", r["B"], r["setting"]))
         if r["method"] == "scfs" and dino and "step_ms" in r:
             r["ratio_scfs_dino"] = r["step_ms"] / dino["step_ms"]
@@ -553,7 +574,9 @@ def markdown(result: dict) -> str:
     lines += [
         f"torch {m['torch']}, lightning {m['lightning']}; {m['processes']} process(es); data {m['data']}; "
         f"{m['warmup']} warm-up + {m['steps']} timed steps; median step (CUDA events on GPU, wall clock on "
-        "CPU). Published = the published implementation, measured separately (../shared/MEASUREMENTS.md)"
+        "CPU). Published = the published implementation, "
+        + ("timed first in this call (`--published-tree`: the table after this one)" if result.get(
+            "published_same_call", {}).get("rows") else "measured separately (../shared/MEASUREMENTS.md)")
         + ("; it has no ViT, so there is none for this suite (\"-\"). " if m["suite"] == "vit" else ". ")
         + "Backbone-bound = the two backbones' work of the step alone (student forward + backward on every view, "
         "teacher forward on the global views, one SGD step; same batch, precision, memory format and "
@@ -573,12 +596,22 @@ def markdown(result: dict) -> str:
         def f(k: str, fmt: str = "{:.1f}", r: dict = r) -> str:
             return fmt.format(r[k]) if r.get(k) is not None else "-"
 
-        ref = f"{pub['step_ms']:.1f} ({pub['img_per_s']}, {pub['setting']})" if pub else "-"
+        ref = (f"{pub['step_ms']:.1f} ({pub['img_per_s']}, {pub['setting']}"
+               + (", same call)" if pub.get("source") == "same call" else ")")) if pub else "-"
         ceiling = f("ceiling_img_per_s", "{:.0f}") if "ceiling_error" not in r else f"- ({r['ceiling_error'][:80]})"
         lines.append(f"| {r['method']} | {r['B']} | {r['setting']} | {f('step_ms')} | {f('img_per_s', '{:.0f}')} | "
                      f"{f('warmup_s')} | {f('peak_GiB')} | {f('aug_ms', '{:.2f}')} | {f('ratio_scfs_dino', '{:.2f}')}"
                      f" | {ref} | {f('scaling_efficiency', '{:.2f}')} | {f('epochs_per_min')} | "
                      f"{ceiling} | {f('of_ceiling', '{:.0%}')} |")
+    same_call = result.get("published_same_call")
+    if same_call:
+        from scfs.bench.published import table
+
+        lines += ["", "The published step, timed in this call before the rows above (`scfs.bench.published`: "
+                  "`main_scfs.py`'s loop body on views already on the device, DDP (and on the GPU SyncBatchNorm) "
+                  f"over one process, {same_call.get('warmup', '?')} warm-up + {same_call.get('steps', '?')} timed "
+                  f"steps; checkout {same_call.get('source', '?')}):", ""]
+        lines += [table(same_call)] if same_call.get("rows") else [f"error: {same_call.get('error', '?')}"]
     prof_rows = [r for r in result["rows"] if "profile" in r and "error" not in r["profile"]]
     if prof_rows:
         lines += ["", "Profile (`--profile`): per step, op and kernel-launch counts, GPU busy ms (kernels, copies and "
@@ -615,8 +648,10 @@ def markdown(result: dict) -> str:
                 for t in r["profile"]["host_top"][:8]) for r in host_rows]
     checks = targets(result)
     if checks:
-        lines += ["", f"Targets (ResNet-50 step against the published one, bf16 + channels_last; default path = "
-                  f"`{DEFAULT_SETTING}`, what `+experiment=imagenet` ships; eager = `{EAGER_SETTING}`):", "",
+        where = ("timed in this call" if (result.get("published_same_call") or {}).get("rows")
+                 else "from ../shared/MEASUREMENTS.md")
+        lines += ["", f"Targets (ResNet-50 step against the published one, bf16 + channels_last, {where}; default "
+                  f"path = `{DEFAULT_SETTING}`, what `+experiment=imagenet` ships; eager = `{EAGER_SETTING}`):", "",
                   "| B | target | measured | verdict |", "|---|---|---|---|"]
         lines += [f"| {c['B']} | {c['target']} | {c['measured']} | {c['verdict']} |" for c in checks]
     lines += [f"{label}: {m[key]}" for key, label in (("made_by", "\nMade by"), ("note", "\nNote")) if m.get(key)]
@@ -637,6 +672,7 @@ def targets(result: dict) -> list[dict[str, Any]]:
     if result["meta"].get("suite") != "resnet50":
         return []
     by = {(r["method"], r["B"], r["setting"]): r for r in result["rows"] if "step_ms" in r}
+    same_call = result.get("published_same_call")
     out: list[dict[str, Any]] = []
 
     def check(b: int, target: str, measured: float, goal: float, higher: bool, unit: str, fmt: str = "{:.0f}") -> None:
@@ -646,7 +682,8 @@ def targets(result: dict) -> list[dict[str, Any]]:
                     "verdict": "met" if met else f"missed by {100 * miss:.0f} %"})
 
     for b in sorted({r["B"] for r in result["rows"]}):
-        pub = PUBLISHED.get(("resnet50", "scfs", b, EAGER_SETTING))
+        ref = published_reference("resnet50", "scfs", b, EAGER_SETTING, same_call)
+        pub = (ref["step_ms"], ref["img_per_s"], ref["setting"], ref["peak_GiB"]) if ref else None
         scfs, dino = by.get(("scfs", b, DEFAULT_SETTING)), by.get(("dino", b, DEFAULT_SETTING))
         eager = by.get(("scfs", b, EAGER_SETTING))
         if pub and scfs:
@@ -710,6 +747,8 @@ def run(args: argparse.Namespace) -> dict:
     result = {"meta": meta, "rows": rows}
     rows_todo = [r for r in suite_rows(suite, args.quick, args.tiny, args.batch, args.setting)
                  if not args.method or r[0] in args.method]
+    if args.published_tree is not None and rank == 0:
+        result["published_same_call"] = same_call_published(args, rows_todo)
     ceilings: dict[tuple, dict[str, Any]] = {}
     for (method, b, setting), variant in itertools.product(rows_todo, variants(args.vary)):
         row: dict[str, Any] = {"method": method, "B": b, "setting": setting + (f" {variant}" if variant else "")}
@@ -736,13 +775,28 @@ def run(args: argparse.Namespace) -> dict:
             if row.get("ceiling_img_per_s"):
                 row["of_ceiling"] = row["img_per_s"] / row["ceiling_img_per_s"]
         rows.append(row)
-        add_reference(rows, suite, compare)
+        add_reference(rows, suite, compare, result.get("published_same_call"))
         if rank == 0:
             print(json.dumps(row), flush=True)
             save(result, args.out / name)
     if rank == 0:
         print(markdown(result))
     return result
+
+
+def same_call_published(args: argparse.Namespace, rows_todo: list[tuple[str, int, str]]) -> dict[str, Any]:
+    """The published step at each batch of `rows_todo` and the eager setting their references were measured at
+    (`published_setting`), timed before our rows by `scfs.bench.published` in a child process."""
+    from scfs.bench import published
+
+    settings = sorted({published_setting(s) for _, _, s in rows_todo} & set(published.SETTINGS))
+    batches = sorted({b for _, b, _ in rows_todo})
+    if not settings:
+        return {"error": "none of the rows' settings has a published counterpart ("
+                         + ", ".join(published.SETTINGS) + ")"}
+    print(f"[step] the published step first: batches {batches}, settings {settings}", flush=True)
+    return published.run_subprocess(args.published_tree, batches, settings, args.device, args.published_warmup,
+                                     args.steps, tiny=args.tiny)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -771,6 +825,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="Hydra override applied to every row, e.g. method.stage_pooled_bn=false (repeatable)")
     ap.add_argument("--no-ceiling", dest="ceiling", action="store_false",
                     help="skip the backbone-bound limit (both backbones' work alone) measured per batch and setting")
+    ap.add_argument("--published-tree", type=Path, default=None, metavar="PATH",
+                    help="a checkout of github.com/skyoux/scfs: time the published step first, in this call, and "
+                         "judge the targets against it (scfs.bench.published)")
+    ap.add_argument("--published-warmup", type=int, default=8, help="the published step's warm-up steps")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = ap.parse_args(argv)
     if args.suite == "vit" and any(SETTINGS[st][1] for st in args.setting or []):
@@ -779,6 +837,16 @@ def main(argv: list[str] | None = None) -> int:
                  + ", ".join(st for st, v in SETTINGS.items() if not v[1]))
     if args.data == "real" and not args.data_root:
         ap.error("--data real needs --data-root")
+    if args.published_tree is not None:
+        if args.suite != "resnet50":
+            ap.error(f"--published-tree with --suite {args.suite}: the published step is the ResNet-50 one "
+                     "(its stage heads are ResNet-50's); use --suite resnet50")
+        from scfs.bench.published import TREE_FILES
+
+        missing = [f for f in TREE_FILES if not (args.published_tree / f).is_file()]
+        if missing:
+            ap.error(f"--published-tree {args.published_tree}: no {', '.join(missing)} there; pass a checkout of "
+                     "github.com/skyoux/scfs")
     if args.data == "real" and not (Path(args.data_root) / "train").is_dir():  # else every row records an error
         ap.error(f"--data-root {args.data_root}: no train/ folder there; pass the prepared data folder, e.g. "
                  "the output of `python -m scfs.data.prepare cifar10 --archive ... --out data/cifar10`")

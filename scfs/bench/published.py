@@ -15,14 +15,16 @@ teacher (`TeacherWrapper`, with its per-crop search loop) on the global views, `
 default), `cancel_gradients_last_layer`, the SGD step (momentum 0.9, the ResNet-50 script's optimizer), the
 teacher's per-parameter EMA loop, the logged `.item()`s and the `torch.cuda.synchronize()` that end the loop body.
 The networks are built as `train` builds them (torchvision ResNet-50, 65,536-way DINO head, 256-way stage heads of
-width 2,048, SyncBatchNorm, both in DistributedDataParallel over a one-process group). Settings: `bf16_cl`
+width 2,048) and run unwrapped: over one process DistributedDataParallel
+and SyncBatchNorm change nothing in the step's arithmetic, and on the GPU their one-process combination fails in
+the backward (an in-place update of a BatchNorm buffer saved for it). The losses all-reduce the teacher's centre
+over a one-process group, as they do in a run. Settings: `bf16_cl`
 (bf16 autocast, channels_last networks and views: the reference of our eager and default rows) and `fp16` (the
 published code as it ships: fp16 autocast with its GradScaler, NCHW) and `fp32` (no autocast, NCHW: the CPU
 test's rows). `dino` is the same step without SCFS:
 backbone and DINO head (the views of each resolution in one batch, as the published wrappers do), `DINOLoss`
 alone. The step is timed at epoch 1, past the epoch in which the last layer's gradients are cancelled (the
-steady state of a run). On the CPU (`--device cpu`, the tests) SyncBatchNorm stays plain BatchNorm: it has no CPU
-kernel, and over one process it is plain BatchNorm on the GPU too.
+steady state of a run).
 
 The checkout needs `torchextractor` and `kornia` importable (`pip install torchextractor kornia`). Usage:
     python -m scfs.bench.published --tree PATH [--batch 32 --batch 64] [--setting bf16_cl] [--json OUT]
@@ -95,7 +97,7 @@ def tree_identity(tree: Path) -> str:
     return "sha256:" + h.hexdigest()[:12]
 
 
-def build(pm: ModuleType, pu: ModuleType, method: str, dev: Any, channels_last: bool, ddp: bool,
+def build(pm: ModuleType, pu: ModuleType, method: str, dev: Any, channels_last: bool,
           shapes: dict[str, Any]) -> dict[str, Any]:
     """Student, teacher, losses and optimizer as `main_scfs.train` builds them (`dino`: backbone + DINO head)."""
     import torch
@@ -132,15 +134,7 @@ def build(pm: ModuleType, pu: ModuleType, method: str, dev: Any, channels_last: 
         teacher = DinoOnly(t_bb, pm.DINOHead(embed, out_dim, False))
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     student, teacher = student.to(dev, memory_format=fmt), teacher.to(dev, memory_format=fmt)
-    ids = [dev.index or 0] if dev.type == "cuda" else None
-    teacher_plain = teacher
-    if ddp and pu.has_batchnorms(student):
-        student = nn.SyncBatchNorm.convert_sync_batchnorm(student)
-        teacher = nn.SyncBatchNorm.convert_sync_batchnorm(teacher)
-        teacher = nn.parallel.DistributedDataParallel(teacher, device_ids=ids)
-        teacher_plain = teacher.module
-    student = nn.parallel.DistributedDataParallel(student, device_ids=ids)
-    teacher_plain.load_state_dict(student.module.state_dict())
+    teacher.load_state_dict(student.state_dict())
     for p in teacher.parameters():
         p.requires_grad = False
     n_crops = shapes["n_local"]
@@ -151,8 +145,7 @@ def build(pm: ModuleType, pu: ModuleType, method: str, dev: Any, channels_last: 
         for s in ("l2", "l3", "l4"):
             losses[s] = pm.DINOShallowLoss(shapes["stage_out_dim"], n_crops, *schedule).to(dev)
     optimizer = torch.optim.SGD(pu.get_params_groups(student), lr=0, momentum=0.9)
-    return {"student": student, "teacher": teacher, "teacher_plain": teacher_plain, "losses": losses,
-            "optimizer": optimizer}
+    return {"student": student, "teacher": teacher, "losses": losses, "optimizer": optimizer}
 
 
 def make_step(parts: dict[str, Any], pu: ModuleType, method: str, views: list[Any], precision: str,
@@ -160,7 +153,7 @@ def make_step(parts: dict[str, Any], pu: ModuleType, method: str, views: list[An
     """One iteration of `train_one_epoch`'s loop body on `views`, at epoch 1 of `niter` iterations per epoch."""
     import torch
 
-    student, teacher, teacher_plain = parts["student"], parts["teacher"], parts["teacher_plain"]
+    student, teacher = parts["student"], parts["teacher"]
     losses, optimizer = parts["losses"], parts["optimizer"]
     dev = views[0].device
     epoch = 1
@@ -215,7 +208,7 @@ def make_step(parts: dict[str, Any], pu: ModuleType, method: str, views: list[An
             scaler.update()
         with torch.no_grad():
             m = mom[it]
-            for q, k in zip(student.module.parameters(), teacher_plain.parameters(), strict=True):
+            for q, k in zip(student.parameters(), teacher.parameters(), strict=True):
                 k.data.mul_(m).add_((1 - m) * q.detach().data)
         final.item()  # the published loop logs these three each step
         if dev.type == "cuda":
@@ -237,7 +230,7 @@ def measure(pm: ModuleType, pu: ModuleType, method: str, batch: int, setting: st
     torch.manual_seed(0)
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    parts = build(pm, pu, method, dev, cl, dev.type == "cuda", shapes)
+    parts = build(pm, pu, method, dev, cl, shapes)
     fmt = torch.channels_last if cl else torch.contiguous_format
     views = [torch.randn(batch, 3, s, s, device=dev).contiguous(memory_format=fmt)
              for s in [shapes["global_size"]] * 2 + [shapes["local_size"]] * shapes["n_local"]]

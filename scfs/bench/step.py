@@ -608,8 +608,8 @@ def markdown(result: dict) -> str:
         from scfs.bench.published import table
 
         lines += ["", "The published step, timed in this call before the rows above (`scfs.bench.published`: "
-                  "`main_scfs.py`'s loop body on views already on the device, DDP (and on the GPU SyncBatchNorm) "
-                  f"over one process, {same_call.get('warmup', '?')} warm-up + {same_call.get('steps', '?')} timed "
+                  "`main_scfs.py`'s loop body on views already on the device, the networks unwrapped (no DDP) "
+                  f"in one process, {same_call.get('warmup', '?')} warm-up + {same_call.get('steps', '?')} timed "
                   f"steps; checkout {same_call.get('source', '?')}):", ""]
         lines += [table(same_call)] if same_call.get("rows") else [f"error: {same_call.get('error', '?')}"]
     prof_rows = [r for r in result["rows"] if "profile" in r and "error" not in r["profile"]]

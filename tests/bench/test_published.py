@@ -187,14 +187,14 @@ def test_the_step_trains_the_student_and_moves_the_teacher(standin: Path) -> Non
         out = {}
         for method in P.METHODS:
             torch.manual_seed(0)
-            parts = P.build(pm, pu, method, dev, False, False, shapes)
+            parts = P.build(pm, pu, method, dev, False, shapes)
             views = [torch.randn(2, 3, s, s) for s in [64, 64] + [32] * shapes["n_local"]]
-            s0 = [p.detach().clone() for p in parts["student"].module.parameters()]
-            t0 = [p.detach().clone() for p in parts["teacher_plain"].parameters()]
+            s0 = [p.detach().clone() for p in parts["student"].parameters()]
+            t0 = [p.detach().clone() for p in parts["teacher"].parameters()]
             assert all(torch.equal(a, b) for a, b in zip(s0, t0))  # the teacher starts as the student
             P.make_step(parts, pu, method, views, "fp32", 4)(0)
-            s1 = list(parts["student"].module.parameters())
-            t1 = list(parts["teacher_plain"].parameters())
+            s1 = list(parts["student"].parameters())
+            t1 = list(parts["teacher"].parameters())
             out[method] = {
                 "student_moved": sum(not torch.equal(a, b) for a, b in zip(s0, s1)),
                 "teacher_moved": sum(not torch.equal(a, b) for a, b in zip(t0, t1)),

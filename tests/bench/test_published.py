@@ -261,12 +261,21 @@ def test_targets_and_markdown_judge_against_the_same_call_rows() -> None:
 
     add_reference(rows, "resnet50", None, same)
     checks = {c["target"]: c for c in targets(result)}
-    assert checks["SCFS default >= 2.0x published (800 img/s)"]["met"] is True  # 1,067 img/s against 2 x 400
-    assert checks["SCFS eager >= published (400 img/s)"]["measured"].startswith("427 img/s")
+    assert checks["SCFS default >= 2.0x published (800 img/s, same call)"]["met"] is True  # 1,067 against 2 x 400
+    assert checks["SCFS eager >= published (400 img/s, same call)"]["measured"].startswith("427 img/s")
     md = markdown(result)
     assert "timed first in this call" in md and "checkout abc123" in md
     assert "| scfs | 64 | bf16_cl | 160.0 | 400 |" in md
-    assert "160.0 (400, bf16 + channels_last, same call)" in md and "bf16 + channels_last, timed in this call" in md
+    assert "160.0 (400, bf16 + channels_last, same call)" in md and "timed in this call where the target says" in md
+    # a published step whose rows all failed: every reference is the measurements file's, and the record says so
+    failed = dict(result, published_same_call={"rows": [{"method": "scfs", "B": 64, "setting": "bf16_cl",
+                                                         "error": "RuntimeError: x"}]})
+    for r in rows:
+        r.pop("published")
+    add_reference(rows, "resnet50", None, failed["published_same_call"])
+    md = markdown(failed)
+    assert "timed first in this call" not in md and "measured separately (../shared/MEASUREMENTS.md)" in md
+    assert "SCFS eager >= published (561 img/s) |" in md and "same call" not in md.split("RuntimeError")[0]
 
 
 def test_step_refuses_a_published_tree_it_cannot_use(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

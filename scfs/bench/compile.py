@@ -96,7 +96,7 @@ def measure(cfg: Any, device: str, first: int, steady: int, artifacts_in: str | 
     """One row, in this process: build, load `artifacts_in`, time the first and the steady steps, save
     `artifacts_out`.
 
-    Timed by the step benchmark's own clock (`scfs.bench.step.time_steps`: the first steps' wall seconds, the
+    Timed by the step benchmark's own clock (`scfs.bench.timing.time_steps`: the first steps' wall seconds, the
     steady step as the median gap between step marks, CUDA events on the GPU). The step itself is driven here
     rather than by that benchmark's Lightning `Trainer.fit`, for what a compile row must control: every graph
     built within the first steps (a logging and a non-logging loss graph; Lightning's cadence would build the
@@ -105,7 +105,7 @@ def measure(cfg: Any, device: str, first: int, steady: int, artifacts_in: str | 
     import torch
     from torch._dynamo.utils import counters
 
-    from scfs.bench.step import time_steps
+    from scfs.bench.timing import time_steps
     from scfs.methods.ema import ema_update
     from scfs.train import build
 

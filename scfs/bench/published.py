@@ -4,7 +4,7 @@ The speed targets compare our step with the published implementation's (github.c
 another day or another machine of the same kind, that reference moves by 10 % and more (../shared/MEASUREMENTS.md)
 and an eager step, bound by the host, follows the host; so the comparison is only honest side by side. This
 module rebuilds the published step from a checkout the user supplies (`--tree`; nothing of it is part of this
-project) and times it like our rows (`scfs.bench.step.time_steps`: a CUDA event at every step start, median after
+project) and times it like our rows (`scfs.bench.timing.time_steps`: a CUDA event at every step start, median after
 the warm-up).
 
 What one step does is `main_scfs.py`'s `train_one_epoch` for one batch, without its data loader (the views are
@@ -221,10 +221,10 @@ def make_step(parts: dict[str, Any], pu: ModuleType, method: str, views: list[An
 
 def measure(pm: ModuleType, pu: ModuleType, method: str, batch: int, setting: str, dev: Any, warmup: int,
             steps: int, shapes: dict[str, Any]) -> dict[str, Any]:
-    """Median step of the published `method` at `batch` and `setting` (`scfs.bench.step.time_steps`)."""
+    """Median step of the published `method` at `batch` and `setting` (`scfs.bench.timing.time_steps`)."""
     import torch
 
-    from scfs.bench.step import time_steps
+    from scfs.bench.timing import time_steps
 
     precision, cl = SETTINGS[setting]
     torch.manual_seed(0)

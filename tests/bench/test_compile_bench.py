@@ -35,18 +35,18 @@ def test_cold_and_carried_rows_hit_the_carried_cache(tmp_path):
 
 
 def test_a_row_is_timed_by_the_step_benchmarks_clock(monkeypatch):
-    """`measure` times its steps with `scfs.bench.step.time_steps` (the step benchmark's measurement), reads the
+    """`measure` times its steps with `scfs.bench.timing.time_steps` (the step benchmark's measurement), reads the
     graphs right after the first steps, and keeps the row's keys."""
-    from scfs.bench import step as step_bench
+    from scfs.bench import timing
 
     seen: list[tuple[int, int]] = []
-    real = step_bench.time_steps
+    real = timing.time_steps
 
     def spy(step, warmup, steps, cuda, after_warmup=None):
         seen.append((warmup, steps))
         return real(step, warmup, steps, cuda, after_warmup)
 
-    monkeypatch.setattr(step_bench, "time_steps", spy)
+    monkeypatch.setattr(timing, "time_steps", spy)
     cfg = bench.compose("default", "cpu", True, "model", False, [])
     row = bench.measure(cfg, "cpu", 2, 3, None, None)
     assert seen == [(2, 3)]

@@ -363,7 +363,7 @@ def test_time_steps_times_each_step_after_the_warmup_and_reads_counters_between(
     warm-up's wall seconds, `after_warmup` once between the warm-up and the first timed step, the last result."""
     import time
 
-    from scfs.bench.step import time_steps
+    from scfs.bench.timing import time_steps
 
     naps = [0.05, 0.0, 0.5, 0.1]  # gaps far apart: a loaded machine stretches a nap, not by 0.4 s
     calls: list[str] = []

@@ -148,9 +148,23 @@ def build(pm: ModuleType, pu: ModuleType, method: str, dev: Any, channels_last: 
     return {"student": student, "teacher": teacher, "losses": losses, "optimizer": optimizer}
 
 
+def clip_without_sync(model: Any, clip: float) -> None:
+    """`clip_gradients`' arithmetic (each parameter's gradient scaled to norm `clip` where it is larger) without
+    reading each norm on the host: the factor min(1, clip / (norm + 1e-6)) multiplies on the device, and a factor
+    of exactly 1 leaves a gradient bit-identical."""
+    import torch
+
+    for p in model.parameters():
+        if p.grad is not None:
+            p.grad.mul_(torch.clamp(clip / (p.grad.norm(2) + 1e-6), max=1.0))
+
+
 def make_step(parts: dict[str, Any], pu: ModuleType, method: str, views: list[Any], precision: str,
-              niter: int) -> Callable[[int], None]:
-    """One iteration of `train_one_epoch`'s loop body on `views`, at epoch 1 of `niter` iterations per epoch."""
+              niter: int, syncs: bool = True) -> Callable[[int], Any]:
+    """One iteration of `train_one_epoch`'s loop body on `views`, at epoch 1 of `niter` iterations per epoch.
+    `syncs=False` (a diagnostic, not the published step) leaves out the loop's host synchronisations: the
+    finiteness check, the logged `.item()`s and the synchronize, and `clip_gradients`' `.item()` per parameter
+    (`clip_without_sync`: the same arithmetic); what the syncs cost is the difference of the two."""
     import torch
 
     student, teacher = parts["student"], parts["teacher"]
@@ -184,25 +198,26 @@ def make_step(parts: dict[str, Any], pu: ModuleType, method: str, views: list[An
                 total = total + (loss_g + loss_l) * 0.5
             return final, total
 
-    def step(i: int) -> None:
+    def step(i: int) -> torch.Tensor:
         it = niter * epoch + i
         for k, group in enumerate(optimizer.param_groups):
             group["lr"] = lr[it]
             if k == 0:
                 group["weight_decay"] = wd[it]
         final, loss = forward()
-        if not math.isfinite(loss.item()):
+        if syncs and not math.isfinite(loss.item()):
             raise FloatingPointError(f"published step {i}: the loss is {loss.item()}")
+        clip = pu.clip_gradients if syncs else clip_without_sync
         optimizer.zero_grad()
         if scaler is None:
             loss.backward()
-            pu.clip_gradients(student, RECIPE["clip_grad"])
+            clip(student, RECIPE["clip_grad"])
             pu.cancel_gradients_last_layer(epoch, student, RECIPE["freeze_last_layer"])
             optimizer.step()
         else:
             scaler.scale(loss).backward()
             scaler.unscale_(optimizer)
-            pu.clip_gradients(student, RECIPE["clip_grad"])
+            clip(student, RECIPE["clip_grad"])
             pu.cancel_gradients_last_layer(epoch, student, RECIPE["freeze_last_layer"])
             scaler.step(optimizer)
             scaler.update()
@@ -210,17 +225,19 @@ def make_step(parts: dict[str, Any], pu: ModuleType, method: str, views: list[An
             m = mom[it]
             for q, k in zip(student.parameters(), teacher.parameters(), strict=True):
                 k.data.mul_(m).add_((1 - m) * q.detach().data)
-        final.item()  # the published loop logs these three each step
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        loss.item()
+        if syncs:
+            final.item()  # the published loop logs these three each step
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            loss.item()
         optimizer.param_groups[0]["lr"]
+        return loss.detach()
 
     return step
 
 
 def measure(pm: ModuleType, pu: ModuleType, method: str, batch: int, setting: str, dev: Any, warmup: int,
-            steps: int, shapes: dict[str, Any]) -> dict[str, Any]:
+            steps: int, shapes: dict[str, Any], syncs: bool = True) -> dict[str, Any]:
     """Median step of the published `method` at `batch` and `setting` (`scfs.bench.timing.time_steps`)."""
     import torch
 
@@ -234,16 +251,19 @@ def measure(pm: ModuleType, pu: ModuleType, method: str, batch: int, setting: st
     fmt = torch.channels_last if cl else torch.contiguous_format
     views = [torch.randn(batch, 3, s, s, device=dev).contiguous(memory_format=fmt)
              for s in [shapes["global_size"]] * 2 + [shapes["local_size"]] * shapes["n_local"]]
-    step = make_step(parts, pu, method, views, precision, warmup + steps)
-    clock, _ = time_steps(step, warmup, steps, dev.type == "cuda")
+    step = make_step(parts, pu, method, views, precision, warmup + steps, syncs)
+    clock, last_loss = time_steps(step, warmup, steps, dev.type == "cuda")
     gaps = clock.step_ms(warmup)
+    if not math.isfinite(last_loss.item()):  # checked once here too: the diagnostic variant skips it per step
+        raise FloatingPointError(f"published step: the last loss is {last_loss.item()}")
     ms = statistics.median(gaps)
     q = statistics.quantiles(gaps, n=10) if len(gaps) > 1 else [ms] * 9
     row = {"method": method, "B": batch, "setting": setting, "step_ms": ms, "img_per_s": batch / (ms / 1e3),
-           "step_ms_p10_p90": [q[0], q[-1]], "warmup_s": clock.warmup_s(warmup), "steps": len(gaps)}
+           "step_ms_p10_p90": [q[0], q[-1]], "warmup_s": clock.warmup_s(warmup), "steps": len(gaps),
+           "syncs": syncs}
     if dev.type == "cuda":
         row["peak_GiB"] = torch.cuda.max_memory_allocated() / 2**30
-    del parts, views, step
+    del parts, views, step, last_loss
     if dev.type == "cuda":
         torch.cuda.empty_cache()
     return row
@@ -263,9 +283,9 @@ def init_process_group(dev: Any) -> None:
 
 
 def run(tree: Path, batches: Sequence[int], settings: Sequence[str], methods: Sequence[str], device: str,
-        warmup: int, steps: int, tiny: bool = False) -> dict[str, Any]:
+        warmup: int, steps: int, tiny: bool = False, syncs: bool = True) -> dict[str, Any]:
     """Every (method, batch, setting) row of the published step, in this process; a failing row records its
-    error and the others go on."""
+    error and the others go on. `syncs=False`: the diagnostic variant (`make_step`)."""
     import torch
 
     pm, pu = load_tree(tree)
@@ -282,7 +302,7 @@ def run(tree: Path, batches: Sequence[int], settings: Sequence[str], methods: Se
                                  "error": "fp16 autocast with a GradScaler is a CUDA setting"})
                     continue
                 try:
-                    rows.append(measure(pm, pu, method, b, setting, dev, warmup, steps, shapes))
+                    rows.append(measure(pm, pu, method, b, setting, dev, warmup, steps, shapes, syncs))
                 except Exception as err:  # noqa: BLE001 - one failing row (say, OOM) must not lose the others
                     if device == "cuda":
                         torch.cuda.empty_cache()
@@ -290,7 +310,7 @@ def run(tree: Path, batches: Sequence[int], settings: Sequence[str], methods: Se
                                  "error": f"{type(err).__name__}: {err}"})
                 print(json.dumps(rows[-1]), flush=True)
     return {"tree": str(tree), "source": tree_identity(tree), "torch": torch.__version__, "warmup": warmup,
-            "steps": steps, "tiny": tiny, "rows": rows}
+            "steps": steps, "tiny": tiny, "syncs": syncs, "rows": rows}
 
 
 def run_subprocess(tree: Path, batches: Sequence[int], settings: Sequence[str], device: str, warmup: int,
@@ -322,7 +342,8 @@ def table(result: dict[str, Any]) -> str:
             continue
         lo, hi = r["step_ms_p10_p90"]
         peak = f"{r['peak_GiB']:.1f}" if r.get("peak_GiB") is not None else "-"
-        lines.append(f"| {r['method']} | {r['B']} | {r['setting']} | {r['step_ms']:.1f} | {r['img_per_s']:.0f} | "
+        setting = r["setting"] + ("" if r.get("syncs", True) else ", no host syncs")
+        lines.append(f"| {r['method']} | {r['B']} | {setting} | {r['step_ms']:.1f} | {r['img_per_s']:.0f} | "
                      f"{lo:.1f}–{hi:.1f} | {peak} | {r['warmup_s']:.1f} |")
     return "\n".join(lines)
 
@@ -337,7 +358,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tiny", action="store_true", help="64/32 px views, 2 local, small heads (the CPU test)")
     ap.add_argument("--warmup", type=int, default=8, help="as the published measurement: 8 warm-up steps")
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--no-syncs", dest="syncs", action="store_false",
+                    help="diagnostic: leave out the loop's host synchronisations (clip_gradients' .item() per "
+                         "parameter, the finiteness check, the logged .item()s, the synchronize); not the "
+                         "published step")
     ap.add_argument("--json", type=Path, default=None, help="write the rows there")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="write a record there: published-<gpu>-<date>-<commit>[-nosyncs].{json,md}")
     args = ap.parse_args(argv)
     if args.device == "cuda":
         import torch
@@ -347,14 +374,44 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     try:
         result = run(args.tree, args.batch or [32, 64], args.setting or ["bf16_cl"], args.method or list(METHODS),
-                     args.device, args.warmup, args.steps, args.tiny)
+                     args.device, args.warmup, args.steps, args.tiny, args.syncs)
     except PublishedTreeError as err:
         print(f"scfs.bench.published: {err}", file=sys.stderr)
         return 2
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
+    if args.out:
+        save_published_record(result, args.out, args.device)
     print(table(result))
     return 0
+
+
+def save_published_record(result: dict[str, Any], out: Path, device: str) -> Path:
+    """The rows as a benchmark record (`scfs.bench.records`), with the command and the commit that made it."""
+    import datetime as dt
+
+    import torch
+
+    from scfs.bench.records import provenance, record_stem, save_record, source_commit
+
+    gpu = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    result["meta"] = {"gpu": gpu, "date": dt.date.today().isoformat(), "commit": source_commit(),
+                      "command": "python -m scfs.bench.published " + " ".join(sys.argv[1:])}
+    stem = record_stem(out, "published", gpu, result["meta"]["date"], result["meta"]["commit"],
+                       "" if result.get("syncs", True) else "-nosyncs")
+
+    def markdown(r: dict[str, Any]) -> str:
+        m = r["meta"]
+        return "\n".join([f"# The published step ({m['gpu']}, {m['date']})", "",
+                          provenance(m["commit"], m["command"]), "",
+                          f"Checkout {r['source']}; torch {r['torch']}; {r['warmup']} warm-up + {r['steps']} timed "
+                          "steps, median (CUDA events on the GPU)"
+                          + ("." if r.get("syncs", True) else "; **without the loop's host synchronisations** (a "
+                             "diagnostic: the same arithmetic, not the published step)."), "", table(r), ""])
+
+    out.mkdir(parents=True, exist_ok=True)
+    save_record(result, stem, markdown)
+    return stem
 
 
 if __name__ == "__main__":

@@ -478,7 +478,8 @@ def published_reference(suite: str, method: str, b: int, setting: str,
     (`PUBLISHED`); None where neither has one (the ViT suite, say)."""
     base = published_setting(setting)
     for r in (same_call or {}).get("rows", []):
-        if (r.get("method"), r.get("B"), r.get("setting")) == (method, b, base) and "step_ms" in r:
+        if (r.get("method"), r.get("B"), r.get("setting")) == (method, b, base) and "step_ms" in r and r.get(
+                "syncs", True):
             return {"step_ms": r["step_ms"], "img_per_s": round(r["img_per_s"]), "peak_GiB": r.get("peak_GiB"),
                     "setting": SETTING_NAMES.get(base, base), "source": "same call"}
     pub = PUBLISHED.get((suite, method, b, base))

@@ -126,7 +126,15 @@ def get_params_groups(model):
 
 
 def clip_gradients(model, clip):
-    return [p.grad.norm().item() for p in model.parameters() if p.grad is not None]
+    norms = []
+    for p in model.parameters():
+        if p.grad is not None:
+            n = p.grad.norm(2)
+            norms.append(n.item())
+            factor = clip / (n + 1e-6)
+            if factor < 1:
+                p.grad.mul_(factor)
+    return norms
 
 
 def cancel_gradients_last_layer(epoch, model, freeze_last_layer):
@@ -214,13 +222,75 @@ def test_the_step_trains_the_student_and_moves_the_teacher(standin: Path) -> Non
     assert out["scfs"]["losses"] == ["final", "l2", "l3", "l4"] and out["dino"]["losses"] == ["final"], out
 
 
+def test_the_diagnostic_without_host_syncs_does_the_same_arithmetic(standin: Path) -> None:
+    """`syncs=False` leaves the host synchronisations out, not work: from the same start, two steps give
+    bit-identical students and teachers, with gradients large enough that some are clipped."""
+    code = textwrap.dedent('''
+        import sys, json, torch
+        from pathlib import Path
+        from scfs.bench import published as P
+        pm, pu = P.load_tree(Path(sys.argv[1]))
+        dev = torch.device("cpu")
+        P.init_process_group(dev)
+        shapes = dict(P.RECIPE, **P.TINY)
+        P.RECIPE["clip_grad"] = 1e-3  # every gradient clipped: the factor path is taken
+        states = []
+        for syncs in (True, False):
+            torch.manual_seed(0)
+            parts = P.build(pm, pu, "scfs", dev, False, shapes)
+            views = [torch.randn(2, 3, s, s, generator=torch.Generator().manual_seed(i))
+                     for i, s in enumerate([64, 64] + [32] * shapes["n_local"])]
+            step = P.make_step(parts, pu, "scfs", views, "fp32", 4, syncs)
+            step(0), step(1)
+            states.append([t.detach().clone() for t in [*parts["student"].parameters(),
+                                                        *parts["teacher"].parameters()]])
+        a, b = states
+        print(json.dumps({"n": len(a), "equal": all(torch.equal(x, y) for x, y in zip(a, b))}))
+    ''')
+    res = subprocess.run([sys.executable, "-c", code, str(standin)], capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["n"] > 100 and out["equal"], out
+
+
+def test_clip_without_sync_matches_the_published_per_parameter_clip() -> None:
+    """Each gradient scaled to norm `clip` where larger, left bit-identical where not."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
+    m(torch.randn(4, 8)).pow(2).sum().backward()
+    norms = [p.grad.norm().item() for p in m.parameters()]
+    clip = sorted(norms)[1] + 1e-3  # some above it, some below
+    before = [p.grad.clone() for p in m.parameters()]
+    published.clip_without_sync(m, clip)
+    for g0, p, n in zip(before, m.parameters(), norms, strict=True):
+        if n > clip:
+            assert torch.allclose(p.grad, g0 * clip / (n + 1e-6)) and abs(p.grad.norm().item() - clip) < 1e-4
+        else:
+            assert torch.equal(p.grad, g0)
+
+
 def test_run_subprocess_times_both_methods_and_names_the_checkout(standin: Path) -> None:
     res = _run_child(standin)
     assert [(r["method"], r["B"], r["setting"]) for r in res["rows"]] == [("scfs", 2, "fp32"), ("dino", 2, "fp32")]
     for r in res["rows"]:
         assert r["step_ms"] > 0 and r["img_per_s"] > 0 and r["steps"] == 1, r
-    assert res["source"].startswith("sha256:") and res["tiny"] is True
+    assert res["source"].startswith("sha256:") and res["tiny"] is True and res["syncs"] is True
+    assert all(r["syncs"] is True for r in res["rows"])
     assert "| scfs | 2 | fp32 |" in published.table(res)
+
+
+def test_the_command_writes_a_record_that_says_when_the_syncs_were_left_out(standin: Path, tmp_path: Path) -> None:
+    out = tmp_path / "records"
+    res = subprocess.run([sys.executable, "-m", "scfs.bench.published", "--tree", str(standin), "--device", "cpu",
+                          "--tiny", "--batch", "2", "--setting", "fp32", "--method", "dino", "--warmup", "1",
+                          "--steps", "1", "--no-syncs", "--out", str(out)], capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-2000:]
+    (js,) = out.glob("published-cpu-*-nosyncs.json")
+    rec = json.loads(js.read_text())
+    assert rec["syncs"] is False and [r["method"] for r in rec["rows"]] == ["dino"] and rec["meta"]["commit"]
+    md = js.with_suffix(".md").read_text()
+    assert "without the loop's host synchronisations" in md and "| dino | 2 | fp32, no host syncs |" in md
+    assert "python -m scfs.bench.published --tree" in md
 
 
 def test_run_subprocess_reports_a_broken_checkout_with_its_last_lines(standin: Path) -> None:

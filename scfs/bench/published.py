@@ -15,20 +15,19 @@ teacher (`TeacherWrapper`, with its per-crop search loop) on the global views, `
 default), `cancel_gradients_last_layer`, the SGD step (momentum 0.9, the ResNet-50 script's optimizer), the
 teacher's per-parameter EMA loop, the logged `.item()`s and the `torch.cuda.synchronize()` that end the loop body.
 The networks are built as `train` builds them (torchvision ResNet-50, 65,536-way DINO head, 256-way stage heads of
-width 2,048) and run unwrapped: over one process DistributedDataParallel
-and SyncBatchNorm change nothing in the step's arithmetic, and on the GPU their one-process combination fails in
-the backward (an in-place update of a BatchNorm buffer saved for it). The losses all-reduce the teacher's centre
-over a one-process group, as they do in a run. Settings: `bf16_cl`
-(bf16 autocast, channels_last networks and views: the reference of our eager and default rows) and `fp16` (the
-published code as it ships: fp16 autocast with its GradScaler, NCHW) and `fp32` (no autocast, NCHW: the CPU
-test's rows). `dino` is the same step without SCFS:
-backbone and DINO head (the views of each resolution in one batch, as the published wrappers do), `DINOLoss`
-alone. The step is timed at epoch 1, past the epoch in which the last layer's gradients are cancelled (the
-steady state of a run).
+width 2,048) and run unwrapped: over one process DistributedDataParallel and SyncBatchNorm change nothing in the
+step's arithmetic, and on the GPU their one-process combination fails in the backward (an in-place update of a
+BatchNorm buffer saved for it). The losses all-reduce the teacher's centre over a one-process group, as they do in a
+run. Settings: `bf16_cl` (bf16 autocast, channels_last networks and views: the reference of our eager and default
+rows) and `fp16` (the published code as it ships: fp16 autocast with its GradScaler, NCHW) and `fp32` (no autocast,
+NCHW: the CPU test's rows). `dino` is the same step without SCFS: backbone and DINO head (the views of each
+resolution in one batch, as the published wrappers do), `DINOLoss` alone. The step is timed at epoch 1, past the
+epoch in which the last layer's gradients are cancelled (the steady state of a run).
 
 The checkout needs `torchextractor` and `kornia` importable (`pip install torchextractor kornia`). Usage:
     python -m scfs.bench.published --tree PATH [--batch 32 --batch 64] [--setting bf16_cl] [--json OUT]
     python -m scfs.bench.step ... --published-tree PATH     # the same rows first, then ours, in one record
+    python -m scfs.bench.published --tree PATH --no-syncs   # diagnostic: without the loop's host syncs
 """
 
 from __future__ import annotations

@@ -51,13 +51,14 @@ from typing import Any
 SETTINGS = {"bf16_cl": ("bf16", True), "fp16": ("fp16", False), "fp32": ("fp32", False)}
 METHODS = ("scfs", "dino")
 # main_scfs.py's defaults and the ResNet-50 pretraining script's arguments (scripts/run_pretrain.sh there)
-RECIPE = {"out_dim": 65536, "stage_out_dim": 256, "stage_bottleneck_dim": 256, "stage_hidden_dim": 2048,
-          "global_size": 224, "local_size": 96, "n_local": 8, "lr": 0.1, "min_lr": 0.0048, "weight_decay": 1e-4,
-          "momentum_teacher": 0.996, "clip_grad": 3.0, "freeze_last_layer": 1, "epochs": 200, "warmup_epochs": 10,
-          "warmup_teacher_temp": 0.04, "teacher_temp": 0.07, "warmup_teacher_temp_epochs": 50}
-# --tiny: the CPU test's shapes (the stage heads' input widths are ResNet-50's, so the backbone stays one)
-TINY = {"out_dim": 256, "stage_out_dim": 32, "stage_bottleneck_dim": 32, "stage_hidden_dim": 64, "global_size": 64,
-        "local_size": 32, "n_local": 2}
+RECIPE = {"arch": "resnet50", "stage_dims": (512, 1024, 2048), "out_dim": 65536, "stage_out_dim": 256,
+          "stage_bottleneck_dim": 256, "stage_hidden_dim": 2048, "global_size": 224, "local_size": 96, "n_local": 8,
+          "lr": 0.1, "min_lr": 0.0048, "weight_decay": 1e-4, "momentum_teacher": 0.996, "clip_grad": 3.0,
+          "freeze_last_layer": 1, "epochs": 200, "warmup_epochs": 10, "warmup_teacher_temp": 0.04,
+          "teacher_temp": 0.07, "warmup_teacher_temp_epochs": 50}
+# --tiny: the CPU test's shapes (a ResNet-18, whose stages are a quarter of ResNet-50's widths)
+TINY = {"arch": "resnet18", "stage_dims": (128, 256, 512), "out_dim": 256, "stage_out_dim": 32,
+        "stage_bottleneck_dim": 32, "stage_hidden_dim": 64, "global_size": 64, "local_size": 32, "n_local": 2}
 TREE_FILES = ("models/scfs.py", "utils/utils.py")  # what the step imports from the checkout
 
 
@@ -114,14 +115,15 @@ def build(pm: ModuleType, pu: ModuleType, method: str, dev: Any, channels_last: 
         def forward(self, x: Sequence[torch.Tensor]) -> torch.Tensor:
             return self.head(self.backbone(torch.cat(x[:])))
 
-    s_bb, t_bb = torchvision.models.resnet50(), torchvision.models.resnet50()
+    arch = getattr(torchvision.models, shapes["arch"])
+    s_bb, t_bb = arch(), arch()
     embed = s_bb.fc.weight.shape[1]
     out_dim = shapes["out_dim"]
 
     def stage_heads() -> list[nn.Module]:
         return [pm.DINOShallowHead(in_dim=c, out_dim=shapes["stage_out_dim"],
                                    bottleneck_dim=shapes["stage_bottleneck_dim"],
-                                   hidden_dim=shapes["stage_hidden_dim"]) for c in (512, 1024, 2048)]
+                                   hidden_dim=shapes["stage_hidden_dim"]) for c in shapes["stage_dims"]]
 
     if method == "scfs":
         student = pm.StudentWrapper(s_bb, pm.DINOHead(embed, out_dim, use_bn=False, norm_last_layer=True),
@@ -354,7 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--setting", action="append", choices=tuple(SETTINGS), help="repeatable; default bf16_cl")
     ap.add_argument("--method", action="append", choices=METHODS, help="repeatable; default both")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    ap.add_argument("--tiny", action="store_true", help="64/32 px views, 2 local, small heads (the CPU test)")
+    ap.add_argument("--tiny", action="store_true",
+                    help="ResNet-18, 64/32 px views, 2 local, small heads (the CPU test)")
     ap.add_argument("--warmup", type=int, default=8, help="as the published measurement: 8 warm-up steps")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--no-syncs", dest="syncs", action="store_false",

@@ -191,6 +191,7 @@ def test_the_step_trains_the_student_and_moves_the_teacher(standin: Path) -> Non
         pm, pu = P.load_tree(Path(sys.argv[1]))
         dev = torch.device("cpu")
         P.init_process_group(dev)
+        P.RECIPE["lr"] = 100.0  # the schedule's first steps are tiny; a large rate makes the updates visible
         shapes = dict(P.RECIPE, **P.TINY)
         out = {}
         for method in P.METHODS:
@@ -204,6 +205,7 @@ def test_the_step_trains_the_student_and_moves_the_teacher(standin: Path) -> Non
             s1 = list(parts["student"].parameters())
             t1 = list(parts["teacher"].parameters())
             out[method] = {
+                "trained": sum(p.requires_grad for p in s1),
                 "student_moved": sum(not torch.equal(a, b) for a, b in zip(s0, s1)),
                 "teacher_moved": sum(not torch.equal(a, b) for a, b in zip(t0, t1)),
                 "teacher_between": all(bool(((b - a).abs() <= (c - a).abs() + 1e-6).all())
@@ -217,7 +219,10 @@ def test_the_step_trains_the_student_and_moves_the_teacher(standin: Path) -> Non
     assert res.returncode == 0, res.stderr[-2000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
     for method in ("scfs", "dino"):
-        assert out[method]["student_moved"] > 50 and out[method]["teacher_moved"] > 50
+        # the SGD step moves most trained tensors (on this stand-in's nearly flat loss the BatchNorm scales get
+        # gradients of 1e-10, too small to change a weight of 1.0) and the EMA moves the teacher's alike
+        assert out[method]["student_moved"] >= 0.6 * out[method]["trained"] > 20, out
+        assert out[method]["teacher_moved"] >= 0.9 * out[method]["student_moved"], out
         assert out[method]["teacher_between"] and out[method]["centre_set"], out
     assert out["scfs"]["losses"] == ["final", "l2", "l3", "l4"] and out["dino"]["losses"] == ["final"], out
 

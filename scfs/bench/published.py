@@ -66,14 +66,22 @@ class PublishedTreeError(RuntimeError):
     """The checkout cannot be used: not there, not the published layout, or its imports are missing."""
 
 
+def tree_problem(tree: Path) -> str | None:
+    """Why `tree` is not a checkout of the published code (the files the step imports are missing), or None."""
+    missing = [f for f in TREE_FILES if not (Path(tree) / f).is_file()]
+    if not missing:
+        return None
+    return (f"{tree}: no {', '.join(missing)} there; pass a checkout of github.com/skyoux/scfs "
+            "(git clone https://github.com/skyoux/scfs)")
+
+
 def load_tree(tree: Path) -> tuple[ModuleType, ModuleType]:
     """The checkout's `models.scfs` and `utils.utils` modules (the checkout goes first on `sys.path`: its top-level
     packages are named `models` and `utils`)."""
     tree = Path(tree).resolve()
-    missing = [f for f in TREE_FILES if not (tree / f).is_file()]
-    if missing:
-        raise PublishedTreeError(f"--tree {tree}: no {', '.join(missing)} there; pass a checkout of "
-                                 "github.com/skyoux/scfs (git clone https://github.com/skyoux/scfs)")
+    problem = tree_problem(tree)
+    if problem:
+        raise PublishedTreeError(f"--tree {problem}")
     sys.path.insert(0, str(tree))
     try:
         return importlib.import_module("models.scfs"), importlib.import_module("utils.utils")
@@ -242,7 +250,7 @@ def measure(pm: ModuleType, pu: ModuleType, method: str, batch: int, setting: st
     """Median step of the published `method` at `batch` and `setting` (`scfs.bench.timing.time_steps`)."""
     import torch
 
-    from scfs.bench.timing import time_steps
+    from scfs.bench.timing import p10_p90, time_steps
 
     precision, cl = SETTINGS[setting]
     torch.manual_seed(0)
@@ -258,9 +266,8 @@ def measure(pm: ModuleType, pu: ModuleType, method: str, batch: int, setting: st
     if not math.isfinite(last_loss.item()):  # checked once here too: the diagnostic variant skips it per step
         raise FloatingPointError(f"published step: the last loss is {last_loss.item()}")
     ms = statistics.median(gaps)
-    q = statistics.quantiles(gaps, n=10) if len(gaps) > 1 else [ms] * 9
     row = {"method": method, "B": batch, "setting": setting, "step_ms": ms, "img_per_s": batch / (ms / 1e3),
-           "step_ms_p10_p90": [q[0], q[-1]], "warmup_s": clock.warmup_s(warmup), "steps": len(gaps),
+           "step_ms_p10_p90": list(p10_p90(gaps)), "warmup_s": clock.warmup_s(warmup), "steps": len(gaps),
            "syncs": syncs}
     if dev.type == "cuda":
         row["peak_GiB"] = torch.cuda.max_memory_allocated() / 2**30
@@ -315,21 +322,20 @@ def run(tree: Path, batches: Sequence[int], settings: Sequence[str], methods: Se
 
 
 def run_subprocess(tree: Path, batches: Sequence[int], settings: Sequence[str], device: str, warmup: int,
-                   steps: int, tiny: bool = False, log: Path | None = None) -> dict[str, Any]:
+                   steps: int, tiny: bool = False) -> dict[str, Any]:
     """`run` in a child process (the checkout's `models` and `utils` packages and its process group stay out of
-    the caller's); its result, or {"error": ...} with the last lines it printed."""
+    the caller's); its result, or {"error": ...} with the last line it printed."""
+    from scfs.bench.records import last_line, run_logged
+
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "published.json"
+        out, log = Path(tmp) / "published.json", Path(tmp) / "published.log"
         cmd = [sys.executable, "-m", "scfs.bench.published", "--tree", str(tree), "--device", device,
                "--warmup", str(warmup), "--steps", str(steps), "--json", str(out),
                *[a for b in batches for a in ("--batch", str(b))],
                *[a for s in settings for a in ("--setting", s)], *(["--tiny"] if tiny else [])]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if log is not None:
-            log.write_text(proc.stdout + proc.stderr)
-        if proc.returncode != 0 or not out.is_file():
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-            return {"error": f"the published step did not run (exit status {proc.returncode}): " + " | ".join(tail)}
+        rc, _ = run_logged(cmd, log, timeout=None)
+        if rc != 0 or not out.is_file():
+            return {"error": f"the published step did not run (exit status {rc}): {last_line(log)}"}
         return json.loads(out.read_text())
 
 

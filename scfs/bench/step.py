@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from scfs.bench.records import device_slug, provenance, save_record, source_commit
-from scfs.bench.timing import StepClock, time_steps
+from scfs.bench.timing import StepClock, p10_p90, time_steps
 from scfs.names import CONF_DIR
 
 # ../shared/MEASUREMENTS.md: the published SCFS implementation, one H200, synthetic input (measured separately):
@@ -236,7 +236,7 @@ def measure(cfg: Any, args: argparse.Namespace, suite: str) -> dict[str, Any]:
     world = trainer.world_size
     out = {"step_ms": ms, "img_per_s": b * world / (ms / 1e3), "warmup_s": clock.warmup_s(args.warmup),
            "steps": len(gaps), "world": world, "rank": trainer.global_rank,
-           "step_ms_p10_p90": [float(v) for v in _quantiles(gaps)]}
+           "step_ms_p10_p90": [float(v) for v in p10_p90(gaps)]}
     if cuda:
         out["peak_GiB"] = torch.cuda.max_memory_allocated() / 2**30
         out["aug_ms"] = _aug_ms(model, b, size)
@@ -434,11 +434,6 @@ def summarize_profile(ev: Any, n: int, cuda: bool) -> dict[str, Any]:
                                "ms_per_step": e.device_time_total / 1e3 / n}
                               for e in sorted(kernels, key=lambda e: e.device_time_total, reverse=True)[:10]]
     return out
-
-
-def _quantiles(v: list[float]) -> tuple[float, float]:
-    s = sorted(v)
-    return s[int(0.1 * (len(s) - 1))], s[int(0.9 * (len(s) - 1))]
 
 
 def _aug_ms(model: Any, b: int, size: int) -> float | None:
@@ -786,12 +781,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.suite != "resnet50":
             ap.error(f"--published-tree with --suite {args.suite}: the published step is the ResNet-50 one "
                      "(its stage heads are ResNet-50's); use --suite resnet50")
-        from scfs.bench.published import TREE_FILES
+        from scfs.bench.published import tree_problem
 
-        missing = [f for f in TREE_FILES if not (args.published_tree / f).is_file()]
-        if missing:
-            ap.error(f"--published-tree {args.published_tree}: no {', '.join(missing)} there; pass a checkout of "
-                     "github.com/skyoux/scfs")
+        problem = tree_problem(args.published_tree)
+        if problem:
+            ap.error(f"--published-tree {problem}")
     if args.data == "real" and not (Path(args.data_root) / "train").is_dir():  # else every row records an error
         ap.error(f"--data-root {args.data_root}: no train/ folder there; pass the prepared data folder, e.g. "
                  "the output of `python -m scfs.data.prepare cifar10 --archive ... --out data/cifar10`")

@@ -69,3 +69,10 @@ def time_steps(step: Callable[[int], Any], warmup: int, steps: int, cuda: bool,
         end_warmup()
     clock.mark()
     return clock, out
+
+
+def p10_p90(values: list[float]) -> tuple[float, float]:
+    """The 10th and 90th percentile of step times (nearest rank, no interpolation): the spread every step record
+    gives beside its median."""
+    s = sorted(values)
+    return s[int(0.1 * (len(s) - 1))], s[int(0.9 * (len(s) - 1))]

@@ -22,6 +22,7 @@ import torch
 
 from scfs.search import buffers, feature_search
 from scfs.search.api import kernel_unavailable_reason
+from scfs.search.centre import centre_inputs
 from scfs.search.reference import reference_search, topk_count
 
 TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 3e-3}
@@ -159,6 +160,16 @@ def hard_selection_problems(sim: torch.Tensor, kept: torch.Tensor, topk: float, 
     return fails
 
 
+def selection_similarity(case: Case, feats: torch.Tensor, queries: torch.Tensor, sim: torch.Tensor) -> torch.Tensor:
+    """The float64 similarity a kernel's hard selection is judged on. Centred, the kernels rank the centred map and
+    queries as `centre_inputs` rounds them to their dtype (about 1e-3 in bfloat16, ten times the tie band), so
+    their ranking is checked on the similarity of those rounded inputs; uncentred, on the reference's `sim`."""
+    if not case.centre:
+        return sim
+    centred, q_centred, _ = centre_inputs(feats, queries)
+    return reference_search(centred.double(), q_centred.double(), case.mode, None, TOPK, TEMPERATURE, EPS)[1]
+
+
 def check_case(backend: str, case: Case, device: torch.device, gen: torch.Generator) -> list[str]:
     """All checks of one case; returns failure messages (empty when it passes)."""
     feats, queries, weight = make_inputs(case, device, gen)
@@ -179,7 +190,7 @@ def check_case(backend: str, case: Case, device: torch.device, gen: torch.Genera
     mask = None
     if case.mode == "hard":  # scored on the positions the kernel kept, once that choice is checked
         mask = out.weights.detach() != 0
-        fails += hard_selection_problems(probe[1], mask, TOPK)
+        fails += hard_selection_problems(selection_similarity(case, feats, queries, probe[1]), mask, TOPK)
     ref, ref_g = _run("reference", *ref_in, case.mode, grads, mask, centre=case.centre)
     names = ("features", "similarity", "weights")
     for name, got, want in zip(names, out, ref):

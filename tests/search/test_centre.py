@@ -156,6 +156,27 @@ def test_triton_matches_the_reference_values_and_gradients(gen, dtype, mode):
 
 
 @interp
+def test_centred_hard_selection_is_judged_on_the_map_the_kernel_ranks():
+    """bfloat16 centring rounds the map about 1e-3 away from the float64 reference; with this seed the k-th and
+    (k+1)-th similarities of one map sit 3e-4 apart, which the reference's ranking flagged although the kernel ranked
+    its own input right. The check passes on it, and still fails a selection that drops a clearly higher position."""
+    case = check.Case(3, 2, 24, 4, 5, dtype=torch.bfloat16, mode="hard", proj=6, centre=True)
+    assert check.check_case("triton", case, torch.device("cpu"), torch.Generator().manual_seed(1363008217)) == []
+    feats, queries, weight = check.make_inputs(case, torch.device("cpu"), torch.Generator().manual_seed(1363008217))
+    out = feature_search(feats, queries, mode="hard", weight=weight, topk=check.TOPK,
+                         temperature=check.TEMPERATURE, backend="triton", centre=True)
+    ref = reference_search(feats.double(), queries.double(), "hard", weight.double(), check.TOPK,
+                           check.TEMPERATURE, check.EPS, centre=True)
+    sim = check.selection_similarity(case, feats, queries, ref[1])
+    kept = out.weights != 0
+    assert check.hard_selection_problems(sim, kept, check.TOPK) == []
+    flat, bad = sim.reshape(-1, 20), kept.reshape(-1, 20).clone()
+    best, worst = int(flat[0].argmax()), int(flat[0].argmin())
+    bad[0, best], bad[0, worst] = False, True
+    assert check.hard_selection_problems(sim, bad.reshape(kept.shape), check.TOPK) != []
+
+
+@interp
 def test_compiled_centred_search_dispatches_to_the_backend_chosen_before_tracing(monkeypatch, gen):
     """A training step resolves the backend on its real (uncentred) maps eagerly; the traced centred search must
     find that choice, not resolve a new key (e.g. of the float32 centred map of bfloat16 features) while tracing."""

@@ -158,8 +158,9 @@ def test_triton_matches_the_reference_values_and_gradients(gen, dtype, mode):
 @interp
 def test_centred_hard_selection_is_judged_on_the_map_the_kernel_ranks():
     """bfloat16 centring rounds the map about 1e-3 away from the float64 reference; with this seed the k-th and
-    (k+1)-th similarities of one map sit 3e-4 apart, which the reference's ranking flagged although the kernel ranked
-    its own input right. The check passes on it, and still fails a selection that drops a clearly higher position."""
+    (k+1)-th similarities of one map sit 3e-4 apart, which a ranking on the reference would flag although the kernel
+    ranks its own input right. The check passes on it, and still fails a selection that drops a clearly higher
+    position."""
     case = check.Case(3, 2, 24, 4, 5, dtype=torch.bfloat16, mode="hard", proj=6, centre=True)
     assert check.check_case("triton", case, torch.device("cpu"), torch.Generator().manual_seed(1363008217)) == []
     feats, queries, weight = check.make_inputs(case, torch.device("cpu"), torch.Generator().manual_seed(1363008217))

@@ -160,14 +160,11 @@ def hard_selection_problems(sim: torch.Tensor, kept: torch.Tensor, topk: float, 
     return fails
 
 
-def selection_similarity(case: Case, feats: torch.Tensor, queries: torch.Tensor, sim: torch.Tensor) -> torch.Tensor:
-    """The float64 similarity a kernel's hard selection is judged on. Centred, the kernels rank the centred map and
-    queries as `centre_inputs` rounds them to their dtype (about 1e-3 in bfloat16, ten times the tie band), so
-    their ranking is checked on the similarity of those rounded inputs; uncentred, on the reference's `sim`."""
-    if not case.centre:
-        return sim
+def rounded_centred_similarity(feats: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
+    """The float64 similarity of the centred map and queries as `centre_inputs` rounds them to their dtype (about
+    1e-3 in bfloat16, ten times the tie band): what the kernels rank, so what a centred hard selection is judged on."""
     centred, q_centred, _ = centre_inputs(feats, queries)
-    return reference_search(centred.double(), q_centred.double(), case.mode, None, TOPK, TEMPERATURE, EPS)[1]
+    return reference_search(centred.double(), q_centred.double(), "hard", None, TOPK, TEMPERATURE, EPS)[1]
 
 
 def check_case(backend: str, case: Case, device: torch.device, gen: torch.Generator) -> list[str]:
@@ -190,7 +187,8 @@ def check_case(backend: str, case: Case, device: torch.device, gen: torch.Genera
     mask = None
     if case.mode == "hard":  # scored on the positions the kernel kept, once that choice is checked
         mask = out.weights.detach() != 0
-        fails += hard_selection_problems(selection_similarity(case, feats, queries, probe[1]), mask, TOPK)
+        sim = rounded_centred_similarity(feats, queries) if case.centre else probe[1]
+        fails += hard_selection_problems(sim, mask, TOPK)
     ref, ref_g = _run("reference", *ref_in, case.mode, grads, mask, centre=case.centre)
     names = ("features", "similarity", "weights")
     for name, got, want in zip(names, out, ref):

@@ -197,7 +197,8 @@ def make_callbacks(cfg: DictConfig, dm: Any, run_dir: Path) -> tuple[list[Any], 
 
     ckpt_dir = run_dir / "checkpoints"
     ks = list(cfg.eval.knn_k)
-    last = LastCheckpoint(ckpt_dir, every_n_train_steps=cfg.checkpoint.get("every_n_train_steps", 0))
+    last = LastCheckpoint(ckpt_dir, every_n_train_steps=cfg.checkpoint.get("every_n_train_steps", 0),
+                          min_interval_s=cfg.checkpoint.get("last_min_interval_s", 0))
     callbacks = [
         EpochTimer(),  # first: its epoch ends before the kNN pass and the checkpoints of the callbacks below
         ModelCheckpoint(dirpath=ckpt_dir, save_last=False, save_top_k=-1, every_n_epochs=cfg.checkpoint.every_n_epochs,

@@ -230,8 +230,9 @@ class LastCheckpoint(Checkpoint):
     An epoch-end write is skipped while the last write is younger than `min_interval_s` seconds (0 = at every
     epoch end): a 4 s CIFAR-10 epoch spent 0.5 s writing its ResNet-18 state, and resuming from a minute ago
     loses no more than the step saves already allow. The last epoch, a step save due at an epoch's last step, a
-    stopping run (a callback's `should_stop`, `max_steps`) and the end of training always write. Under DDP rank 0's clock decides for every rank: a save
-    is collective, and ranks that disagreed would wait for each other forever.
+    stopping run (a callback's `should_stop`, `max_steps`) and the end of training always write. Under DDP rank
+    0's clock decides for every rank: a save is collective, and ranks that disagreed would wait for each other
+    forever.
 
     A `Checkpoint` subclass: Lightning runs it after every other callback (after the monitors have updated their
     state). Writes go through the trainer's CheckpointIO (`AtomicCheckpointIO`: never a torn file, never NaN).

@@ -278,7 +278,7 @@ class LastCheckpoint(Checkpoint):
         return bool(trainer.strategy.broadcast(due, src=0))
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._saved_at = time.monotonic()  # a resumed run's file is as fresh as the resume
+        self._saved_at = time.monotonic()  # the interval counts from here (a resumed run's file is this fresh)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:

@@ -1,5 +1,6 @@
 """How often `last.ckpt` is written at epoch ends (`checkpoint.last_min_interval_s`): short epochs skip the writes
-until the last one is old enough, while the last epoch, a stopping run and the end of training always write."""
+until the last one is old enough, while the last epoch, a deferred step save, a stopping run and the end of training
+always write."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def test_epoch_end_writes_follow_the_interval_and_the_last_epoch_always_writes(i
     assert [s for name, s in saves if name == "last.ckpt"] == steps
     last = tmp_path / "run" / "checkpoints" / "last.ckpt"
     assert safe_load(last)["global_step"] == 6
-    # the final write is a complete run's resume point, as at every epoch end before
+    # the final write is the resume point of a complete run
     with pytest.raises(RunAlreadyCompleteError):
         run(compose_cfg([*RUN, f"resume={last}"], data_root=shapes_root), tmp_path / "again")
 

@@ -18,6 +18,11 @@ share the seed, so a cache that changed the numbers would show). Rows:
   own kernels replayed as CUDA graphs (on the CPU: the traced graphs run without them).
 * `eager`: `compile=false`, the steady step to compare with.
 
+Each compiled row also says where its compile went: torch's own compile timers (`torch._dynamo.utils.compile_times`,
+inclusive seconds per phase: dynamo's tracing, AOTAutograd's joint graph and partition, inductor's lowering,
+scheduling, code generation and kernel builds, the lazily compiled backward), all of them in the JSON, the main
+ones as a second table. A phase that dominates the cold row is the one a shorter first compile has to cut.
+
 Kernel searches, evaluation passes and the data path are not in the first-steps time (a training run adds them).
 On the CPU inductor compiles C++ instead of Triton kernels: CPU times only indicate which way a setting moves.
 Usage (GPU: the recipe's own precision and compile_mode; `--repeats` fresh processes per row, the median shown):
@@ -45,6 +50,24 @@ from scfs.bench.records import provenance, save_record, source_commit
 from scfs.names import CONF_DIR
 
 ROWS = ("eager", "cold", "warm", "carried", "blocks", "blocks-carried", "cudagraphs")
+# torch's compile timers shown in the record's second table: (label, timer name). Inclusive and nested (a label's
+# dots say which row it sits in); names as torch 2.14 reports them, a timer a version lacks shown as –.
+PHASES = (
+    ("dynamo: tracing and compiling the forward graphs", "_compile.compile_inner"),
+    ("· tracing the bytecode", "bytecode_tracing"),
+    ("· backend: AOTAutograd and inductor", "OutputGraph.call_user_compiler"),
+    ("· · AOTAutograd: joint graph", "aot_trace_joint_graph"),
+    ("· · AOTAutograd: joint-graph passes", "_recursive_joint_graph_passes"),
+    ("· · AOTAutograd: forward/backward partition", "min_cut_rematerialization_partition"),
+    ("· · inductor: forward graphs", "compile_fx.<locals>.fw_compiler_base"),
+    ("inductor: backward graphs, at the first backward", "backward._backward_impl"),
+    ("inductor, forward and backward: lowering", "GraphLowering.run"),
+    ("inductor, forward and backward: scheduling and fusion", "Scheduler.__init__"),
+    ("inductor, forward and backward: kernel code generation", "Scheduler.codegen"),
+    ("inductor, forward and backward: building and loading the code", "compile_file"),
+    ("inductor, forward and backward: waiting for the parallel kernel builds", "async_compile.wait"),
+    ("dynamo: guards", "build_guards"),
+)
 # the tiny network of `--tiny` (the CPU test): the shapes default's ResNet-10, narrower, fewer views
 TINY = ["backbone=tiny", "backbone.channels=[8,16,16,32]", "method.out_dim=64", "method.hidden_dim=32",
         "method.bottleneck_dim=16", "++method.stage_out_dim=32", "++method.stage_hidden_dim=16",
@@ -142,6 +165,7 @@ def measure(cfg: Any, device: str, first: int, steady: int, artifacts_in: str | 
 
     graphs: list[int] = []
     counters.clear()
+    phases0 = compile_phase_seconds()
     sync()
     clock, loss = time_steps(step, first, steady, device.startswith("cuda"),
                              after_warmup=lambda: graphs.append(int(counters["stats"]["unique_graphs"])))
@@ -152,13 +176,23 @@ def measure(cfg: Any, device: str, first: int, steady: int, artifacts_in: str | 
            "fx_cache": f"{counters['inductor']['fxgraph_cache_hit']} hit / "
                        f"{counters['inductor']['fxgraph_cache_miss']} miss",
            "aot_cache": f"{counters['aot_autograd']['autograd_cache_hit']} hit / "
-                        f"{counters['aot_autograd']['autograd_cache_miss']} miss"}
+                        f"{counters['aot_autograd']['autograd_cache_miss']} miss",
+           "phases": {k: round(v - phases0.get(k, 0.0), 3) for k, v in compile_phase_seconds().items()
+                      if v - phases0.get(k, 0.0) >= 0.0005}}
     if artifacts_out:
         from scfs.training.compile_artifacts import save_compile_artifacts
 
         size = save_compile_artifacts(artifacts_out)
         row["artifacts_mb"] = round(size / 1e6, 2) if size else None
     return row
+
+
+def compile_phase_seconds() -> dict[str, float]:
+    """torch's compile timers of this process so far: timer name -> seconds, summed over its calls (inclusive)."""
+    from torch._dynamo.utils import compile_times
+
+    names, values = compile_times(repr="csv", aggregate=True)
+    return {str(n): float(v) for n, v in zip(names, values)}
 
 
 def child(args: argparse.Namespace) -> int:
@@ -278,7 +312,24 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append(f"| {r['recipe']} | {r['setting']} | {r['first_s']}{reps} | {r['process_cpu_s']} | "
                      f"{r['step_ms']} | {r['graphs']} | "
                      f"{r['fx_cache']} | {r['aot_cache']} | {r.get('artifacts_mb') or ''} | {r['loss']:.5f} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + phase_table(result.get("table", []))) + "\n"
+
+
+def phase_table(rows: list[dict[str, Any]]) -> list[str]:
+    """Where each compiled row's first steps went, by torch's compile timers (the markdown lines; none without a
+    compiled row). Seconds are inclusive: a `·` row is part of the row above it at one level less."""
+    compiled = [r for r in rows if r.get("phases")]
+    if not compiled:
+        return []
+    head = " | ".join(f"{r['recipe']} {r['setting']}" for r in compiled)
+    out = ["", "Where the first steps' compile went (torch's compile timers, seconds summed over the calls, "
+           "inclusive: a `·` row is part of the row above it at one level less; all timers in the JSON's "
+           "`phases`):", "",
+           f"| phase (timer) | {head} |", "|---|" + "---:|" * len(compiled)]
+    for label, name in PHASES:
+        cells = " | ".join(f"{r['phases'][name]:.1f}" if name in r["phases"] else "–" for r in compiled)
+        out.append(f"| {label} (`{name}`) | {cells} |")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

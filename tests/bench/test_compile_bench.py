@@ -18,7 +18,9 @@ def test_eager_row_writes_a_table(tmp_path):
     (row,) = rec["table"]
     assert row["setting"] == "eager" and row["graphs"] == 0 and row["first_s"] > 0 and row["step_ms"] > 0
     assert row["process_cpu_s"] > 0 and row["loss"] == row["loss"]
-    assert "| default | eager |" in out.with_suffix(".md").read_text()
+    md = out.with_suffix(".md").read_text()
+    assert "| default | eager |" in md and row["phases"] == {}
+    assert "Where the first steps' compile went" not in md  # nothing compiled: no phase table
 
 
 @pytest.mark.slow
@@ -50,7 +52,7 @@ def test_a_row_is_timed_by_the_step_benchmarks_clock(monkeypatch):
     cfg = bench.compose("default", "cpu", True, "model", False, [])
     row = bench.measure(cfg, "cpu", 2, 3, None, None)
     assert seen == [(2, 3)]
-    assert set(row) == {"first_s", "step_ms", "graphs", "loss", "loaded_artifacts", "fx_cache", "aot_cache"}
+    assert set(row) == {"first_s", "step_ms", "graphs", "loss", "loaded_artifacts", "fx_cache", "aot_cache", "phases"}
     assert row["first_s"] > 0 and row["step_ms"] > 0 and row["graphs"] == 0 and isinstance(row["loss"], float)
 
 
@@ -87,3 +89,23 @@ def test_cudagraphs_row_traces_the_step_without_generating_kernels(tmp_path):
     assert rows["cudagraphs"]["graphs"] >= 2 and rows["eager"]["graphs"] == 0
     assert rows["cudagraphs"]["fx_cache"] == "0 hit / 0 miss"
     assert rows["cudagraphs"]["loss"] == pytest.approx(rows["eager"]["loss"], rel=1e-5)
+    # where the trace went: dynamo's timers count, inductor's are absent (it compiled nothing)
+    phases = rows["cudagraphs"]["phases"]
+    assert phases["_compile.compile_inner"] >= phases["bytecode_tracing"] > 0
+    assert "GraphLowering.run" not in phases and "Scheduler.codegen" not in phases
+    md = out.with_suffix(".md").read_text()
+    assert "| phase (timer) | default cudagraphs |" in md
+    assert f"| · tracing the bytecode (`bytecode_tracing`) | {phases['bytecode_tracing']:.1f} |" in md
+
+
+def test_the_phase_table_has_a_column_per_compiled_row_and_a_dash_for_a_missing_timer():
+    rows = [{"recipe": "cifar10", "setting": "eager", "phases": {}},
+            {"recipe": "cifar10", "setting": "cold",
+             "phases": {"_compile.compile_inner": 70.04, "GraphLowering.run": 9.96}},
+            {"recipe": "cifar10", "setting": "warm", "phases": {"_compile.compile_inner": 8.0}}]
+    lines = bench.phase_table(rows)
+    assert "| phase (timer) | cifar10 cold | cifar10 warm |" in lines
+    assert "| dynamo: tracing and compiling the forward graphs (`_compile.compile_inner`) | 70.0 | 8.0 |" in lines
+    assert "| inductor, forward and backward: lowering (`GraphLowering.run`) | 10.0 | – |" in lines
+    assert len([ln for ln in lines if ln.startswith("| ") and "(`" in ln]) == len(bench.PHASES)
+    assert bench.phase_table(rows[:1]) == []

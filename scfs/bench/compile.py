@@ -54,6 +54,7 @@ ROWS = ("eager", "cold", "warm", "carried", "blocks", "blocks-carried", "cudagra
 # dots say which row it sits in); names as torch 2.14 reports them, a timer a version lacks shown as –.
 PHASES = (
     ("dynamo: tracing and compiling the forward graphs", "_compile.compile_inner"),
+    ("· second attempts (frames whose analysis restarted)", "compile_attempt_1"),
     ("· tracing the bytecode", "bytecode_tracing"),
     ("· backend: AOTAutograd and inductor", "OutputGraph.call_user_compiler"),
     ("· · AOTAutograd: joint graph", "aot_trace_joint_graph"),
@@ -66,6 +67,7 @@ PHASES = (
     ("inductor, forward and backward: kernel code generation", "Scheduler.codegen"),
     ("inductor, forward and backward: building and loading the code", "compile_file"),
     ("inductor, forward and backward: waiting for the parallel kernel builds", "async_compile.wait"),
+    ("first run of the kernels: benchmarking their launch configs", "CachingAutotuner.benchmark_all_configs"),
     ("dynamo: guards", "build_guards"),
 )
 # the tiny network of `--tiny` (the CPU test): the shapes default's ResNet-10, narrower, fewer views

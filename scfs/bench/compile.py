@@ -180,13 +180,23 @@ def measure(cfg: Any, device: str, first: int, steady: int, artifacts_in: str | 
            "aot_cache": f"{counters['aot_autograd']['autograd_cache_hit']} hit / "
                         f"{counters['aot_autograd']['autograd_cache_miss']} miss",
            "phases": {k: round(v - phases0.get(k, 0.0), 3) for k, v in compile_phase_seconds().items()
-                      if v - phases0.get(k, 0.0) >= 0.0005}}
+                      if v - phases0.get(k, 0.0) >= 0.0005},
+           # why a graph was split, and where the code went on after the break (dynamo's resume functions are
+           # named after the function and line): each break is a graph more to compile
+           "graph_breaks": {break_reason(k): int(v) for k, v in counters["graph_break"].items()},
+           "resumes": {str(k): int(v) for k, v in counters["resumes"].items()}}
     if artifacts_out:
         from scfs.training.compile_artifacts import save_compile_artifacts
 
         size = save_compile_artifacts(artifacts_out)
         row["artifacts_mb"] = round(size / 1e6, 2) if size else None
     return row
+
+
+def break_reason(reason: Any) -> str:
+    """dynamo's graph-break message in one line: its title and explanation (the hints and links dropped)."""
+    lines = [ln.strip() for ln in str(reason).splitlines() if ln.strip()]
+    return " ".join(lines[:2])[:300]
 
 
 def compile_phase_seconds() -> dict[str, float]:
@@ -331,6 +341,11 @@ def phase_table(rows: list[dict[str, Any]]) -> list[str]:
     for label, name in PHASES:
         cells = " | ".join(f"{r['phases'][name]:.1f}" if name in r["phases"] else "–" for r in compiled)
         out.append(f"| {label} (`{name}`) | {cells} |")
+    for r in compiled:
+        if r.get("graph_breaks"):
+            why = "; ".join(f"{k} (x{v})" for k, v in r["graph_breaks"].items())
+            where = ", ".join(r.get("resumes") or {}) or "not reported"
+            out += ["", f"Graph breaks of {r['recipe']} {r['setting']}: {why}; resumed in {where}."]
     return out
 
 

@@ -52,7 +52,8 @@ def test_a_row_is_timed_by_the_step_benchmarks_clock(monkeypatch):
     cfg = bench.compose("default", "cpu", True, "model", False, [])
     row = bench.measure(cfg, "cpu", 2, 3, None, None)
     assert seen == [(2, 3)]
-    assert set(row) == {"first_s", "step_ms", "graphs", "loss", "loaded_artifacts", "fx_cache", "aot_cache", "phases"}
+    assert set(row) == {"first_s", "step_ms", "graphs", "loss", "loaded_artifacts", "fx_cache", "aot_cache", "phases",
+                        "graph_breaks", "resumes"}
     assert row["first_s"] > 0 and row["step_ms"] > 0 and row["graphs"] == 0 and isinstance(row["loss"], float)
 
 
@@ -93,6 +94,7 @@ def test_cudagraphs_row_traces_the_step_without_generating_kernels(tmp_path):
     phases = rows["cudagraphs"]["phases"]
     assert phases["_compile.compile_inner"] >= phases["bytecode_tracing"] > 0
     assert "GraphLowering.run" not in phases and "Scheduler.codegen" not in phases
+    assert rows["cudagraphs"]["graph_breaks"] == {} and rows["cudagraphs"]["resumes"] == {}
     md = out.with_suffix(".md").read_text()
     assert "| phase (timer) | default cudagraphs |" in md
     assert f"| · tracing the bytecode (`bytecode_tracing`) | {phases['bytecode_tracing']:.1f} |" in md
@@ -109,3 +111,33 @@ def test_the_phase_table_has_a_column_per_compiled_row_and_a_dash_for_a_missing_
     assert "| inductor, forward and backward: lowering (`GraphLowering.run`) | 10.0 | – |" in lines
     assert len([ln for ln in lines if ln.startswith("| ") and "(`" in ln]) == len(bench.PHASES)
     assert bench.phase_table(rows[:1]) == []
+    assert not any(ln.startswith("Graph breaks") for ln in lines)
+
+
+def test_a_graph_break_is_named_with_where_the_code_resumed(monkeypatch):
+    """A step that breaks its graph (here a `print` inside the compiled teacher call) says why and where in its
+    row and in the record, the extra graph counted. Traced through dynamo's eager backend (no inductor)."""
+    import torch
+    from torch import nn
+
+    import scfs.methods.base as base
+
+    real_compile, real_module_compile = torch.compile, nn.Module.compile
+    monkeypatch.setattr(base.torch, "compile", lambda fn, **kw: real_compile(fn, backend="eager", dynamic=False))
+    monkeypatch.setattr(nn.Module, "compile", lambda self, **kw: real_module_compile(self, backend="eager",
+                                                                                      dynamic=False))
+    real_teacher = base.teacher_forward
+
+    def teacher_with_a_break(teacher, g, stages):
+        g = g * 1.0  # a graph before the break, the teacher's after it
+        print("a host-side call dynamo cannot trace")
+        return real_teacher(teacher, g, stages)
+
+    monkeypatch.setattr(base, "teacher_forward", teacher_with_a_break)
+    torch._dynamo.reset()
+    row = bench.measure(bench.compose("default", "cpu", True, "model", True, []), "cpu", 2, 1, None, None)
+    torch._dynamo.reset()
+    assert row["graphs"] > 3 and sum(row["graph_breaks"].values()) >= 1
+    assert any("print" in k for k in row["graph_breaks"]) and any("teacher_with_a_break" in k for k in row["resumes"])
+    md = "\n".join(bench.phase_table([{"recipe": "default", "setting": "cold", "phases": {"gc": 0.1}, **row}]))
+    assert "Graph breaks of default cold: " in md and "resumed in torch_dynamo_resume_in_teacher_with_a_break" in md

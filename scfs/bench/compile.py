@@ -329,14 +329,14 @@ def markdown(result: dict[str, Any]) -> str:
 
 def phase_table(rows: list[dict[str, Any]]) -> list[str]:
     """Where each compiled row's first steps went, by torch's compile timers (the markdown lines; none without a
-    compiled row). Seconds are inclusive: a `·` row is part of the row above it at one level less."""
+    compiled row). Seconds are inclusive: a row with dots is part of the nearest row above it with one dot fewer."""
     compiled = [r for r in rows if r.get("phases")]
     if not compiled:
         return []
     head = " | ".join(f"{r['recipe']} {r['setting']}" for r in compiled)
     out = ["", "Where the first steps' compile went (torch's compile timers, seconds summed over the calls, "
-           "inclusive: a `·` row is part of the row above it at one level less; all timers in the JSON's "
-           "`phases`):", "",
+           "inclusive: a row with dots is part of the nearest row above it with one dot fewer; all timers in the "
+           "JSON's `phases`):", "",
            f"| phase (timer) | {head} |", "|---|" + "---:|" * len(compiled)]
     for label, name in PHASES:
         cells = " | ".join(f"{r['phases'][name]:.1f}" if name in r["phases"] else "–" for r in compiled)

@@ -239,17 +239,8 @@ class LastCheckpoint(Checkpoint):
     """
 
     def __init__(self, dirpath: str | os.PathLike, every_n_train_steps: int = 0, min_interval_s: float = 0.0) -> None:
-        from scfs.config import ConfigError
-
-        try:
-            interval = float(min_interval_s or 0.0)
-        except (TypeError, ValueError):
-            interval = float("nan")
-        if not interval >= 0.0:  # also NaN
-            raise ConfigError(f"checkpoint.last_min_interval_s={min_interval_s!r}: expected seconds >= 0 (0 = write "
-                              "last.ckpt at every epoch end)")
         self.dirpath, self.every = Path(dirpath), int(every_n_train_steps or 0)
-        self.min_interval_s = interval
+        self.min_interval_s = float(min_interval_s or 0.0)  # checked with the config (`validate_config`)
         self._saved_step = -1
         self._saved_at = time.monotonic()
 

@@ -57,10 +57,9 @@ def test_a_row_is_timed_by_the_step_benchmarks_clock(monkeypatch):
     assert row["first_s"] > 0 and row["step_ms"] > 0 and row["graphs"] == 0 and isinstance(row["loss"], float)
 
 
-def test_a_compiled_run_traces_one_loss_graph_for_logging_and_other_steps(monkeypatch):
-    """The model scope's step is three graphs (student, teacher, losses) over a logging step and the ones after it:
-    the loss computes its statistics on every step when compiled, so the first epoch compiles no second loss graph.
-    Eager, the statistics stay on the logging steps only. Traced through dynamo's eager backend (no inductor)."""
+@pytest.fixture
+def eager_backend(monkeypatch):
+    """The method's `torch.compile` calls traced by dynamo's eager backend: graphs and breaks without inductor."""
     import torch
     from torch import nn
 
@@ -70,6 +69,14 @@ def test_a_compiled_run_traces_one_loss_graph_for_logging_and_other_steps(monkey
     monkeypatch.setattr(base.torch, "compile", lambda fn, **kw: real_compile(fn, backend="eager", dynamic=False))
     monkeypatch.setattr(nn.Module, "compile", lambda self, **kw: real_module_compile(self, backend="eager",
                                                                                       dynamic=False))
+
+
+def test_a_compiled_run_traces_one_loss_graph_for_logging_and_other_steps(eager_backend):
+    """The model scope's step is three graphs (student, teacher, losses) over a logging step and the ones after it:
+    the loss computes its statistics on every step when compiled, so the first epoch compiles no second loss graph.
+    Eager, the statistics stay on the logging steps only. Traced through dynamo's eager backend (no inductor)."""
+    import torch
+
     torch._dynamo.reset()
     row = bench.measure(bench.compose("default", "cpu", True, "model", True, []), "cpu", 2, 1, None, None)
     torch._dynamo.reset()
@@ -114,18 +121,13 @@ def test_the_phase_table_has_a_column_per_compiled_row_and_a_dash_for_a_missing_
     assert not any(ln.startswith("Graph breaks") for ln in lines)
 
 
-def test_a_graph_break_is_named_with_where_the_code_resumed(monkeypatch):
+def test_a_graph_break_is_named_with_where_the_code_resumed(eager_backend, monkeypatch):
     """A step that breaks its graph (here a `print` inside the compiled teacher call) says why and where in its
     row and in the record, the extra graph counted. Traced through dynamo's eager backend (no inductor)."""
     import torch
-    from torch import nn
 
     import scfs.methods.base as base
 
-    real_compile, real_module_compile = torch.compile, nn.Module.compile
-    monkeypatch.setattr(base.torch, "compile", lambda fn, **kw: real_compile(fn, backend="eager", dynamic=False))
-    monkeypatch.setattr(nn.Module, "compile", lambda self, **kw: real_module_compile(self, backend="eager",
-                                                                                      dynamic=False))
     real_teacher = base.teacher_forward
 
     def teacher_with_a_break(teacher, g, stages):

@@ -146,9 +146,10 @@ rm -rf "runs/multirun/$STUDY"
 run study-local-gpus "python -m scfs.train -m +study=cifar10_seeds hydra/launcher=local_gpus hydra.launcher.per_gpu=3" \
   "seed=0 hydra.sweep.dir=runs/multirun/$STUDY hydra.sweeper.reuse=false $E $SHORT eval.knn_at_start=false" &
 run search-check "python -m scfs.search.check --quick" "" &
-# the GPU tests of the compiled paths that only a GPU can check (CUDA graph replays against eager)
+# the GPU tests of the compiled paths that only a GPU can check (CUDA graph replays against eager; the step's calls
+# traced whole on CUDA, with this machine's torch)
 run pytest-gpu "python -m pytest -m gpu" \
-  "-q -p no:cacheprovider tests/method/test_compile_backend.py tests/data/test_batch_aug.py" &
+  "-q -p no:cacheprovider tests/method/test_compile_backend.py tests/data/test_batch_aug.py tests/method/test_compile.py" &
 V="python -m scfs.train +experiment=cifar10_vit"  # the ViT rows: compiled as written, DINO eager, ViT-S/16 eager
 run cifar10-vit "$V" "$SHORT name=smoke-vit" &
 run cifar10-vit-dino "$V method=dino" "$E $SHORT name=smoke-vit-dino" &

@@ -122,10 +122,13 @@ def student_forward(student: nn.ModuleDict, g: torch.Tensor, loc: torch.Tensor |
     s_g = backbone(g)
     pool = backbone.pool  # the representation: GAP of layer4 (CNN), the CLS token (ViT)
     pooled_g = pool(s_g)
-    s_l = backbone(loc) if loc is not None else {}
-    pooled_l = pool(s_l) if s_l else None
+    # whether there are local views, as a Python bool: the maps' dict is not tested for truth (`bool(dict)` is a
+    # graph break for some torch releases' dynamo, splitting this call into two graphs)
+    has_local = loc is not None
+    s_l = backbone(loc) if has_local else {}
+    pooled_l = pool(s_l) if has_local else None
     head = student["head"]
-    if not s_l:
+    if not has_local:
         logits = head(pooled_g)
     elif head.rows_independent:  # one head call on all views' rows: half the head's ops and its backward's
         logits = head(torch.cat([pooled_g, pooled_l]))
@@ -135,8 +138,8 @@ def student_forward(student: nn.ModuleDict, g: torch.Tensor, loc: torch.Tensor |
     stage_global, stage_local = {}, {}
     stacked_g = stacked_l = None
     gap_g = stage_gaps(backbone, s_g, pooled_g, stages)
-    gap_l = stage_gaps(backbone, s_l, pooled_l, stages) if s_l else {}
-    local = bool(local_heads and s_l)
+    gap_l = stage_gaps(backbone, s_l, pooled_l, stages) if has_local else {}
+    local = local_heads and has_local
     if stages and all(heads[s].proj.rows_independent for s in stages):
         # every stage's projection on its global and local rows in one stacked call (`stacked_dino_heads`); the
         # maps are pooled per view batch (their residual branch's BatchNorm keeps per-batch statistics)
@@ -162,8 +165,8 @@ def student_forward(student: nn.ModuleDict, g: torch.Tensor, loc: torch.Tensor |
         # the same logits stacked over the stages (S, rows, K) when the stage heads ran as one, else None
         "stage_global_stacked": stacked_g,
         "stage_local_stacked": stacked_l,
-        "queries": {s: gap_l[s].detach() for s in stages} if s_l else {},
-        "local_size": {s: int(s_l[s].shape[-1]) for s in stages} if s_l else {},
+        "queries": {s: gap_l[s].detach() for s in stages} if has_local else {},
+        "local_size": {s: int(s_l[s].shape[-1]) for s in stages} if has_local else {},
     }
 
 

@@ -61,15 +61,21 @@ def _tiny_network():
     return build_network(backbone, method, ("layer2", "layer3", "layer4"))
 
 
-def test_student_and_teacher_calls_trace_as_one_graph_each():
+# The tracing tests on the CPU and, under `-m gpu`, on CUDA: a code path taken only on the GPU (the search's CUDA
+# kernel, a device check) or the GPU machine's torch release can break a graph that traces whole on the CPU.
+DEVICES = [pytest.param("cpu"), pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_student_and_teacher_calls_trace_as_one_graph_each(device):
     """The step's student call (backbone on both view sizes, DINO head, stage heads) and teacher call compile
     to one graph each, without graph breaks: a break would split them into several graphs again, each a CUDA
     graph launch under reduce-overhead, and sum the shared weights' gradients outside the compiled backward."""
     from scfs.methods.networks import student_forward, teacher_forward
 
-    net = _tiny_network()
+    net = _tiny_network().to(device)
     stages = ("layer2", "layer3", "layer4")
-    g, loc = torch.randn(4, 3, 32, 32), torch.randn(8, 3, 16, 16)
+    g, loc = torch.randn(4, 3, 32, 32, device=device), torch.randn(8, 3, 16, 16, device=device)
     torch._dynamo.reset()
     student = torch._dynamo.explain(student_forward)(net, g, loc, stages, True)
     assert (student.graph_count, student.graph_break_count) == (1, 0), student.break_reasons
@@ -109,7 +115,7 @@ def test_compiled_student_call_matches_eager_with_gradients():
             torch.testing.assert_close(q.grad, p.grad, rtol=1e-3, atol=1e-5, msg=name)
 
 
-def _method_and_outputs(overrides: list[str]):
+def _method_and_outputs(overrides: list[str], device: str = "cpu"):
     """A tiny method from the real config and one step's student (with grad) and teacher outputs."""
     import sys
     from pathlib import Path
@@ -122,7 +128,9 @@ def _method_and_outputs(overrides: list[str]):
 
     torch.manual_seed(0)
     _, method = build(compose_cfg(overrides))
-    g, loc = torch.randn(8, 3, 32, 32), torch.randn(12, 3, 16, 16)  # B=4, 3 local views
+    method = method.to(device)
+    g = torch.randn(8, 3, 32, 32, device=device)
+    loc = torch.randn(12, 3, 16, 16, device=device)  # B=4, 3 local views
     st = student_forward(method.student, g, loc, method.stages, method._local_heads)
     with torch.no_grad():
         te = teacher_forward(method.teacher, g, method.stages)
@@ -135,17 +143,19 @@ PRESETS = [["method=dino"], ["search=soft"], ["search=hard"], ["search=softmax"]
 IDS = [" ".join(o) for o in PRESETS]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("overrides", PRESETS, ids=IDS)
-def test_losses_trace_as_one_graph(overrides):
+def test_losses_trace_as_one_graph(overrides, device):
     """`compile=true` compiles a step's losses (DINO's, and SCFS's stage terms with the searched targets) as one
     graph, on logging steps (search diagnostics) and the others: a break would bring back the host-bound eager
     loss of a CUDA-graph step."""
     from scfs.methods.base import step_losses
 
-    method, st, te = _method_and_outputs(overrides)
+    method, st, te = _method_and_outputs(overrides, device)
     torch._dynamo.reset()
     for diagnostics in (False, True):
-        got = torch._dynamo.explain(step_losses)(method, st, te, 4, 3, torch.tensor(0.04), diagnostics)
+        got = torch._dynamo.explain(step_losses)(method, st, te, 4, 3, torch.tensor(0.04, device=device),
+                                                 diagnostics)
         assert (got.graph_count, got.graph_break_count) == (1, 0), got.break_reasons
     torch._dynamo.reset()
 

@@ -165,6 +165,19 @@ def validate_config(cfg: DictConfig) -> None:
                           "compile_views=false or compile_backend=inductor")
     _check(cfg, "compile_artifacts", lambda v: v is None or (isinstance(v, str) and v.strip() != ""),
            "null or a file path", required=False)
+    _check(cfg, "compile_background", lambda v: isinstance(v, bool), "true or false", required=False)
+    if _get(cfg, "compile_background", False):
+        if not _get(cfg, "compile", False):
+            raise ConfigError("config key compile_background=true is invalid with compile=false: there is no compile "
+                              "to run in the background; set compile=true or compile_background=false")
+        if _get(cfg, "compile_backend", "inductor") != "inductor":
+            raise ConfigError("config key compile_background=true is invalid with compile_backend="
+                              f"{_get(cfg, 'compile_backend')}: that backend's warm-up is the tracing alone (seconds) "
+                              "and leaves no cache to fill; set compile_background=false or compile_backend=inductor")
+        if _get(cfg, "sync_bn", False):
+            raise ConfigError("config key compile_background=true is invalid with sync_bn=true: the child process "
+                              "that compiles the step has no process group, so its graphs (plain BatchNorm) are not "
+                              "the run's; set compile_background=false or sync_bn=false")
     _check(cfg, "num_workers", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0", required=False)
     _check(cfg, "trainer.max_epochs", lambda v: isinstance(v, int) and v >= 1, "an integer >= 1", required=False)
     _check(cfg, "trainer.accumulate_grad_batches", lambda v: isinstance(v, int) and v >= 1, "an integer >= 1",

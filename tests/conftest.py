@@ -20,3 +20,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 def shapes_root(tmp_path_factory) -> Path:
     """One tiny generated shapes dataset shared by the training tests (generation is cached by spec)."""
     return tmp_path_factory.mktemp("shapes")
+
+
+@pytest.fixture
+def eager_backend(monkeypatch):
+    """The method's `torch.compile` calls traced by dynamo's eager backend: graphs and breaks without inductor."""
+    import torch
+    from torch import nn
+
+    import scfs.methods.base as base
+
+    real_compile, real_module_compile = torch.compile, nn.Module.compile
+    monkeypatch.setattr(base.torch, "compile", lambda fn, **kw: real_compile(fn, backend="eager", dynamic=False))
+    monkeypatch.setattr(nn.Module, "compile", lambda self, **kw: real_module_compile(self, backend="eager",
+                                                                                      dynamic=False))

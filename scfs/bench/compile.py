@@ -16,7 +16,13 @@ share the seed, so a cache that changed the numbers would show). Rows:
 * `blocks`, `blocks-carried`: the same two with `compile_scope=blocks`.
 * `cudagraphs`: an empty cache with `compile_backend=cudagraphs`: tracing without kernel generation, the step's
   own kernels replayed as CUDA graphs (on the CPU: the traced graphs run without them).
+* `background`: an empty cache with `compile_background=true`: eager steps from the first one while a child
+  process compiles the step into the cache, then the switch to the compiled step (a warm build); its own table
+  says when the child was done, how many eager steps ran meanwhile, and how long the switch held the step.
 * `eager`: `compile=false`, the steady step to compare with.
+
+Every compiled row's `compile cost` is the seconds its compile cost the run against a step compiled from the
+start: the wall seconds of its steps minus that many steps at its steady pace.
 
 Each compiled row also says where its compile went: torch's own compile timers (`torch._dynamo.utils.compile_times`,
 inclusive seconds per phase: dynamo's tracing, AOTAutograd's joint graph and partition, inductor's lowering,
@@ -49,7 +55,7 @@ from typing import Any
 from scfs.bench.records import provenance, save_record, source_commit
 from scfs.names import CONF_DIR
 
-ROWS = ("eager", "cold", "warm", "carried", "blocks", "blocks-carried", "cudagraphs")
+ROWS = ("eager", "cold", "warm", "carried", "blocks", "blocks-carried", "cudagraphs", "background")
 # torch's compile timers shown in the record's second table: (label, timer name). Inclusive and nested (a label's
 # dots say which row it sits in); names as torch 2.14 reports them, a timer a version lacks shown as –.
 PHASES = (
@@ -92,28 +98,11 @@ def compose(recipe: str, device: str, tiny: bool, scope: str, compiled: bool, ex
         return hcompose(config_name="config", overrides=ov)
 
 
-def _autocast(precision: str, device: str) -> Any:
-    import contextlib
-
-    import torch
-
-    dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
-    return torch.autocast(device, dtype=dtype) if dtype is not None else contextlib.nullcontext()
-
-
 def recipe_views(cfg: Any, device: str = "cpu", channels_last: bool = False) -> tuple[Any, Any]:
-    """Random views of the recipe's sizes, as a step takes them: the two global views of `cfg.batch_size` images
-    as one batch, the local views as another (None without local views), seeded, in the model's memory format."""
-    import torch
+    """The recipe's views as a step takes them (`scfs.training.background_compile.random_views`)."""
+    from scfs.training.background_compile import random_views
 
-    b, n_local = int(cfg.batch_size), int(cfg.crops.n_local)
-    gen = torch.Generator(device="cpu").manual_seed(1)
-    cl = torch.channels_last if channels_last else torch.contiguous_format
-    views = [torch.randn(b, 3, s, s, generator=gen).to(device)
-             for s in [int(cfg.crops.global_size)] * 2 + [int(cfg.crops.local_size)] * n_local]
-    g = torch.cat(views[:2]).contiguous(memory_format=cl)
-    loc = torch.cat(views[2:]).contiguous(memory_format=cl) if n_local else None
-    return g, loc
+    return random_views(cfg, device, channels_last)
 
 
 def measure(cfg: Any, device: str, first: int, steady: int, artifacts_in: str | None,
@@ -131,8 +120,8 @@ def measure(cfg: Any, device: str, first: int, steady: int, artifacts_in: str | 
     from torch._dynamo.utils import counters
 
     from scfs.bench.timing import time_steps
-    from scfs.methods.ema import ema_update
     from scfs.train import build
+    from scfs.training.background_compile import cache_counts, make_step
 
     loaded = None
     if artifacts_in:
@@ -142,28 +131,10 @@ def measure(cfg: Any, device: str, first: int, steady: int, artifacts_in: str | 
     torch.manual_seed(int(cfg.seed))
     _, model = build(cfg)
     model = model.to(device).train()
-    opt = model.configure_optimizers()
-    b, n_local = int(cfg.batch_size), int(cfg.crops.n_local)
-    g, loc = recipe_views(cfg, device, model.channels_last)
-    temp = model._temp_arg(0.04, torch.device(device))  # a float for an eager loss, a device tensor compiled
+    step = make_step(model, cfg, device, model.configure_optimizers())
+    if cfg.get("compile_background", False):
+        return {**measure_background(model, cfg, device, step, first, steady), "loaded_artifacts": loaded}
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    cast = _autocast(str(cfg.trainer.precision), "cuda" if device.startswith("cuda") else "cpu")
-
-    def step(i: int) -> torch.Tensor:
-        with cast:
-            st = model._student_fn(model.student, g, loc, model.stages, model._local_heads)
-            with torch.no_grad():
-                te = model._teacher_fn(model.teacher, g, model.stages)
-            if not model._loss_prepared:
-                model.prepare_loss(st, te)
-                model._loss_prepared = True
-            # a logging step first, then the others, with the loss flags a run passes
-            loss, _ = model._loss_fn(model, st, te, b, n_local, temp, model.loss_diagnostics(i == 0))
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        ema_update(model.teacher, model.student, 0.996)
-        return loss.detach()
 
     graphs: list[int] = []
     counters.clear()
@@ -172,13 +143,11 @@ def measure(cfg: Any, device: str, first: int, steady: int, artifacts_in: str | 
     clock, loss = time_steps(step, first, steady, device.startswith("cuda"),
                              after_warmup=lambda: graphs.append(int(counters["stats"]["unique_graphs"])))
     times = clock.step_ms(first)
+    step_ms = statistics.median(times) if times else None
     row = {"first_s": round(clock.warmup_s(first), 2),
-           "step_ms": round(statistics.median(times), 2) if times else None,
-           "graphs": graphs[0], "loss": float(loss), "loaded_artifacts": loaded,
-           "fx_cache": f"{counters['inductor']['fxgraph_cache_hit']} hit / "
-                       f"{counters['inductor']['fxgraph_cache_miss']} miss",
-           "aot_cache": f"{counters['aot_autograd']['autograd_cache_hit']} hit / "
-                        f"{counters['aot_autograd']['autograd_cache_miss']} miss",
+           "step_ms": round(step_ms, 2) if step_ms else None,
+           "lost_s": round(clock.warmup_s(first) - first * step_ms / 1e3, 1) if step_ms else None,
+           "graphs": graphs[0], "loss": float(loss), "loaded_artifacts": loaded, **cache_counts(),
            "phases": {k: round(v - phases0.get(k, 0.0), 3) for k, v in compile_phase_seconds().items()
                       if v - phases0.get(k, 0.0) >= 0.0005},
            # why a graph was split, and where the code went on after the break (dynamo's resume functions are
@@ -191,6 +160,68 @@ def measure(cfg: Any, device: str, first: int, steady: int, artifacts_in: str | 
         size = save_compile_artifacts(artifacts_out)
         row["artifacts_mb"] = round(size / 1e6, 2) if size else None
     return row
+
+
+def measure_background(model: Any, cfg: Any, device: str, step: Any, first: int, steady: int) -> dict[str, Any]:
+    """The `background` row, in this process: eager steps from the start while the child of
+    `scfs.training.background_compile` compiles the step into this process's cache folder, the switch
+    (`compile_now`) at the first step after the child is done, then `first` compiled steps (the warm build) and
+    `steady` more. Each step is synchronised and timed by the wall clock (an eager step's host time is the step).
+
+    `lost_s` is what the compile cost the run: the wall seconds to the end of the steady steps minus the steps
+    done times the compiled steady step, as for the other rows (where it is the first steps' wall seconds minus
+    their steps at the steady pace)."""
+    import subprocess
+
+    import torch
+    from omegaconf import OmegaConf
+
+    from scfs.training.background_compile import cache_counts, child_config, child_env
+
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    with tempfile.TemporaryDirectory(prefix="scfs-background-") as tmp:
+        cfg_path, status_path = Path(tmp) / "child.yaml", Path(tmp) / "status.json"
+        log_path = Path(tmp) / "child.log"
+        OmegaConf.save(child_config(cfg, int(cfg.batch_size)), cfg_path)
+        t0 = time.perf_counter()
+        with open(log_path, "w") as logf:
+            proc = subprocess.Popen([sys.executable, "-m", "scfs.training.background_compile", str(cfg_path),
+                                     str(status_path), "--device", device], stdout=logf, stderr=subprocess.STDOUT,
+                                    env=child_env())
+        marks: list[float] = []  # wall seconds since t0 at the end of each step
+        eager_steps, ready_s = 0, None
+        try:
+            while ready_s is None:
+                loss = step(len(marks))
+                sync()
+                marks.append(time.perf_counter() - t0)
+                eager_steps += 1
+                if status_path.exists() or proc.poll() is not None:
+                    ready_s = time.perf_counter() - t0
+            proc.wait()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        child_log = log_path.read_text(errors="replace")
+        status = json.loads(status_path.read_text()) if status_path.exists() else {"ok": False}
+    if not status.get("ok"):
+        raise RuntimeError(f"the background compile failed: {status}\n{child_log[-3000:]}")
+    model.compile_now()
+    for _i in range(first + steady):
+        loss = step(len(marks))
+        sync()
+        marks.append(time.perf_counter() - t0)
+    k = eager_steps
+    after = [b - a for a, b in zip(marks[k + first - 1:], marks[k + first:])]
+    step_ms = statistics.median(after) * 1e3 if after else None
+    eager = [b - a for a, b in zip(marks[:k - 1], marks[1:k])]
+    return {"first_s": round(marks[0], 2), "step_ms": round(step_ms, 2) if step_ms else None,
+            "lost_s": round(marks[-1] - len(marks) * step_ms / 1e3, 1) if step_ms else None,
+            "graphs": None, "loss": float(loss), **cache_counts(), "phases": {}, "graph_breaks": {}, "resumes": {},
+            "background": {"child_s": status.get("seconds"), "child_fx_cache": status.get("fx_cache"),
+                           "ready_s": round(ready_s, 1), "eager_steps": eager_steps,
+                           "eager_step_ms": round(statistics.median(eager) * 1e3, 2) if eager else None,
+                           "switch_s": round(marks[k + first - 1] - marks[k - 1], 2)}}
 
 
 def break_reason(reason: Any) -> str:
@@ -230,7 +261,7 @@ def _children_cpu_s() -> float:
 
 def run_row(args: argparse.Namespace, recipe: str, row: str, cache_dir: Path, scope: str, eager: bool = False,
             artifacts_in: Path | None = None, artifacts_out: Path | None = None,
-            backend: str = "inductor") -> dict[str, Any]:
+            backend: str = "inductor", background: bool = False) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "scfs.bench.compile", "--child", "--recipe", recipe, "--device", args.device,
            "--scope", scope, "--first", str(args.first), "--steady", str(args.steady)]
     cmd += ["--tiny"] if args.tiny else []
@@ -239,6 +270,7 @@ def run_row(args: argparse.Namespace, recipe: str, row: str, cache_dir: Path, sc
     cmd += ["--artifacts-out", str(artifacts_out)] if artifacts_out else []
     row_ov = [] if backend == "inductor" else [f"compile_backend={backend}", "compile_mode=default",
                                                "compile_views=false"]
+    row_ov += ["compile_background=true"] if background else []
     for o in [*(args.override or []), *row_ov]:
         cmd += ["--override", o]
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir)}
@@ -290,6 +322,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "blocks": dict(cache_dir=d / "blocks", scope="blocks", artifacts_out=art_b),
                     "blocks-carried": dict(cache_dir=d / "blocks-carried", scope="blocks", artifacts_in=art_b),
                     "cudagraphs": dict(cache_dir=d / "cudagraphs", scope="model", backend="cudagraphs"),
+                    "background": dict(cache_dir=d / "background", scope="model", background=True),
                 }
                 for name in rows:
                     if name == "eager" and rep:
@@ -316,15 +349,34 @@ def markdown(result: dict[str, Any]) -> str:
              f"{result['first_steps']} training steps in a fresh process (the compile); process CPU = the whole "
              "process's CPU seconds, compiler processes included; steady = median step after them. Median over "
              "the repeats (each repeat's time in brackets).\n",
-             "| recipe | setting | first steps s | process CPU s | steady step ms | graphs | inductor cache | "
-             "AOT cache | artifacts MB | loss |", "|---|---|---:|---:|---:|---:|---|---|---:|---:|"]
+             "| recipe | setting | first steps s | compile cost s | process CPU s | steady step ms | graphs | "
+             "inductor cache | AOT cache | artifacts MB | loss |",
+             "|---|---|---:|---:|---:|---:|---:|---|---|---:|---:|"]
     for r in result.get("table", []):
         allv = r.get("first_s_all", [])
         reps = f" ({', '.join(str(v) for v in allv)})" if len(allv) > 1 else ""
-        lines.append(f"| {r['recipe']} | {r['setting']} | {r['first_s']}{reps} | {r['process_cpu_s']} | "
-                     f"{r['step_ms']} | {r['graphs']} | "
+        cost = r.get("lost_s") if r.get("graphs") != 0 else None
+        lines.append(f"| {r['recipe']} | {r['setting']} | {r['first_s']}{reps} | {'' if cost is None else cost} | "
+                     f"{r['process_cpu_s']} | {r['step_ms']} | {'' if r['graphs'] is None else r['graphs']} | "
                      f"{r['fx_cache']} | {r['aot_cache']} | {r.get('artifacts_mb') or ''} | {r['loss']:.5f} |")
-    return "\n".join(lines + phase_table(result.get("table", []))) + "\n"
+    return "\n".join(lines + background_table(result.get("table", [])) + phase_table(result.get("table", []))) + "\n"
+
+
+def background_table(rows: list[dict[str, Any]]) -> list[str]:
+    """The `background` rows' timeline (the markdown lines; none without such a row)."""
+    bg = [r for r in rows if r.get("background")]
+    if not bg:
+        return []
+    out = ["", "`compile_background=true`: eager steps from the first one while a child process compiled the step "
+           "(child s: its own wall seconds; ready: seconds from the first step to the child's end), then the "
+           "switch to the compiled step (switch s: the first compiled steps' wall seconds, a warm build):", "",
+           "| recipe | first step s | eager step ms | eager steps | child s | child's inductor cache | ready s | "
+           "switch s | compiled step ms | compile cost s |", "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
+    for r in bg:
+        b = r["background"]
+        out.append(f"| {r['recipe']} | {r['first_s']} | {b['eager_step_ms']} | {b['eager_steps']} | {b['child_s']} | "
+                   f"{b['child_fx_cache']} | {b['ready_s']} | {b['switch_s']} | {r['step_ms']} | {r['lost_s']} |")
+    return out
 
 
 def phase_table(rows: list[dict[str, Any]]) -> list[str]:

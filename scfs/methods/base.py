@@ -76,6 +76,7 @@ class SelfDistillation(L.LightningModule):
         compile_scope: str = "model",
         compile_backend: str = "inductor",
         compile_views: bool = False,
+        compile_background: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -107,7 +108,9 @@ class SelfDistillation(L.LightningModule):
             self.batch_aug = BatchMultiCrop(**{k: tuple(v) if isinstance(v, (list, tuple)) else v
                                                for k, v in dict(crops).items()})
         self._aug_gen: torch.Generator | None = None
-        self.compile_nets = bool(compile)
+        # compile_background: eager until `compile_now` (scfs.training.background_compile switches when a child
+        # process has filled the compile cache)
+        self.compile_nets = bool(compile) and not compile_background
         self._local_heads = self.uses_local_heads()
         # the step's student and teacher calls; `_compile` swaps in compiled versions. Module-level functions that
         # take the networks as arguments: a copy of this module calls them with its own networks.
@@ -152,6 +155,13 @@ class SelfDistillation(L.LightningModule):
     def uniform_loss(self) -> float:
         """The loss value when every output is uniform (log of the head sizes): a stuck objective sits here."""
         raise NotImplementedError
+
+    def compile_now(self) -> None:
+        """Compile the step now (`compile_background=true`: when the child has filled the cache); the next step
+        builds the graphs. Idempotent."""
+        if not self.compile_nets:
+            self.compile_nets = True
+            self._compile()
 
     def _compile(self) -> None:
         """`torch.compile` what `compile_scope` names. `model`: the step's student and teacher calls (one graph

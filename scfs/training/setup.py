@@ -97,6 +97,7 @@ def build(cfg: DictConfig):
                        compile_scope=str(cfg.get("compile_scope", "model")),
                        compile_backend=str(cfg.get("compile_backend", "inductor")),
                        compile_views=bool(cfg.get("compile_views", False)),
+                       compile_background=bool(cfg.get("compile_background", False)),
                        finite_check_every_n_steps=int(cfg.get("finite_check_every_n_steps", 1)))
     return dm, model
 
@@ -213,6 +214,10 @@ def make_callbacks(cfg: DictConfig, dm: Any, run_dir: Path) -> tuple[list[Any], 
     if budget is not None:
         callbacks.append(budget)
     callbacks += [ResumeState(), last]  # after the monitors: restores the RNG after they rebuilt their layers
+    if cfg.get("compile", False) and cfg.get("compile_background", False):
+        from scfs.training.background_compile import BackgroundCompile
+
+        callbacks.append(BackgroundCompile(cfg, run_dir, batch_size=dm.batch_size))
     if cfg.get("compile", False) and cfg.get("compile_artifacts"):
         from scfs.training.compile_artifacts import CompileArtifacts
 

@@ -52,23 +52,9 @@ def test_a_row_is_timed_by_the_step_benchmarks_clock(monkeypatch):
     cfg = bench.compose("default", "cpu", True, "model", False, [])
     row = bench.measure(cfg, "cpu", 2, 3, None, None)
     assert seen == [(2, 3)]
-    assert set(row) == {"first_s", "step_ms", "graphs", "loss", "loaded_artifacts", "fx_cache", "aot_cache", "phases",
-                        "graph_breaks", "resumes"}
+    assert set(row) == {"first_s", "step_ms", "lost_s", "graphs", "loss", "loaded_artifacts", "fx_cache", "aot_cache",
+                        "phases", "graph_breaks", "resumes"}
     assert row["first_s"] > 0 and row["step_ms"] > 0 and row["graphs"] == 0 and isinstance(row["loss"], float)
-
-
-@pytest.fixture
-def eager_backend(monkeypatch):
-    """The method's `torch.compile` calls traced by dynamo's eager backend: graphs and breaks without inductor."""
-    import torch
-    from torch import nn
-
-    import scfs.methods.base as base
-
-    real_compile, real_module_compile = torch.compile, nn.Module.compile
-    monkeypatch.setattr(base.torch, "compile", lambda fn, **kw: real_compile(fn, backend="eager", dynamic=False))
-    monkeypatch.setattr(nn.Module, "compile", lambda self, **kw: real_module_compile(self, backend="eager",
-                                                                                      dynamic=False))
 
 
 def test_a_compiled_run_traces_one_loss_graph_for_logging_and_other_steps(eager_backend):
@@ -143,3 +129,31 @@ def test_a_graph_break_is_named_with_where_the_code_resumed(eager_backend, monke
     assert any("print" in k for k in row["graph_breaks"]) and any("teacher_with_a_break" in k for k in row["resumes"])
     md = "\n".join(bench.phase_table([{"recipe": "default", "setting": "cold", "phases": {"gc": 0.1}, **row}]))
     assert "Graph breaks of default cold: " in md and "resumed in torch_dynamo_resume_in_teacher_with_a_break" in md
+
+
+def test_the_background_rows_timeline_gets_its_own_table():
+    row = {"recipe": "cifar10", "setting": "background", "first_s": 1.2, "step_ms": 32.0, "lost_s": 71.3,
+           "graphs": None, "process_cpu_s": 300.0, "fx_cache": "5 hit / 1 miss", "aot_cache": "3 hit / 0 miss",
+           "loss": 33.0, "phases": {},
+           "background": {"child_s": 118.0, "child_fx_cache": "0 hit / 6 miss", "ready_s": 120.5, "eager_steps": 1800,
+                          "eager_step_ms": 64.5, "switch_s": 13.1}}
+    cold = {**row, "setting": "cold", "first_s": 106.0, "lost_s": 105.9, "graphs": 3, "background": None}
+    md = bench.markdown({"machine": "m", "torch": "t", "date": "d", "commit": "abc", "command": "c", "first_steps": 3,
+                         "table": [cold, row]})
+    assert "| cifar10 | cold | 106.0 | 105.9 | 300.0 | 32.0 | 3 |" in md
+    assert "| cifar10 | background | 1.2 | 71.3 | 300.0 | 32.0 |  |" in md
+    assert "| cifar10 | 1.2 | 64.5 | 1800 | 118.0 | 0 hit / 6 miss | 120.5 | 13.1 | 32.0 | 71.3 |" in md
+
+
+@pytest.mark.slow
+def test_the_background_row_trains_eagerly_then_switches_to_the_childs_graphs(tmp_path):
+    """The `background` row on the CPU: eager steps while the child compiles the tiny step (C++), then the switch
+    to the compiled step, built from the child's cache (inductor hits only). 5-15 minutes on 2 shared cores."""
+    out = tmp_path / "rec.json"
+    assert bench.main(["--device", "cpu", "--tiny", "--recipe", "default", "--rows", "background", "--first", "1",
+                       "--steady", "2", "--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["table"]
+    bg = row["background"]
+    assert bg["eager_steps"] >= 1 and bg["child_fx_cache"].startswith("0 hit") and bg["ready_s"] > 0
+    assert row["fx_cache"].endswith(" 0 miss") and not row["fx_cache"].startswith("0 hit"), row
+    assert row["step_ms"] > 0 and row["lost_s"] is not None and row["loss"] == row["loss"]

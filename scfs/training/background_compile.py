@@ -1,0 +1,291 @@
+"""`compile_background=true`: train eagerly from the first step while a child process compiles the step.
+
+A cold inductor compile of the shipped recipes holds the first step for one and a half to three minutes on an
+H200 (docs/RESULTS.md "Compile time"), all of it on the host, most of it single-threaded Python. The same graphs
+compiled by another process land in the shared on-disk cache (`compile_cache`), from which this process then
+builds them in about a tenth of that time. So the run starts at once on the eager step, a child process runs the
+recipe's step on random views of the run's sizes with the run's config (the same graphs, hence the same cache
+keys), and the run switches to the compiled step at the first step boundary after the child finished: the only
+wait left in the training process is the warm build.
+
+The switch is decided at step boundaries every `check_every` steps and agreed by all ranks (one small collective
+then, none in between), so every process of a DDP run changes at the same step; each node's local rank 0 starts
+that node's child (the cache is per node). A child that fails is reported in one line with its log, and the run
+compiles in-process at that step, as `compile_background=false` would have at the first: nothing is lost but the
+head start.
+
+The child is `python -m scfs.training.background_compile <config.yaml> <status.json> --device <device>`: the run's
+resolved config, written to the run folder, and a status file written atomically when it ends (`ok`, seconds,
+cache hits and misses), which is what every rank reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger("scfs.train")
+
+STATUS_FILE = "background_compile.json"
+LOG_FILE = "background_compile.log"
+CHECK_EVERY = 10  # steps between the checks for the child's end (each one small collective under DDP)
+
+
+# ---- the step, as a run and the compile benchmark take it ----------------------------------------------------------
+def autocast_for(precision: str, device: str) -> contextlib.AbstractContextManager:
+    """The autocast Lightning's `trainer.precision` puts around a training step (none for full precision)."""
+    dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
+    return torch.autocast(device, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+
+
+def random_views(cfg: Any, device: str | torch.device = "cpu",
+                 channels_last: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Random views of the recipe's sizes, as a step takes them: the two global views of `cfg.batch_size` images
+    as one float32 batch, the local views as another (None without local views), seeded, in the model's memory
+    format. The compiled graphs depend on these shapes, dtypes and strides only, so they are the run's graphs."""
+    b, n_local = int(cfg.batch_size), int(cfg.crops.n_local)
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    cl = torch.channels_last if channels_last else torch.contiguous_format
+    views = [torch.randn(b, 3, s, s, generator=gen).to(device)
+             for s in [int(cfg.crops.global_size)] * 2 + [int(cfg.crops.local_size)] * n_local]
+    g = torch.cat(views[:2]).contiguous(memory_format=cl)
+    loc = torch.cat(views[2:]).contiguous(memory_format=cl) if n_local else None
+    return g, loc
+
+
+def make_step(model: Any, cfg: Any, device: str, opt: torch.optim.Optimizer) -> Callable[[int], torch.Tensor]:
+    """The method's training step without Lightning, on `random_views`: the student and teacher calls, the
+    losses with the flags a run passes (step 0 a logging step), backward, optimizer step and EMA. Returns
+    `step(i) -> loss`. What `training_step` runs between the views and the optimizer, and so the graphs it builds."""
+    from scfs.methods.ema import ema_update
+
+    b, n_local = int(cfg.batch_size), int(cfg.crops.n_local)
+    g, loc = random_views(cfg, device, model.channels_last)
+    cast = autocast_for(str(cfg.trainer.precision), "cuda" if str(device).startswith("cuda") else "cpu")
+
+    def step(i: int) -> torch.Tensor:
+        # a float for an eager loss, a device tensor compiled: asked each step, the model may have switched
+        temp = model._temp_arg(0.04, torch.device(device))
+        with cast:
+            st = model._student_fn(model.student, g, loc, model.stages, model._local_heads)
+            with torch.no_grad():
+                te = model._teacher_fn(model.teacher, g, model.stages)
+            if not model._loss_prepared:
+                model.prepare_loss(st, te)
+                model._loss_prepared = True
+            loss, _ = model._loss_fn(model, st, te, b, n_local, temp, model.loss_diagnostics(i == 0))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        ema_update(model.teacher, model.student, 0.996)
+        return loss.detach()
+
+    return step
+
+
+def make_views(model: Any, cfg: Any, device: str, times: int) -> None:
+    """`compile_views`: the views' compiled per-pixel ops, run `times` times on random uint8 crops of the recipe's
+    sizes (`BatchMultiCrop.colour`; the run's `forward` from whole images ends in the same graphs: one float
+    (n*B,3,s,s) stack per view size), outside autocast as Lightning makes a batch's views."""
+    b, n_local = int(cfg.batch_size), int(cfg.crops.n_local)
+    sizes = [int(cfg.crops.global_size)] * 2 + [int(cfg.crops.local_size)] * n_local
+    gen = torch.Generator(device=device).manual_seed(0)
+    crops = [torch.randint(0, 256, (b, 3, s, s), dtype=torch.uint8, device=device, generator=gen) for s in sizes]
+    for _ in range(times):
+        model.batch_aug.colour(crops, generator=gen)
+
+
+def cache_counts() -> dict[str, str]:
+    """This process's inductor and AOTAutograd cache hits and misses so far, as the records print them."""
+    from torch._dynamo.utils import counters
+
+    return {"fx_cache": f"{counters['inductor']['fxgraph_cache_hit']} hit / "
+                        f"{counters['inductor']['fxgraph_cache_miss']} miss",
+            "aot_cache": f"{counters['aot_autograd']['autograd_cache_hit']} hit / "
+                         f"{counters['aot_autograd']['autograd_cache_miss']} miss"}
+
+
+# ---- the child process ------------------------------------------------------------------------------------------
+def child_config(cfg: DictConfig, batch_size: int) -> DictConfig:
+    """The run's config as the child builds it: resolved, this process's batch size, compiled from the start."""
+    c = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    c.batch_size, c.global_batch_size = int(batch_size), None
+    c.compile, c.compile_background, c.compile_artifacts = True, False, None
+    return c
+
+
+def child_env() -> dict[str, str]:
+    """The child's environment: this process's (the compile cache folder, the device settings), this package
+    importable from wherever the run was started, output unbuffered into its log."""
+    import scfs
+
+    root = str(Path(scfs.__file__).resolve().parents[1])
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+
+
+def write_status(path: Path, status: dict[str, Any]) -> None:
+    """The status file, whole or not at all (the ranks poll for it)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(status))
+    os.replace(tmp, path)
+
+
+def compile_in_child(cfg_path: Path, status_path: Path, device: str, steps: int) -> dict[str, Any]:
+    """Build the run's method from `cfg_path`, compiled, and run `steps` steps on `device`: every graph of the
+    step lands in the cache folder this process inherited (TORCHINDUCTOR_CACHE_DIR). Writes the status file."""
+    t0 = time.perf_counter()
+    try:
+        from scfs.training.setup import build
+
+        cfg = OmegaConf.load(cfg_path)
+        if device.startswith("cuda:"):
+            torch.cuda.set_device(torch.device(device))
+        torch.manual_seed(int(cfg.seed))
+        _, model = build(cfg)
+        model = model.to(device).train()
+        if model.batch_aug is not None and model.compile_views:
+            make_views(model, cfg, device, steps)
+        step = make_step(model, cfg, device, model.configure_optimizers())
+        for i in range(steps):
+            loss = step(i)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        status = {"ok": True, "seconds": round(time.perf_counter() - t0, 1), "steps": steps,
+                  "loss": float(loss), **cache_counts()}
+    except Exception as err:  # reported to the run, which then compiles in-process
+        status = {"ok": False, "seconds": round(time.perf_counter() - t0, 1),
+                  "error": f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:300]}
+        log.exception("background compile failed")
+    write_status(status_path, status)
+    return status
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("config", type=Path)
+    p.add_argument("status", type=Path)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--steps", type=int, default=2, help="steps run (the first builds every graph; the second "
+                   "checks the built step runs)")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    with contextlib.suppress(OSError):
+        os.nice(5)  # the training process keeps the host first: its eager steps are host-bound too
+    return 0 if compile_in_child(args.config, args.status, args.device, args.steps)["ok"] else 1
+
+
+# ---- the training process ---------------------------------------------------------------------------------------
+class BackgroundCompile(L.Callback):
+    """Start the child at the start of fit, switch the method to its compiled step when the child is done.
+
+    `check_every`: steps between the checks (`CHECK_EVERY` when None). `steps`: the child's steps."""
+
+    def __init__(self, cfg: DictConfig, run_dir: Path, batch_size: int, check_every: int | None = None,
+                 steps: int = 2) -> None:
+        self.cfg, self.run_dir, self.batch_size = cfg, Path(run_dir), int(batch_size)
+        self.check_every, self.steps = max(int(check_every or CHECK_EVERY), 1), int(steps)
+        self.status_path = self.run_dir / STATUS_FILE  # per node (`on_fit_start`): a shared run folder
+        self.proc: subprocess.Popen | None = None
+        self.t0: float | None = None
+        self.switched_at: int | None = None  # the global step the compiled step started at
+        self.report: dict[str, Any] = {}
+        self._switch_t: float | None = None
+
+    def command(self, device: str) -> list[str]:
+        return [sys.executable, "-m", "scfs.training.background_compile", str(self.status_path.with_suffix(".yaml")),
+                str(self.status_path), "--device", device, "--steps", str(self.steps)]
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.t0 = time.monotonic()
+        if getattr(pl_module, "compile_nets", True):
+            return  # compiled already (a second fit of the same module): nothing to start
+        if trainer.num_nodes > 1:
+            self.status_path = self.run_dir / f"node{trainer.node_rank}-{STATUS_FILE}"
+        if trainer.local_rank == 0:
+            with contextlib.suppress(FileNotFoundError):
+                self.status_path.unlink()  # a status left by an earlier run in this folder
+            OmegaConf.save(child_config(self.cfg, self.batch_size), self.status_path.with_suffix(".yaml"))
+            dev = trainer.strategy.root_device
+            device = f"cuda:{dev.index or 0}" if dev.type == "cuda" else str(dev.type)
+            logf = open(self.run_dir / LOG_FILE, "w")  # noqa: SIM115 - the child's, closed when it ends
+            self.proc = subprocess.Popen(self.command(device), stdout=logf, stderr=subprocess.STDOUT,
+                                         env=child_env())
+            logf.close()
+            log.info("compile_background: training eagerly while process %d compiles the step into %s (log: %s); "
+                     "the compiled step takes over when it is done", self.proc.pid,
+                     os.environ.get("TORCHINDUCTOR_CACHE_DIR", "torch's default cache"), self.run_dir / LOG_FILE)
+        trainer.strategy.barrier("background_compile")  # the status file of an earlier run is gone on every rank
+
+    def _status(self) -> dict[str, Any] | None:
+        """The child's status once it ended (the file; or, on the rank that started it, its exit without one)."""
+        if self.status_path.exists():
+            return json.loads(self.status_path.read_text())
+        if self.proc is not None and self.proc.poll() is not None:  # ended without writing it: killed, or crashed
+            return {"ok": False, "error": f"the process ended with status {self.proc.returncode} and no status "
+                                          "file"}
+        return None
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        if getattr(pl_module, "compile_nets", True) or trainer.global_step % self.check_every:
+            return
+        status = self._status()
+        if not trainer.strategy.reduce_boolean_decision(status is not None, all=True):
+            return
+        status = status or {}
+        elapsed = time.monotonic() - (self.t0 or time.monotonic())
+        if status.get("ok"):
+            log.info("compile_background: the child compiled the step in %.0f s (%s); the compiled step takes over "
+                     "at step %d, %.0f s into training", status.get("seconds", 0.0), status.get("fx_cache", "?"),
+                     trainer.global_step, elapsed)
+        else:
+            log.warning("compile_background: the child failed (%s; its log: %s); compiling the step in this "
+                        "process now", status.get("error", "?"), self.run_dir / LOG_FILE)
+        self.switched_at = int(trainer.global_step)
+        self.report = {"child": status, "switch_step": self.switched_at, "switch_after_s": round(elapsed, 1)}
+        self._switch_t = time.monotonic()
+        pl_module.compile_now()
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if self._switch_t is None:
+            return
+        # the first compiled step: whether the child's cache held this run's graphs (all hits: it did)
+        self.report.update(switch_s=round(time.monotonic() - self._switch_t, 1), **cache_counts())
+        self._switch_t = None
+        log.info("compile_background: the first compiled step took %.1f s (inductor cache %s, AOTAutograd %s)",
+                 self.report["switch_s"], self.report["fx_cache"], self.report["aot_cache"])
+
+    def stop_child(self) -> None:
+        """End a child still compiling (the run ended or failed first)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self.stop_child()
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self.stop_child()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

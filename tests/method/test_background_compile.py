@@ -1,0 +1,170 @@
+"""`compile_background=true`: eager steps first, a child process compiles the step, the run switches to it."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+import pytest
+import torch
+from helpers import TINY_RESNET18, compose_cfg
+
+import scfs.training.background_compile as bgc
+from scfs.config import ConfigError, validate_config
+from scfs.methods.base import step_losses, student_forward
+from scfs.train import build, run
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (["compile=false"], "compile_background=true is invalid with compile=false"),
+    (["compile=true", "compile_backend=cudagraphs", "compile_mode=default"], "with compile_backend=cudagraphs"),
+    (["compile=true", "sync_bn=true"], "with sync_bn=true"),
+    (["compile=true", "compile_background=1"], "compile_background"),
+], ids=["no-compile", "cudagraphs", "sync-bn", "not-a-bool"])
+def test_bad_settings_are_refused_in_one_line(overrides, match):
+    extra = [] if any(o.startswith("compile_background") for o in overrides) else ["compile_background=true"]
+    with pytest.raises(ConfigError, match=match) as err:
+        validate_config(compose_cfg([*overrides, *extra]))
+    assert "\n" not in str(err.value)
+
+
+def test_the_method_starts_eager_and_compile_now_swaps_in_the_compiled_step(eager_backend):
+    _, model = build(compose_cfg(["compile=true", "compile_background=true"]))
+    assert not model.compile_nets and model._student_fn is student_forward and model._loss_fn is step_losses
+    assert model.loss_diagnostics(False) is False  # the eager loss: statistics on the logging steps only
+    model.compile_now()
+    assert model.compile_nets and model._student_fn is not student_forward and model._loss_fn is not step_losses
+    fn = model._student_fn
+    model.compile_now()  # idempotent: the compiled calls (and their dynamo caches) are kept
+    assert model._student_fn is fn
+    assert model.hparams.compile and model.hparams.compile_background  # the checkpoint says how it was trained
+
+
+def test_the_child_builds_the_runs_method_compiled_and_reports(tmp_path, eager_backend):
+    """In-process here (dynamo's eager backend stands in for inductor): the child's config is the run's, resolved,
+    at this process's batch, compiled from the start; it runs its steps and writes an `ok` status."""
+    cfg = compose_cfg(["compile=true", "compile_background=true", "global_batch_size=8", "compile_artifacts=x.bin"])
+    child = bgc.child_config(cfg, batch_size=8)
+    assert child.compile and not child.compile_background and child.compile_artifacts is None
+    assert child.batch_size == 8 and child.global_batch_size is None and child.crops.n_local == cfg.crops.n_local
+    path, status_path = tmp_path / "c.yaml", tmp_path / "status.json"
+    from omegaconf import OmegaConf
+
+    OmegaConf.save(child, path)
+    status = bgc.compile_in_child(path, status_path, "cpu", steps=2)
+    assert status == json.loads(status_path.read_text())
+    assert status["ok"] and status["steps"] == 2 and status["loss"] == status["loss"] and status["seconds"] > 0
+
+
+def test_a_failing_child_writes_a_failed_status(tmp_path):
+    cfg = compose_cfg(["compile=true"])
+    cfg.method.name = "no-such-method"
+    from omegaconf import OmegaConf
+
+    OmegaConf.save(cfg, tmp_path / "c.yaml")
+    status = bgc.compile_in_child(tmp_path / "c.yaml", tmp_path / "s.json", "cpu", steps=1)
+    assert not status["ok"] and "no-such-method" in status["error"]
+    assert json.loads((tmp_path / "s.json").read_text()) == status
+
+
+def _run_with(monkeypatch, tmp_path, shapes_root, command, status=None, wait_for_child=False, steps=3,
+              extra=()):
+    """`scfs.train.run` with compile_background=true, checks every step, the child's command replaced (and its
+    status, when `status(steps done)` is given); returns the callback and, per step, whether the method's step was
+    compiled when it ran."""
+    made: list[bgc.BackgroundCompile] = []
+    compiled: list[bool] = []
+
+    class Probe(bgc.BackgroundCompile):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            made.append(self)
+
+        def command(self, device):
+            return super().command(device) if command is None else [sys.executable, "-c", command,
+                                                                      str(self.status_path)]
+
+        def _status(self):
+            return status(len(compiled)) if status is not None else super()._status()
+
+        def on_train_start(self, trainer, pl_module):
+            if wait_for_child:
+                self.proc.wait(timeout=1200)
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            compiled.append(pl_module.compile_nets)
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    monkeypatch.setattr(bgc, "BackgroundCompile", Probe)
+    monkeypatch.setattr(bgc, "CHECK_EVERY", 1)
+    cfg = compose_cfg(["compile=true", "compile_background=true", f"trainer.limit_train_batches={steps}",
+                       "eval.knn_at_start=false", *extra], data_root=shapes_root)
+    run(cfg, tmp_path)
+    return made[0], compiled
+
+
+def test_the_run_trains_eagerly_then_switches_when_the_child_is_done(tmp_path, shapes_root, monkeypatch,
+                                                                     eager_backend):
+    ok = {"ok": True, "seconds": 1.0, "fx_cache": "3 hit / 0 miss"}
+    bg, compiled = _run_with(monkeypatch, tmp_path, shapes_root, "import time; time.sleep(600)",
+                             status=lambda done: ok if done >= 2 else None)
+    assert compiled == [False, False, True] and bg.switched_at == 2
+    assert bg.report["child"] == ok and bg.report["switch_step"] == 2 and "fx_cache" in bg.report
+    assert bg.proc.poll() is not None  # the child still compiling at the end was stopped
+    assert (tmp_path / bgc.STATUS_FILE).with_suffix(".yaml").is_file()  # the config the child was given
+
+
+def test_a_failed_child_is_said_in_one_line_and_the_run_compiles_itself(tmp_path, shapes_root, monkeypatch,
+                                                                          eager_backend, caplog):
+    with caplog.at_level(logging.WARNING, logger="scfs.train"):
+        bg, compiled = _run_with(monkeypatch, tmp_path, shapes_root, "import sys; sys.exit(3)",
+                                 wait_for_child=True, steps=2)
+    assert compiled == [True, True] and bg.switched_at == 0
+    (line,) = [r.getMessage() for r in caplog.records if "compile_background" in r.getMessage()]
+    assert "failed" in line and "status 3" in line and bgc.LOG_FILE in line and "compiling the step" in line
+
+
+def test_a_child_writes_its_status_whole_and_every_check_reads_it(tmp_path, shapes_root, monkeypatch,
+                                                                  eager_backend):
+    """The real file protocol: a child that writes an ok status (atomically) and ends; the run switches at the
+    first check after it, here the first step."""
+    write = ("import json, os, sys; p = sys.argv[1]; open(p + '.tmp', 'w').write(json.dumps({'ok': True, "
+             "'seconds': 0.5, 'fx_cache': '1 hit / 0 miss'})); os.replace(p + '.tmp', p)")
+    bg, compiled = _run_with(monkeypatch, tmp_path, shapes_root, write, wait_for_child=True, steps=2)
+    assert compiled == [True, True] and bg.switched_at == 0 and bg.report["child"]["seconds"] == 0.5
+
+
+def _hits_only(tmp_path, monkeypatch, shapes_root, extra):
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
+    bg, compiled = _run_with(monkeypatch, tmp_path / "run", shapes_root, None, wait_for_child=True, steps=2,
+                             extra=extra)
+    torch._dynamo.reset()
+    assert compiled == [True, True] and bg.report["child"]["ok"], bg.report
+    assert bg.report["child"]["fx_cache"].startswith("0 hit")  # the child compiled on an empty cache
+    hits, misses = (int(v) for v in bg.report["fx_cache"].replace(" miss", "").split(" hit / "))
+    assert hits >= 4 and misses == 0, bg.report
+    assert bg.report["aot_cache"].endswith(" 0 miss"), bg.report
+
+
+@pytest.mark.slow
+def test_the_childs_cache_holds_the_runs_graphs(tmp_path, shapes_root, monkeypatch):
+    """The claim the switch rests on, with inductor (C++ on the CPU): the child compiles the step (`make_step`) and
+    the views' ops (`make_views`) on random inputs into the run's cache folder, and the run's own Lightning step,
+    compiled after it, finds every graph there (inductor and AOTAutograd: hits only). The run waits for the child
+    before its first step, so it switches at step 0. 5-15 minutes on 2 shared cores."""
+    _hits_only(tmp_path, monkeypatch, shapes_root, ["compile_views=true"])
+
+
+@pytest.mark.gpu
+def test_the_childs_cache_holds_the_runs_graphs_on_the_gpu(tmp_path, shapes_root, monkeypatch):
+    """The same with what the GPU recipes ship: bf16 autocast, channels_last, CUDA graphs (reduce-overhead), the
+    views compiled, on a one-block ResNet-18."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    _hits_only(tmp_path, monkeypatch, shapes_root,
+               [*TINY_RESNET18, "trainer.accelerator=gpu", "trainer.devices=1", "trainer.precision=bf16-mixed",
+                "compile_mode=reduce-overhead", "compile_views=true", "++backbone.channels_last=true"])

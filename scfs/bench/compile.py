@@ -176,7 +176,7 @@ def measure_background(model: Any, cfg: Any, device: str, step: Any, first: int,
     import torch
     from omegaconf import OmegaConf
 
-    from scfs.training.background_compile import cache_counts, child_config, child_env
+    from scfs.training.background_compile import cache_counters, cache_counts, child_config, child_env
 
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     with tempfile.TemporaryDirectory(prefix="scfs-background-") as tmp:
@@ -206,6 +206,7 @@ def measure_background(model: Any, cfg: Any, device: str, step: Any, first: int,
         status = json.loads(status_path.read_text()) if status_path.exists() else {"ok": False}
     if not status.get("ok"):
         raise RuntimeError(f"the background compile failed: {status}\n{child_log[-3000:]}")
+    before = cache_counters()
     model.compile_now()
     for _i in range(first + steady):
         loss = step(len(marks))
@@ -217,7 +218,8 @@ def measure_background(model: Any, cfg: Any, device: str, step: Any, first: int,
     eager = [b - a for a, b in zip(marks[:k - 1], marks[1:k])]
     return {"first_s": round(marks[0], 2), "step_ms": round(step_ms, 2) if step_ms else None,
             "lost_s": round(marks[-1] - len(marks) * step_ms / 1e3, 1) if step_ms else None,
-            "graphs": None, "loss": float(loss), **cache_counts(), "phases": {}, "graph_breaks": {}, "resumes": {},
+            "graphs": None, "loss": float(loss), **cache_counts(before), "phases": {}, "graph_breaks": {},
+            "resumes": {},
             "background": {"child_s": status.get("seconds"), "child_fx_cache": status.get("fx_cache"),
                            "ready_s": round(ready_s, 1), "eager_steps": eager_steps,
                            "eager_step_ms": round(statistics.median(eager) * 1e3, 2) if eager else None,

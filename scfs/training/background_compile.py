@@ -108,14 +108,23 @@ def make_views(model: Any, cfg: Any, device: str, times: int) -> None:
         model.batch_aug.colour(crops, generator=gen)
 
 
-def cache_counts() -> dict[str, str]:
-    """This process's inductor and AOTAutograd cache hits and misses so far, as the records print them."""
+CACHE_COUNTERS = (("inductor", "fxgraph_cache_hit"), ("inductor", "fxgraph_cache_miss"),
+                  ("aot_autograd", "autograd_cache_hit"), ("aot_autograd", "autograd_cache_miss"))
+
+
+def cache_counters() -> tuple[int, ...]:
+    """This process's inductor and AOTAutograd cache hits and misses so far (`CACHE_COUNTERS`)."""
     from torch._dynamo.utils import counters
 
-    return {"fx_cache": f"{counters['inductor']['fxgraph_cache_hit']} hit / "
-                        f"{counters['inductor']['fxgraph_cache_miss']} miss",
-            "aot_cache": f"{counters['aot_autograd']['autograd_cache_hit']} hit / "
-                         f"{counters['aot_autograd']['autograd_cache_miss']} miss"}
+    return tuple(int(counters[group][name]) for group, name in CACHE_COUNTERS)
+
+
+def cache_counts(since: tuple[int, ...] | None = None) -> dict[str, str]:
+    """The cache hits and misses since `since` (a `cache_counters()`; this process's whole life when None), as
+    the records print them."""
+    now = cache_counters()
+    fh, fm, ah, am = (n - b for n, b in zip(now, since or (0,) * len(now)))
+    return {"fx_cache": f"{fh} hit / {fm} miss", "aot_cache": f"{ah} hit / {am} miss"}
 
 
 # ---- the child process ------------------------------------------------------------------------------------------
@@ -204,6 +213,7 @@ class BackgroundCompile(L.Callback):
         self.switched_at: int | None = None  # the global step the compiled step started at
         self.report: dict[str, Any] = {}
         self._switch_t: float | None = None
+        self._counters: tuple[int, ...] | None = None  # the cache counters before the switch
 
     def command(self, device: str) -> list[str]:
         return [sys.executable, "-m", "scfs.training.background_compile", str(self.status_path.with_suffix(".yaml")),
@@ -257,15 +267,16 @@ class BackgroundCompile(L.Callback):
                         "process now", status.get("error", "?"), self.run_dir / LOG_FILE)
         self.switched_at = int(trainer.global_step)
         self.report = {"child": status, "switch_step": self.switched_at, "switch_after_s": round(elapsed, 1)}
-        self._switch_t = time.monotonic()
+        self._switch_t, self._counters = time.monotonic(), cache_counters()
         pl_module.compile_now()
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         if self._switch_t is None:
             return
-        # the first compiled step: whether the child's cache held this run's graphs (all hits: it did)
-        self.report.update(switch_s=round(time.monotonic() - self._switch_t, 1), **cache_counts())
+        # the first compiled step: whether the child's cache held this run's graphs (all hits: it did), counted
+        # from the switch (the process may have compiled other things before)
+        self.report.update(switch_s=round(time.monotonic() - self._switch_t, 1), **cache_counts(self._counters))
         self._switch_t = None
         log.info("compile_background: the first compiled step took %.1f s (inductor cache %s, AOTAutograd %s)",
                  self.report["switch_s"], self.report["fx_cache"], self.report["aot_cache"])

@@ -20,20 +20,18 @@ from scfs.cli import cli_with_one_line_errors, run_job_reporting_errors, run_rep
 from scfs.names import CONF_DIR
 from scfs.reliability import find_secrets, scrub_files
 from scfs.study import resume_checkpoint_after_requeue
+from scfs.training.build import build, per_device_batch_size, world_size
 from scfs.training.fit import fit
 from scfs.training.loggers import finish_logger, start_logger
 from scfs.training.setup import (
-    build,
     build_for_training,
     check_run_config,
     hold_run_folder,
     make_callbacks,
     make_run_dir,
     make_trainer,
-    per_device_batch_size,
     prepare_resume,
     trainer_kwargs,
-    world_size,
 )
 from scfs.training.summary import start_summary, summarise, summary_line, teacher_knn
 

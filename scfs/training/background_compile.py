@@ -158,7 +158,7 @@ def compile_in_child(cfg_path: Path, status_path: Path, device: str, steps: int)
     step lands in the cache folder this process inherited (TORCHINDUCTOR_CACHE_DIR). Writes the status file."""
     t0 = time.perf_counter()
     try:
-        from scfs.training.setup import build
+        from scfs.training.build import build
 
         cfg = OmegaConf.load(cfg_path)
         if device.startswith("cuda:"):

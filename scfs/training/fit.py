@@ -11,8 +11,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from scfs.training.build import per_device_batch_size
 from scfs.training.loggers import finish_logger
-from scfs.training.setup import per_device_batch_size
 
 
 def fit(cfg: DictConfig, trainer: Any, model: Any, dm: Any, resume: dict[str, Any] | None, last: Any,

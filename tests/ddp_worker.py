@@ -25,6 +25,10 @@ def main() -> None:
     ap.add_argument("--run", action="store_true",
                     help="train through scfs.train.run (checkpoints, resume=...) into --out instead of recording")
     ap.add_argument("--crash-at", type=int, default=-1, help="with --run: every rank raises at this global step")
+    ap.add_argument("--background-go-at", type=int, default=-1,
+                    help="with --run and compile_background=true: a stand-in child (dynamo's eager backend for the "
+                         "compile) that writes its ok status once rank 0 ends this global step; each rank writes "
+                         "whether each of its steps ran compiled to <out>/compiled-rank<r>.json")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     if args.run:
@@ -82,7 +86,59 @@ def _run(args: argparse.Namespace) -> None:
             return original(self, batch, batch_idx)
 
         SelfDistillation.training_step = crash
+    if args.background_go_at >= 0:
+        _stand_in_background_child(Path(args.out), args.background_go_at)
     run(compose_cfg(args.overrides, data_root=args.data), args.out)
+
+
+# the stand-in child: waits for the go file, then writes an ok status the way the real one does (whole or not at all)
+CHILD = """
+import json, os, sys, time
+status, go = sys.argv[1], sys.argv[2]
+while not os.path.exists(go):
+    time.sleep(0.01)
+open(status + ".tmp", "w").write(json.dumps({"ok": True, "seconds": 0.0, "fx_cache": "0 hit / 0 miss"}))
+os.replace(status + ".tmp", status)
+"""
+
+
+def _stand_in_background_child(out: Path, go_at: int) -> None:
+    """`compile_background` under DDP with the real callback and file protocol, a stand-in child and dynamo's eager
+    backend for the compile; every rank records per step whether its step ran compiled."""
+    import json
+
+    import lightning as L
+    import torch
+    from torch import nn
+
+    import scfs.methods.base as base
+    import scfs.training.background_compile as bgc
+
+    real_compile, real_module_compile = torch.compile, nn.Module.compile
+    base.torch.compile = lambda fn, **kw: real_compile(fn, backend="eager", dynamic=False)
+    nn.Module.compile = lambda self, **kw: real_module_compile(self, backend="eager", dynamic=False)
+    bgc.CHECK_EVERY = 1
+    go = out / "go"
+
+    class StandIn(bgc.BackgroundCompile):
+        compiled: list[bool] = []
+
+        def command(self, device: str) -> list[str]:
+            return [sys.executable, "-c", CHILD, str(self.status_path), str(go)]
+
+        def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                               batch_idx: int) -> None:
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+            self.compiled.append(bool(pl_module.compile_nets))
+            if trainer.global_rank == 0 and trainer.global_step - 1 == go_at:
+                go.touch()
+
+        def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+            super().teardown(trainer, pl_module, stage)
+            (out / f"compiled-rank{trainer.global_rank}.json").write_text(
+                json.dumps({"compiled": self.compiled, "switched_at": self.switched_at}))
+
+    bgc.BackgroundCompile = StandIn
 
 
 if __name__ == "__main__":

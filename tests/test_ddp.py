@@ -99,3 +99,24 @@ def test_ddp_crash_mid_epoch_then_resume_is_exact(tmp_path: Path) -> None:
     assert (a["global_step"], a["epoch"]) == (b["global_step"], b["epoch"]) and a["global_step"] == 4
     assert_same_tensors(a["state_dict"], b["state_dict"], "state_dict")
     assert_same_tensors(a["optimizer_states"], b["optimizer_states"], "optimizer_states")
+
+
+def test_ddp_ranks_switch_to_the_compiled_step_at_the_same_step(tmp_path: Path) -> None:
+    """`compile_background=true` on 2 CPU processes (gloo) through `scfs.train.run`: rank 0 starts the (stand-in)
+    child, which writes its ok status once rank 0 has ended step 2; the ranks read the shared status file at
+    their own pace but agree (one collective per check), so both switch at the same step, after step 2."""
+    import json
+
+    data = tmp_path / "data"
+    common = [*COMMON, "trainer.max_epochs=3", "trainer.accelerator=cpu", "+trainer.strategy=ddp", "trainer.devices=2",
+              "batch_size=8", "eval.knn_at_start=false", "logger=csv", "compile=true", "compile_background=true"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "SCFS_THREADS": "1"}
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, str(WORKER), "--run", "--background-go-at", "2", "--out", str(out),
+                           "--data", str(data), *common], capture_output=True, text=True, timeout=300, env=env,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    r0, r1 = (json.loads((out / f"compiled-rank{r}.json").read_text()) for r in (0, 1))
+    assert r0 == r1, (r0, r1)
+    assert len(r0["compiled"]) == 6 and not any(r0["compiled"][:3]) and r0["compiled"][-1], r0
+    assert r0["switched_at"] in (3, 4, 5)

@@ -129,6 +129,8 @@ run cifar10-eager "$C compile=false" "$SHORT name=smoke-scfs" &
 # compiled without kernel generation (the step's own kernels replayed as CUDA graphs, the loss eager)
 run cifar10-cudagraphs "$C compile_backend=cudagraphs compile_mode=default" \
   "$SHORT name=smoke-cudagraphs eval.knn_at_start=false" &
+# eager steps while a child process compiles the step (a few steps: the run ends first and stops the child)
+run cifar10-background "$C compile_background=true" "$SHORT name=smoke-background eval.knn_at_start=false" &
 run cifar10-dino "$C method=dino" "$E $SHORT name=smoke-dino" &
 for m in hard softmax roi none; do  # the README's loop over the modes; soft is the default (row cifar10)
   run "search-$m" "$C search=\$m" "$E $SHORT name=smoke-search-$m eval.knn_at_start=false" &

@@ -116,6 +116,7 @@ def test_the_run_trains_eagerly_then_switches_when_the_child_is_done(tmp_path, s
     assert bg.report["child"] == ok and bg.report["switch_step"] == 2
     assert bg.report["fx_cache"] == "0 hit / 0 miss"  # since the switch (dynamo's eager backend: no inductor)
     assert bg.proc.poll() is not None  # the child still compiling at the end was stopped
+    assert json.loads((tmp_path / "summary.json").read_text())["compile_background"]["switch_step"] == 2
     assert (tmp_path / bgc.STATUS_FILE).with_suffix(".yaml").is_file()  # the config the child was given
 
 

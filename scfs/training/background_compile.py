@@ -1,9 +1,9 @@
 """`compile_background=true`: train eagerly from the first step while a child process compiles the step.
 
-A cold inductor compile of the shipped recipes holds the first step for one and a half to three minutes on an
-H200 (docs/RESULTS.md "Compile time"), all of it on the host, most of it single-threaded Python. The same graphs
-compiled by another process land in the shared on-disk cache (`compile_cache`), from which this process then
-builds them in about a tenth of that time. So the run starts at once on the eager step, a child process runs the
+A cold inductor compile of the shipped recipes holds the first step for one to three minutes on an H200
+(docs/RESULTS.md "Compile time"), most of it single-threaded Python on the host. The same graphs compiled by
+another process land in the shared on-disk cache (`compile_cache`), from which this process then builds them in
+14 to 30 s. So the run starts at once on the eager step, a child process runs the
 recipe's step on random views of the run's sizes with the run's config (the same graphs, hence the same cache
 keys), and the run switches to the compiled step at the first step boundary after the child finished: the only
 wait left in the training process is the warm build.
@@ -40,7 +40,6 @@ from omegaconf import DictConfig, OmegaConf
 log = logging.getLogger("scfs.train")
 
 STATUS_FILE = "background_compile.json"
-LOG_FILE = "background_compile.log"
 CHECK_EVERY = 10  # steps between the checks for the child's end (each one small collective under DDP)
 
 
@@ -215,6 +214,11 @@ class BackgroundCompile(L.Callback):
         self._switch_t: float | None = None
         self._counters: tuple[int, ...] | None = None  # the cache counters before the switch
 
+    @property
+    def log_path(self) -> Path:
+        """The child's output (per node, beside its status file)."""
+        return self.status_path.with_suffix(".log")
+
     def command(self, device: str) -> list[str]:
         return [sys.executable, "-m", "scfs.training.background_compile", str(self.status_path.with_suffix(".yaml")),
                 str(self.status_path), "--device", device, "--steps", str(self.steps)]
@@ -231,13 +235,13 @@ class BackgroundCompile(L.Callback):
             OmegaConf.save(child_config(self.cfg, self.batch_size), self.status_path.with_suffix(".yaml"))
             dev = trainer.strategy.root_device
             device = f"cuda:{dev.index or 0}" if dev.type == "cuda" else str(dev.type)
-            logf = open(self.run_dir / LOG_FILE, "w")  # noqa: SIM115 - the child's, closed when it ends
+            logf = open(self.log_path, "w")  # noqa: SIM115 - the child's, closed when it ends
             self.proc = subprocess.Popen(self.command(device), stdout=logf, stderr=subprocess.STDOUT,
                                          env=child_env())
             logf.close()
             log.info("compile_background: training eagerly while process %d compiles the step into %s (log: %s); "
                      "the compiled step takes over when it is done", self.proc.pid,
-                     os.environ.get("TORCHINDUCTOR_CACHE_DIR", "torch's default cache"), self.run_dir / LOG_FILE)
+                     os.environ.get("TORCHINDUCTOR_CACHE_DIR", "torch's default cache"), self.log_path)
         trainer.strategy.barrier("background_compile")  # the status file of an earlier run is gone on every rank
 
     def _status(self) -> dict[str, Any] | None:
@@ -264,7 +268,7 @@ class BackgroundCompile(L.Callback):
                      trainer.global_step, elapsed)
         else:
             log.warning("compile_background: the child failed (%s; its log: %s); compiling the step in this "
-                        "process now", status.get("error", "?"), self.run_dir / LOG_FILE)
+                        "process now", status.get("error", "?"), self.log_path)
         self.switched_at = int(trainer.global_step)
         self.report = {"child": status, "switch_step": self.switched_at, "switch_after_s": round(elapsed, 1)}
         self._switch_t, self._counters = time.monotonic(), cache_counters()

@@ -127,7 +127,8 @@ def test_a_failed_child_is_said_in_one_line_and_the_run_compiles_itself(tmp_path
                                  wait_for_child=True, steps=2)
     assert compiled == [True, True] and bg.switched_at == 0
     (line,) = [r.getMessage() for r in caplog.records if "compile_background" in r.getMessage()]
-    assert "failed" in line and "status 3" in line and bgc.LOG_FILE in line and "compiling the step" in line
+    assert "failed" in line and "status 3" in line and "compiling the step" in line
+    assert bg.log_path == tmp_path / "background_compile.log" and str(bg.log_path) in line
 
 
 def test_a_child_writes_its_status_whole_and_every_check_reads_it(tmp_path, shapes_root, monkeypatch,

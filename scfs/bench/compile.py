@@ -176,54 +176,56 @@ def measure_background(model: Any, cfg: Any, device: str, step: Any, first: int,
     import torch
     from omegaconf import OmegaConf
 
-    from scfs.training.background_compile import cache_counters, cache_counts, child_config, child_env
+    from scfs.training import background_compile as bgc
 
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    marks: list[float] = []  # wall seconds since t0 at the end of each step
     with tempfile.TemporaryDirectory(prefix="scfs-background-") as tmp:
         cfg_path, status_path = Path(tmp) / "child.yaml", Path(tmp) / "status.json"
         log_path = Path(tmp) / "child.log"
-        OmegaConf.save(child_config(cfg, int(cfg.batch_size)), cfg_path)
+        OmegaConf.save(bgc.child_config(cfg, int(cfg.batch_size)), cfg_path)
         t0 = time.perf_counter()
         with open(log_path, "w") as logf:
-            proc = subprocess.Popen([sys.executable, "-m", "scfs.training.background_compile", str(cfg_path),
-                                     str(status_path), "--device", device], stdout=logf, stderr=subprocess.STDOUT,
-                                    env=child_env())
-        marks: list[float] = []  # wall seconds since t0 at the end of each step
-        eager_steps, ready_s = 0, None
+            proc = subprocess.Popen(bgc.child_command(cfg_path, status_path, device), stdout=logf,
+                                    stderr=subprocess.STDOUT, env=bgc.child_env())
         try:
-            while ready_s is None:
+            # eager steps until the child's status is there (as the run's callback sees it: not waiting for the
+            # child's exit, which on a large model takes seconds of its own)
+            while not (status_path.exists() or proc.poll() is not None):
                 loss = step(len(marks))
                 sync()
                 marks.append(time.perf_counter() - t0)
-                eager_steps += 1
-                if status_path.exists() or proc.poll() is not None:
-                    ready_s = time.perf_counter() - t0
-            proc.wait()
+            ready_s, eager_steps = time.perf_counter() - t0, len(marks)
+            status = json.loads(status_path.read_text()) if status_path.exists() else {"ok": False}
+            if not status.get("ok"):
+                proc.wait()
+                raise RuntimeError(f"the background compile failed: {status}\n"
+                                   f"{log_path.read_text(errors='replace')[-3000:]}")
+            before, switch_t0 = bgc.cache_counters(), time.perf_counter() - t0
+            model.compile_now()
+            for _i in range(first + steady):
+                loss = step(len(marks))
+                sync()
+                marks.append(time.perf_counter() - t0)
         finally:
             if proc.poll() is None:
-                proc.kill()
-        child_log = log_path.read_text(errors="replace")
-        status = json.loads(status_path.read_text()) if status_path.exists() else {"ok": False}
-    if not status.get("ok"):
-        raise RuntimeError(f"the background compile failed: {status}\n{child_log[-3000:]}")
-    before = cache_counters()
-    model.compile_now()
-    for _i in range(first + steady):
-        loss = step(len(marks))
-        sync()
-        marks.append(time.perf_counter() - t0)
+                try:
+                    proc.wait(timeout=120)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
     k = eager_steps
     after = [b - a for a, b in zip(marks[k + first - 1:], marks[k + first:])]
     step_ms = statistics.median(after) * 1e3 if after else None
     eager = [b - a for a, b in zip(marks[:k - 1], marks[1:k])]
     return {"first_s": round(marks[0], 2), "step_ms": round(step_ms, 2) if step_ms else None,
             "lost_s": round(marks[-1] - len(marks) * step_ms / 1e3, 1) if step_ms else None,
-            "graphs": None, "loss": float(loss), **cache_counts(before), "phases": {}, "graph_breaks": {},
+            "graphs": None, "loss": float(loss), **bgc.cache_counts(before), "phases": {}, "graph_breaks": {},
             "resumes": {},
             "background": {"child_s": status.get("seconds"), "child_fx_cache": status.get("fx_cache"),
                            "ready_s": round(ready_s, 1), "eager_steps": eager_steps,
                            "eager_step_ms": round(statistics.median(eager) * 1e3, 2) if eager else None,
-                           "switch_s": round(marks[k + first - 1] - marks[k - 1], 2)}}
+                           "switch_s": round(marks[k + first - 1] - switch_t0, 2)}}
 
 
 def break_reason(reason: Any) -> str:

@@ -135,6 +135,12 @@ def child_config(cfg: DictConfig, batch_size: int) -> DictConfig:
     return c
 
 
+def child_command(cfg_path: Path, status_path: Path, device: str, steps: int = 2) -> list[str]:
+    """The child's command line (this module as a script)."""
+    return [sys.executable, "-m", "scfs.training.background_compile", str(cfg_path), str(status_path), "--device",
+            device, "--steps", str(steps)]
+
+
 def child_env() -> dict[str, str]:
     """The child's environment: this process's (the compile cache folder, the device settings), this package
     importable from wherever the run was started, output unbuffered into its log."""
@@ -220,8 +226,7 @@ class BackgroundCompile(L.Callback):
         return self.status_path.with_suffix(".log")
 
     def command(self, device: str) -> list[str]:
-        return [sys.executable, "-m", "scfs.training.background_compile", str(self.status_path.with_suffix(".yaml")),
-                str(self.status_path), "--device", device, "--steps", str(self.steps)]
+        return child_command(self.status_path.with_suffix(".yaml"), self.status_path, device, self.steps)
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.t0 = time.monotonic()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -157,3 +158,60 @@ def test_the_background_row_trains_eagerly_then_switches_to_the_childs_graphs(tm
     assert bg["eager_steps"] >= 1 and bg["child_fx_cache"].startswith("0 hit") and bg["ready_s"] > 0
     assert row["fx_cache"].endswith(" 0 miss") and not row["fx_cache"].startswith("0 hit"), row
     assert row["step_ms"] > 0 and row["lost_s"] is not None and row["loss"] == row["loss"]
+
+
+# a stand-in child for the `background` row: writes an ok status (whole) once the row has run 3 eager steps (the
+# go file), then stays alive a while and marks its exit
+STAND_IN = """
+import json, os, sys, time
+status = sys.argv[1]
+go = os.path.join(os.path.dirname(status), "..", "go")
+while not os.path.exists(go):
+    time.sleep(0.01)
+open(status + ".tmp", "w").write(json.dumps({"ok": True, "seconds": 0.1, "fx_cache": "0 hit / 5 miss"}))
+os.replace(status + ".tmp", status)
+time.sleep(3)
+open(os.path.join(os.path.dirname(status), "..", "exited"), "w").close()
+"""
+
+
+def test_the_background_row_switches_when_the_status_appears_not_when_the_child_exits(tmp_path, monkeypatch,
+                                                                                        eager_backend):
+    """`measure_background` in this process (dynamo's eager backend for the compile, a stand-in child): eager steps
+    until the child's status file appears, the switch then, with the child still alive (its exit is waited for
+    after the timed steps), and the timeline's numbers."""
+    import tempfile
+
+    import torch
+
+    import scfs.training.background_compile as bgc
+    from scfs.train import build
+    from scfs.training.background_compile import make_step
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(bgc, "child_command", lambda cfg_path, status_path, device, steps=2: [
+        sys.executable, "-c", STAND_IN, str(status_path)])
+    cfg = bench.compose("default", "cpu", True, "model", True, ["compile_background=true"])
+    torch.manual_seed(0)
+    _, model = build(cfg)
+    step = make_step(model, cfg, "cpu", model.configure_optimizers())
+    seen: dict[str, bool] = {}
+    real_now = model.compile_now
+
+    def step_then_go(i):
+        out = step(i)
+        if i == 2:
+            (tmp_path / "go").touch()
+        return out
+
+    def compile_now():
+        seen["child_alive_at_switch"] = not (tmp_path / "exited").exists()
+        real_now()
+
+    monkeypatch.setattr(model, "compile_now", compile_now)
+    row = bench.measure_background(model, cfg, "cpu", step_then_go, 1, 2)
+    bg = row["background"]
+    assert seen == {"child_alive_at_switch": True} and (tmp_path / "exited").exists()
+    assert bg["eager_steps"] in (3, 4) and bg["child_fx_cache"] == "0 hit / 5 miss" and bg["eager_step_ms"] > 0
+    assert 0 < bg["ready_s"] <= bg["ready_s"] + bg["switch_s"] and row["step_ms"] > 0 and row["lost_s"] is not None
+    assert row["fx_cache"] == "0 hit / 0 miss" and row["loss"] == row["loss"]  # the eager backend: no inductor

@@ -19,6 +19,9 @@ share the seed, so a cache that changed the numbers would show). Rows:
 * `background`: an empty cache with `compile_background=true`: eager steps from the first one while a child
   process compiles the step into the cache, then the switch to the compiled step (a warm build); its own table
   says when the child was done, how many eager steps ran meanwhile, and how long the switch held the step.
+* `parallel`: an empty cache with `compile_parallel=true`: the step compiled from the first step while a helper
+  process compiles the teacher's call and the losses (the seconds the step waited for each are printed below the
+  table).
 * `eager`: `compile=false`, the steady step to compare with.
 
 Every compiled row's `compile cost` is the seconds its compile cost the run against a step compiled from the
@@ -55,7 +58,7 @@ from typing import Any
 from scfs.bench.records import provenance, save_record, source_commit
 from scfs.names import CONF_DIR
 
-ROWS = ("eager", "cold", "warm", "carried", "blocks", "blocks-carried", "cudagraphs", "background")
+ROWS = ("eager", "cold", "warm", "carried", "blocks", "blocks-carried", "cudagraphs", "background", "parallel")
 # torch's compile timers shown in the record's second table: (label, timer name). Inclusive and nested (a label's
 # dots say which row it sits in); names as torch 2.14 reports them, a timer a version lacks shown as –.
 PHASES = (
@@ -117,11 +120,9 @@ def measure(cfg: Any, device: str, first: int, steady: int, artifacts_in: str | 
     logging one at the `log_every_n_steps`-th step or the run's last, inside the steady window), dynamo's graph
     count read right after them, and no data path or monitor in the compile time."""
     import torch
-    from torch._dynamo.utils import counters
 
-    from scfs.bench.timing import time_steps
     from scfs.train import build
-    from scfs.training.background_compile import cache_counts, make_step
+    from scfs.training.background_compile import make_step
 
     loaded = None
     if artifacts_in:
@@ -134,8 +135,64 @@ def measure(cfg: Any, device: str, first: int, steady: int, artifacts_in: str | 
     step = make_step(model, cfg, device, model.configure_optimizers())
     if cfg.get("compile_background", False):
         return {**measure_background(model, cfg, device, step, first, steady), "loaded_artifacts": loaded}
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    if cfg.get("compile_parallel", False):
+        with helper_process(model, cfg, device) as waited:
+            row = measure_steps(model, device, step, first, steady, loaded)
+        row["parallel"] = {"waited_s": waited}
+    else:
+        row = measure_steps(model, device, step, first, steady, loaded)
+    if artifacts_out:
+        from scfs.training.compile_artifacts import save_compile_artifacts
 
+        size = save_compile_artifacts(artifacts_out)
+        row["artifacts_mb"] = round(size / 1e6, 2) if size else None
+    return row
+
+
+def helper_process(model: Any, cfg: Any, device: str) -> Any:
+    """`compile_parallel`'s helper child for a row: started, the method's `compile_gate` waiting for its parts (the
+    seconds waited per part go into the dict yielded), stopped after the row."""
+    import contextlib
+    import subprocess
+
+    from omegaconf import OmegaConf
+
+    from scfs.training import background_compile as bgc
+
+    @contextlib.contextmanager
+    def run() -> Any:
+        with tempfile.TemporaryDirectory(prefix="scfs-helper-") as tmp:
+            cfg_path, status_path, log_path = (Path(tmp) / n for n in ("child.yaml", "status.json", "child.log"))
+            OmegaConf.save(bgc.child_config(cfg, int(cfg.batch_size)), cfg_path)
+            with open(log_path, "w") as logf:
+                proc = subprocess.Popen(bgc.child_command(cfg_path, status_path, device, steps=1, helper=True),
+                                        stdout=logf, stderr=subprocess.STDOUT, env=bgc.child_env())
+            waited: dict[str, float] = {}
+
+            def gate(part: str) -> None:
+                waited[part] = bgc.wait_for_part(status_path, part, lambda: proc.poll() is not None, 900.0, log_path)
+
+            model.compile_gate = gate
+            try:
+                yield waited
+            finally:
+                model.compile_gate = None
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait()
+
+    return run()
+
+
+def measure_steps(model: Any, device: str, step: Any, first: int, steady: int, loaded: Any) -> dict[str, Any]:
+    """The compiled rows' timing: the first steps (the compile), the steady step after them, what was built."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    from scfs.bench.timing import time_steps
+    from scfs.training.background_compile import cache_counts
+
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     graphs: list[int] = []
     counters.clear()
     phases0 = compile_phase_seconds()
@@ -154,11 +211,6 @@ def measure(cfg: Any, device: str, first: int, steady: int, artifacts_in: str | 
            # named after the function and line): each break is a graph more to compile
            "graph_breaks": {break_reason(k): int(v) for k, v in counters["graph_break"].items()},
            "resumes": {str(k): int(v) for k, v in counters["resumes"].items()}}
-    if artifacts_out:
-        from scfs.training.compile_artifacts import save_compile_artifacts
-
-        size = save_compile_artifacts(artifacts_out)
-        row["artifacts_mb"] = round(size / 1e6, 2) if size else None
     return row
 
 
@@ -265,7 +317,7 @@ def _children_cpu_s() -> float:
 
 def run_row(args: argparse.Namespace, recipe: str, row: str, cache_dir: Path, scope: str, eager: bool = False,
             artifacts_in: Path | None = None, artifacts_out: Path | None = None,
-            backend: str = "inductor", background: bool = False) -> dict[str, Any]:
+            backend: str = "inductor", background: bool = False, parallel: bool = False) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "scfs.bench.compile", "--child", "--recipe", recipe, "--device", args.device,
            "--scope", scope, "--first", str(args.first), "--steady", str(args.steady)]
     cmd += ["--tiny"] if args.tiny else []
@@ -275,6 +327,7 @@ def run_row(args: argparse.Namespace, recipe: str, row: str, cache_dir: Path, sc
     row_ov = [] if backend == "inductor" else [f"compile_backend={backend}", "compile_mode=default",
                                                "compile_views=false"]
     row_ov += ["compile_background=true"] if background else []
+    row_ov += ["compile_parallel=true"] if parallel else []
     for o in [*(args.override or []), *row_ov]:
         cmd += ["--override", o]
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir)}
@@ -327,6 +380,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "blocks-carried": dict(cache_dir=d / "blocks-carried", scope="blocks", artifacts_in=art_b),
                     "cudagraphs": dict(cache_dir=d / "cudagraphs", scope="model", backend="cudagraphs"),
                     "background": dict(cache_dir=d / "background", scope="model", background=True),
+                    "parallel": dict(cache_dir=d / "parallel", scope="model", parallel=True),
                 }
                 for name in rows:
                     if name == "eager" and rep:
@@ -363,7 +417,19 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append(f"| {r['recipe']} | {r['setting']} | {r['first_s']}{reps} | {'' if cost is None else cost} | "
                      f"{r['process_cpu_s']} | {r['step_ms']} | {'' if r['graphs'] is None else r['graphs']} | "
                      f"{r['fx_cache']} | {r['aot_cache']} | {r.get('artifacts_mb') or ''} | {r['loss']:.5f} |")
-    return "\n".join(lines + background_table(result.get("table", [])) + phase_table(result.get("table", []))) + "\n"
+    table = result.get("table", [])
+    return "\n".join(lines + parallel_lines(table) + background_table(table) + phase_table(table)) + "\n"
+
+
+def parallel_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The `parallel` rows' waits for their helper (the markdown lines; none without such a row)."""
+    out = []
+    for r in rows:
+        if r.get("parallel"):
+            waits = ", ".join(f"{k} {v} s" for k, v in r["parallel"]["waited_s"].items()) or "none"
+            out += ["", f"`compile_parallel=true` ({r['recipe']}): the first step waited for the helper's "
+                        f"entries: {waits}."]
+    return out
 
 
 def background_table(rows: list[dict[str, Any]]) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import lightning as L
@@ -119,6 +119,9 @@ class SelfDistillation(L.LightningModule):
         self._loss_fn: Any = step_losses
         self._temp: torch.Tensor | None = None  # compiled loss: the teacher temperature as a 0-d device tensor
         self._loss_prepared = False
+        # compile_parallel: called with "teacher" and "loss" before those calls while another process compiles them
+        # (`scfs.training.background_compile.ParallelCompile`): waits for its cache entries; None otherwise
+        self.compile_gate: Callable[[str], None] | None = None
         self.compile_mode = compile_mode
         self.compile_scope = compile_scope
         self.compile_backend = compile_backend
@@ -407,6 +410,8 @@ class SelfDistillation(L.LightningModule):
         casts = contextlib.nullcontext() if self.compile_nets else cached_weight_casts(g.device.type)
         with record_function("scfs/student"), casts:
             st = self._student_fn(self.student, g, loc, self.stages, self._local_heads)
+        if self.compile_gate is not None:
+            self.compile_gate("teacher")
         with torch.no_grad(), record_function("scfs/teacher"):
             te = self._teacher_fn(self.teacher, g, self.stages)
         # for online monitors (stop-gradient linear probe): student features of global view 1 and labels
@@ -416,6 +421,8 @@ class SelfDistillation(L.LightningModule):
         if not self._loss_prepared:
             self.prepare_loss(st, te)
             self._loss_prepared = True
+        if self.compile_gate is not None:
+            self.compile_gate("loss")
         with record_function("scfs/losses"):
             loss, logs = self._loss_fn(self, st, te, b, n_local, self._temp_arg(temp, g.device),
                                        self.loss_diagnostics(diagnostics))

@@ -1,4 +1,6 @@
-"""`compile_background=true`: train eagerly from the first step while a child process compiles the step.
+"""Compiling the step in a child process: `compile_background=true` and `compile_parallel=true`.
+
+`compile_background=true` trains eagerly from the first step while a child process compiles the step.
 
 A cold inductor compile of the shipped recipes holds the first step for one to three minutes on an H200
 (docs/RESULTS.md "Compile time"), most of it single-threaded Python on the host. The same graphs compiled by
@@ -13,6 +15,12 @@ then, none in between), so every process of a DDP run changes at the same step; 
 that node's child (the cache is per node). A child that fails is reported in one line with its log, and the run
 compiles in-process at that step, as `compile_background=false` would have at the first: nothing is lost but the
 head start.
+
+`compile_parallel=true` keeps the compiled step from step 0 and splits its first compile: the same child, as a
+helper (`--helper`), runs the student's call eager and compiles only the teacher's call and the losses, writing a
+file for each once its cache entry exists, while the run compiles the student's call (the largest graph: both view
+sizes, forward and backward); the run's first step waits for each file before that call (`compile_gate`), so it
+builds those two from the cache.
 
 The child is `python -m scfs.training.background_compile <config.yaml> <status.json> --device <device>`: the run's
 resolved config, written to the run folder, and a status file written atomically when it ends (`ok`, seconds,
@@ -40,6 +48,7 @@ from omegaconf import DictConfig, OmegaConf
 log = logging.getLogger("scfs.train")
 
 STATUS_FILE = "background_compile.json"
+PARTS = ("teacher", "loss")  # what a `compile_parallel` helper compiles, in the order the step calls them
 CHECK_EVERY = 10  # steps between the checks for the child's end (each one small collective under DDP)
 
 
@@ -65,10 +74,16 @@ def random_views(cfg: Any, device: str | torch.device = "cpu",
     return g, loc
 
 
-def make_step(model: Any, cfg: Any, device: str, opt: torch.optim.Optimizer) -> Callable[[int], torch.Tensor]:
+def make_step(model: Any, cfg: Any, device: str, opt: torch.optim.Optimizer, eager_student: bool = False,
+              done: Callable[[str], None] | None = None) -> Callable[[int], torch.Tensor]:
     """The method's training step without Lightning, on `random_views`: the student and teacher calls, the
     losses with the flags a run passes (step 0 a logging step), backward, optimizer step and EMA. Returns
-    `step(i) -> loss`. What `training_step` runs between the views and the optimizer, and so the graphs it builds."""
+    `step(i) -> loss`. What `training_step` runs between the views and the optimizer, and so the graphs it builds
+    (the method's `compile_gate` asked before the teacher and the losses, as there).
+
+    `eager_student`: the student's call runs eager (`force_eager`), so only the teacher's call and the losses are
+    compiled (`compile_parallel`'s helper); `done(part)` is told when the teacher's call ("teacher") and the
+    losses' forward and backward ("loss") have run, i.e. when their cache entries are written."""
     from scfs.methods.ema import ema_update
 
     b, n_local = int(cfg.batch_size), int(cfg.crops.n_local)
@@ -78,15 +93,25 @@ def make_step(model: Any, cfg: Any, device: str, opt: torch.optim.Optimizer) -> 
     def step(i: int) -> torch.Tensor:
         # a float for an eager loss, a device tensor compiled: asked each step, the model may have switched
         temp = model._temp_arg(0.04, torch.device(device))
+        gate = model.compile_gate
         with cast:
-            st = model._student_fn(model.student, g, loc, model.stages, model._local_heads)
+            with torch.compiler.set_stance("force_eager") if eager_student else contextlib.nullcontext():
+                st = model._student_fn(model.student, g, loc, model.stages, model._local_heads)
+            if gate is not None:
+                gate("teacher")
             with torch.no_grad():
                 te = model._teacher_fn(model.teacher, g, model.stages)
+            if done is not None:
+                done("teacher")
             if not model._loss_prepared:
                 model.prepare_loss(st, te)
                 model._loss_prepared = True
+            if gate is not None:
+                gate("loss")
             loss, _ = model._loss_fn(model, st, te, b, n_local, temp, model.loss_diagnostics(i == 0))
         loss.backward()
+        if done is not None:
+            done("loss")
         opt.step()
         opt.zero_grad(set_to_none=True)
         ema_update(model.teacher, model.student, 0.996)
@@ -135,10 +160,10 @@ def child_config(cfg: DictConfig, batch_size: int) -> DictConfig:
     return c
 
 
-def child_command(cfg_path: Path, status_path: Path, device: str, steps: int = 2) -> list[str]:
+def child_command(cfg_path: Path, status_path: Path, device: str, steps: int = 2, helper: bool = False) -> list[str]:
     """The child's command line (this module as a script)."""
     return [sys.executable, "-m", "scfs.training.background_compile", str(cfg_path), str(status_path), "--device",
-            device, "--steps", str(steps)]
+            device, "--steps", str(steps), *(["--helper"] if helper else [])]
 
 
 def child_env() -> dict[str, str]:
@@ -158,9 +183,17 @@ def write_status(path: Path, status: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def compile_in_child(cfg_path: Path, status_path: Path, device: str, steps: int) -> dict[str, Any]:
+def part_path(status_path: Path, part: str) -> Path:
+    """The file that says a helper child has compiled `part` ("teacher", "loss")."""
+    return status_path.with_suffix(f".{part}")
+
+
+def compile_in_child(cfg_path: Path, status_path: Path, device: str, steps: int,
+                     helper: bool = False) -> dict[str, Any]:
     """Build the run's method from `cfg_path`, compiled, and run `steps` steps on `device`: every graph of the
-    step lands in the cache folder this process inherited (TORCHINDUCTOR_CACHE_DIR). Writes the status file."""
+    step lands in the cache folder this process inherited (TORCHINDUCTOR_CACHE_DIR). Writes the status file.
+    `helper` (`compile_parallel`): the student's call eager, so this process compiles only the teacher's call and
+    the losses, and says when each is done (`part_path`) while the run compiles the student's."""
     t0 = time.perf_counter()
     try:
         from scfs.training.build import build
@@ -171,9 +204,10 @@ def compile_in_child(cfg_path: Path, status_path: Path, device: str, steps: int)
         torch.manual_seed(int(cfg.seed))
         _, model = build(cfg)
         model = model.to(device).train()
-        if model.batch_aug is not None and model.compile_views:
+        if model.batch_aug is not None and model.compile_views and not helper:
             make_views(model, cfg, device, steps)
-        step = make_step(model, cfg, device, model.configure_optimizers())
+        done = (lambda part: write_status(part_path(status_path, part), {"ok": True})) if helper else None
+        step = make_step(model, cfg, device, model.configure_optimizers(), eager_student=helper, done=done)
         for i in range(steps):
             loss = step(i)
         if device.startswith("cuda"):
@@ -195,11 +229,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--steps", type=int, default=2, help="steps run (the first builds every graph; the second "
                    "checks the built step runs)")
+    p.add_argument("--helper", action="store_true", help="compile the teacher's call and the losses only "
+                   "(compile_parallel)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     with contextlib.suppress(OSError):
         os.nice(5)  # the training process keeps the host first: its eager steps are host-bound too
-    return 0 if compile_in_child(args.config, args.status, args.device, args.steps)["ok"] else 1
+    return 0 if compile_in_child(args.config, args.status, args.device, args.steps, args.helper)["ok"] else 1
+
+
+def wait_for_part(status_path: Path, part: str, ended: Callable[[], Any], wait_s: float, log_path: Path) -> float:
+    """Wait until a helper child has compiled `part` (its `part_path`), `ended()` says it ended, or `wait_s`
+    passed (then the caller compiles the part itself); returns the seconds waited."""
+    t0, path = time.monotonic(), part_path(status_path, part)
+    while not path.exists() and not ended():
+        if time.monotonic() - t0 > wait_s:
+            log.warning("compile_parallel: no %s from the helper after %.0f s (its log: %s); compiling it here",
+                        part, wait_s, log_path)
+            break
+        time.sleep(0.05)
+    return round(time.monotonic() - t0, 2)
 
 
 # ---- the training process ---------------------------------------------------------------------------------------
@@ -225,13 +274,22 @@ class BackgroundCompile(L.Callback):
         """The child's output (per node, beside its status file)."""
         return self.status_path.with_suffix(".log")
 
+    helper = False  # the child compiles the whole step
+    started_message = ("compile_background: training eagerly while process %d compiles the step into %s (log: %s); "
+                       "the compiled step takes over when it is done")
+
     def command(self, device: str) -> list[str]:
-        return child_command(self.status_path.with_suffix(".yaml"), self.status_path, device, self.steps)
+        return child_command(self.status_path.with_suffix(".yaml"), self.status_path, device, self.steps,
+                             self.helper)
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.t0 = time.monotonic()
         if getattr(pl_module, "compile_nets", True):
             return  # compiled already (a second fit of the same module): nothing to start
+        self._start_child(trainer)
+
+    def _start_child(self, trainer: L.Trainer) -> None:
+        """On each node's local rank 0: the child, with the run's config; then every rank past a barrier."""
         if trainer.num_nodes > 1:
             self.status_path = self.run_dir / f"node{trainer.node_rank}-{STATUS_FILE}"
         if trainer.local_rank == 0:
@@ -241,11 +299,13 @@ class BackgroundCompile(L.Callback):
             dev = trainer.strategy.root_device
             device = f"cuda:{dev.index or 0}" if dev.type == "cuda" else str(dev.type)
             logf = open(self.log_path, "w")  # noqa: SIM115 - the child's, closed when it ends
+            for part in PARTS:  # an earlier run's
+                with contextlib.suppress(FileNotFoundError):
+                    part_path(self.status_path, part).unlink()
             self.proc = subprocess.Popen(self.command(device), stdout=logf, stderr=subprocess.STDOUT,
                                          env=child_env())
             logf.close()
-            log.info("compile_background: training eagerly while process %d compiles the step into %s (log: %s); "
-                     "the compiled step takes over when it is done", self.proc.pid,
+            log.info(self.started_message, self.proc.pid,
                      os.environ.get("TORCHINDUCTOR_CACHE_DIR", "torch's default cache"), self.log_path)
         trainer.strategy.barrier("background_compile")  # the status file of an earlier run is gone on every rank
 
@@ -254,8 +314,10 @@ class BackgroundCompile(L.Callback):
         if self.status_path.exists():
             return json.loads(self.status_path.read_text())
         if self.proc is not None and self.proc.poll() is not None:  # ended without writing it: killed, or crashed
-            return {"ok": False, "error": f"the process ended with status {self.proc.returncode} and no status "
-                                          "file"}
+            status = {"ok": False, "error": f"the process ended with status {self.proc.returncode} and no status "
+                                            "file"}
+            write_status(self.status_path, status)  # for the other ranks, which did not start it
+            return status
         return None
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
@@ -305,6 +367,49 @@ class BackgroundCompile(L.Callback):
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         self.stop_child()
+
+
+class ParallelCompile(BackgroundCompile):
+    """`compile_parallel=true`: the run compiles its step from the first step, as `compile=true` does, but a helper
+    child compiles the teacher's call and the losses meanwhile, while this process compiles the student's (the
+    largest: both view sizes, forward and backward). Before the teacher's call and before the losses the method asks
+    `compile_gate`, which waits for the helper's cache entry of that part (or its end), so this process builds them
+    from the cache instead of compiling them after the student's. `wait_s` bounds each wait."""
+
+    helper = True
+    started_message = ("compile_parallel: process %d compiles the teacher's call and the losses into %s (log: %s) "
+                       "while this one compiles the student's")
+
+    def __init__(self, *args: Any, wait_s: float = 900.0, **kwargs: Any) -> None:
+        kwargs.setdefault("steps", 1)  # one step writes both parts; a second would only take GPU time from the run
+        super().__init__(*args, **kwargs)
+        self.wait_s = float(wait_s)
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.t0 = time.monotonic()
+        self._start_child(trainer)
+        self.report = {"waited_s": {}}
+        self._switch_t, self._counters = time.monotonic(), cache_counters()
+        pl_module.compile_gate = self.wait_for
+
+    def wait_for(self, part: str) -> None:
+        """Until the helper has compiled `part`, it has ended, or `wait_s` passed (then this process compiles it)."""
+        self.report["waited_s"][part] = wait_for_part(self.status_path, part, self._status, self.wait_s,
+                                                      self.log_path)
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        pass
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if self._switch_t is None:
+            return
+        pl_module.compile_gate = None
+        self.report.update(first_step_s=round(time.monotonic() - self._switch_t, 1), **cache_counts(self._counters))
+        self._switch_t = None
+        log.info("compile_parallel: the first step took %.1f s, %s s of it waiting for the helper (inductor cache %s)",
+                 self.report["first_step_s"], self.report["waited_s"], self.report["fx_cache"])
 
 
 if __name__ == "__main__":

@@ -161,6 +161,10 @@ def make_callbacks(cfg: DictConfig, dm: Any, run_dir: Path) -> tuple[list[Any], 
         from scfs.training.background_compile import BackgroundCompile
 
         callbacks.append(BackgroundCompile(cfg, run_dir, batch_size=dm.batch_size))
+    elif cfg.get("compile", False) and cfg.get("compile_parallel", False):
+        from scfs.training.background_compile import ParallelCompile
+
+        callbacks.append(ParallelCompile(cfg, run_dir, batch_size=dm.batch_size))
     if cfg.get("compile", False) and cfg.get("compile_artifacts"):
         from scfs.training.compile_artifacts import CompileArtifacts
 

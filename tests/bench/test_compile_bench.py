@@ -215,3 +215,22 @@ def test_the_background_row_switches_when_the_status_appears_not_when_the_child_
     assert bg["eager_steps"] in (3, 4) and bg["child_fx_cache"] == "0 hit / 5 miss" and bg["eager_step_ms"] > 0
     assert 0 < bg["ready_s"] <= bg["ready_s"] + bg["switch_s"] and row["step_ms"] > 0 and row["lost_s"] is not None
     assert row["fx_cache"] == "0 hit / 0 miss" and row["loss"] == row["loss"]  # the eager backend: no inductor
+
+
+def test_the_parallel_row_waits_for_the_helpers_parts(monkeypatch, eager_backend):
+    """The `parallel` row in this process (dynamo's eager backend, a stand-in helper that writes both part files):
+    the step asks the gate before the teacher's call and the losses, the row reports each wait, and the gate is
+    gone after the row."""
+    import scfs.training.background_compile as bgc
+
+    write = ("import os, sys; p = sys.argv[1]\n"
+             "for part in ('teacher', 'loss'):\n"
+             "    q = p[:-len('.json')] + '.' + part; open(q + '.tmp', 'w').write('{}'); os.replace(q + '.tmp', q)\n")
+    monkeypatch.setattr(bgc, "child_command", lambda cfg_path, status_path, device, steps=2, helper=False: [
+        sys.executable, "-c", write, str(status_path)])
+    cfg = bench.compose("default", "cpu", True, "model", True, ["compile_parallel=true"])
+    row = bench.measure(cfg, "cpu", 1, 1, None, None)
+    assert set(row["parallel"]["waited_s"]) == {"teacher", "loss"} and row["step_ms"] > 0
+    md = bench.markdown({"machine": "m", "torch": "t", "date": "d", "commit": "c", "command": "x", "first_steps": 1,
+                         "table": [{**row, "recipe": "default", "setting": "parallel", "process_cpu_s": 1.0}]})
+    assert "`compile_parallel=true` (default): the first step waited for the helper's entries: teacher" in md

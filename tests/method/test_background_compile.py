@@ -174,3 +174,112 @@ def test_the_childs_cache_holds_the_runs_graphs_on_the_gpu(tmp_path, shapes_root
     _hits_only(tmp_path, monkeypatch, shapes_root,
                [*TINY_RESNET18, "trainer.accelerator=gpu", "trainer.devices=1", "trainer.precision=bf16-mixed",
                 "compile_mode=reduce-overhead", "compile_views=true", "++backbone.channels_last=true"])
+
+
+# ---- compile_parallel: a helper compiles the teacher's call and the losses while the run compiles the student's --
+@pytest.mark.parametrize("overrides, match", [
+    (["compile=false"], "with compile=false"),
+    (["compile=true", "compile_background=true"], "with compile_background=true"),
+    (["compile=true", "compile_backend=cudagraphs", "compile_mode=default"], "with compile_backend=cudagraphs"),
+    (["compile=true", "compile_scope=blocks"], "with compile_scope=blocks"),
+    (["compile=true", "sync_bn=true"], "with sync_bn=true"),
+], ids=["no-compile", "background", "cudagraphs", "blocks", "sync-bn"])
+def test_bad_parallel_settings_are_refused_in_one_line(overrides, match):
+    with pytest.raises(ConfigError, match=f"compile_parallel=true is invalid {match}") as err:
+        validate_config(compose_cfg([*overrides, "compile_parallel=true"]))
+    assert "\n" not in str(err.value)
+
+
+def test_the_helper_child_compiles_the_teacher_and_the_losses_and_says_when(tmp_path, eager_backend):
+    """In-process (dynamo's eager backend for inductor): the student's call runs eager (no graph of it), the
+    teacher's call and the losses are traced, and each part's file is written once it ran."""
+    from omegaconf import OmegaConf
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    cfg = bgc.child_config(compose_cfg(["compile=true", "compile_parallel=true"]), batch_size=8)
+    OmegaConf.save(cfg, tmp_path / "c.yaml")
+    counters.clear()
+    status = bgc.compile_in_child(tmp_path / "c.yaml", tmp_path / "s.json", "cpu", steps=1, helper=True)
+    helper_graphs = counters["stats"]["unique_graphs"]
+    assert status["ok"] and all(bgc.part_path(tmp_path / "s.json", p).exists() for p in bgc.PARTS)
+    torch._dynamo.reset()
+    counters.clear()
+    bgc.compile_in_child(tmp_path / "c.yaml", tmp_path / "s2.json", "cpu", steps=1)
+    assert 0 < helper_graphs < counters["stats"]["unique_graphs"]  # the whole step traces the student's call too
+    assert not bgc.part_path(tmp_path / "s2.json", "teacher").exists()  # a whole-step child writes no parts
+    torch._dynamo.reset()
+
+
+def _parallel_run(monkeypatch, tmp_path, shapes_root, command, extra=()):
+    made: list[bgc.ParallelCompile] = []
+    calls: list[str] = []
+
+    class Probe(bgc.ParallelCompile):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            made.append(self)
+
+        def command(self, device):
+            return super().command(device) if command is None else [sys.executable, "-c", command,
+                                                                      str(self.status_path)]
+
+        def wait_for(self, part):
+            calls.append(part)
+            super().wait_for(part)
+
+    monkeypatch.setattr(bgc, "ParallelCompile", Probe)
+    cfg = compose_cfg(["compile=true", "compile_parallel=true", "trainer.limit_train_batches=2",
+                       "eval.knn_at_start=false", *extra], data_root=shapes_root)
+    run(cfg, tmp_path)
+    return made[0], calls
+
+
+def test_the_run_waits_for_each_part_on_its_first_step_only(tmp_path, shapes_root, monkeypatch, eager_backend):
+    write = ("import json, os, sys, time; p = sys.argv[1]\n"
+             "for part in ('teacher', 'loss'):\n"
+             "    time.sleep(0.3); q = p[:-len('.json')] + '.' + part; open(q + '.tmp', 'w').write('{}');"
+             " os.replace(q + '.tmp', q)\n"
+             "time.sleep(600)")
+    bg, calls = _parallel_run(monkeypatch, tmp_path, shapes_root, write)
+    assert calls == ["teacher", "loss"]  # asked before the teacher's call and the losses, on the first step only
+    assert set(bg.report["waited_s"]) == {"teacher", "loss"} and bg.report["first_step_s"] > 0
+    assert bg.proc.poll() is not None  # the helper, still alive at the end, was stopped
+    assert json.loads((tmp_path / "summary.json").read_text())["compile_parallel"]["waited_s"] == bg.report["waited_s"]
+
+
+def test_a_failed_helper_does_not_hold_the_run(tmp_path, shapes_root, monkeypatch, eager_backend):
+    bg, calls = _parallel_run(monkeypatch, tmp_path, shapes_root, "import sys; sys.exit(3)")
+    assert calls == ["teacher", "loss"] and max(bg.report["waited_s"].values()) < 60
+    assert not json.loads((tmp_path / bgc.STATUS_FILE).read_text())["ok"]  # said for the other ranks too
+
+
+def _parallel_hits(tmp_path, monkeypatch, shapes_root, extra):
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
+    bg, calls = _parallel_run(monkeypatch, tmp_path / "run", shapes_root, None, extra=extra)
+    torch._dynamo.reset()
+    assert calls == ["teacher", "loss"], bg.report
+    hits, misses = (int(v) for v in bg.report["fx_cache"].replace(" miss", "").split(" hit / "))
+    # the teacher's forward and the losses' forward and backward from the helper; the student's two compiled here
+    assert hits >= 3 and misses >= 2, bg.report
+    aot_hits = int(bg.report["aot_cache"].split(" hit")[0])
+    assert aot_hits >= 2, bg.report
+
+
+@pytest.mark.slow
+def test_the_helpers_entries_are_the_runs_teacher_and_losses(tmp_path, shapes_root, monkeypatch):
+    """With inductor (C++ on the CPU): the run's first step builds the teacher's call and the losses from the
+    helper's cache entries (hits) and compiles the student's itself. 5-15 minutes on 2 shared cores."""
+    _parallel_hits(tmp_path, monkeypatch, shapes_root, [])
+
+
+@pytest.mark.gpu
+def test_the_helpers_entries_are_the_runs_teacher_and_losses_on_the_gpu(tmp_path, shapes_root, monkeypatch):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    _parallel_hits(tmp_path, monkeypatch, shapes_root,
+                   [*TINY_RESNET18, "trainer.accelerator=gpu", "trainer.devices=1", "trainer.precision=bf16-mixed",
+                    "compile_mode=reduce-overhead", "++backbone.channels_last=true"])

@@ -180,19 +180,18 @@ def validate_config(cfg: DictConfig) -> None:
                               "the run's; set compile_background=false or sync_bn=false")
     _check(cfg, "compile_parallel", lambda v: isinstance(v, bool), "true or false", required=False)
     if _get(cfg, "compile_parallel", False):
-        why = {"compile": (not _get(cfg, "compile", False), "compile=false: there is no compile to share; set "
-                           "compile=true"),
-               "compile_background": (_get(cfg, "compile_background", False), "compile_background=true: that "
-                                      "child compiles the whole step already; set one of them"),
-               "compile_backend": (_get(cfg, "compile_backend", "inductor") != "inductor", "compile_backend="
-                                   f"{_get(cfg, 'compile_backend')}: that backend's warm-up is the tracing alone; "
-                                   "set compile_backend=inductor"),
-               "compile_scope": (_get(cfg, "compile_scope", "model") != "model", "compile_scope="
-                                 f"{_get(cfg, 'compile_scope')}: the helper compiles the teacher's call and the "
-                                 "losses of the model scope; set compile_scope=model"),
-               "sync_bn": (_get(cfg, "sync_bn", False), "sync_bn=true: the helper process has no process group, so "
-                           "its graphs (plain BatchNorm) are not the run's; set sync_bn=false")}
-        for bad, msg in why.values():
+        why = [(not _get(cfg, "compile", False), "compile=false: there is no compile to share; set compile=true"),
+               (_get(cfg, "compile_background", False),
+                "compile_background=true: that child compiles the whole step already; set one of them"),
+               (_get(cfg, "compile_backend", "inductor") != "inductor",
+                f"compile_backend={_get(cfg, 'compile_backend')}: that backend's warm-up is the tracing alone; set "
+                "compile_backend=inductor"),
+               (_get(cfg, "compile_scope", "model") != "model",
+                f"compile_scope={_get(cfg, 'compile_scope')}: the helper compiles the teacher's call and the losses "
+                "of the model scope; set compile_scope=model"),
+               (_get(cfg, "sync_bn", False), "sync_bn=true: the helper process has no process group, so its graphs "
+                "(plain BatchNorm) are not the run's; set sync_bn=false")]
+        for bad, msg in why:
             if bad:
                 raise ConfigError(f"config key compile_parallel=true is invalid with {msg} (or "
                                   "compile_parallel=false)")

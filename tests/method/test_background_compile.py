@@ -68,15 +68,11 @@ def test_a_failing_child_writes_a_failed_status(tmp_path):
     assert json.loads((tmp_path / "s.json").read_text()) == status
 
 
-def _run_with(monkeypatch, tmp_path, shapes_root, command, status=None, wait_for_child=False, steps=3,
-              extra=()):
-    """`scfs.train.run` with compile_background=true, checks every step, the child's command replaced (and its
-    status, when `status(steps done)` is given); returns the callback and, per step, whether the method's step was
-    compiled when it ran."""
-    made: list[bgc.BackgroundCompile] = []
-    compiled: list[bool] = []
+def _recorded(base, made, command):
+    """`base` (the callback class) that appends each instance to `made` and, unless `command` is None, runs
+    `python -c <command> <status path>` as its child."""
 
-    class Probe(bgc.BackgroundCompile):
+    class Recorded(base):
         def __init__(self, *a, **kw):
             super().__init__(*a, **kw)
             made.append(self)
@@ -85,6 +81,18 @@ def _run_with(monkeypatch, tmp_path, shapes_root, command, status=None, wait_for
             return super().command(device) if command is None else [sys.executable, "-c", command,
                                                                       str(self.status_path)]
 
+    return Recorded
+
+
+def _run_with(monkeypatch, tmp_path, shapes_root, command, status=None, wait_for_child=False, steps=3,
+              extra=()):
+    """`scfs.train.run` with compile_background=true, checks every step, the child's command replaced (and its
+    status, when `status(steps done)` is given); returns the callback and, per step, whether the method's step was
+    compiled when it ran."""
+    made: list[bgc.BackgroundCompile] = []
+    compiled: list[bool] = []
+
+    class Probe(_recorded(bgc.BackgroundCompile, made, command)):
         def _status(self):
             return status(len(compiled)) if status is not None else super()._status()
 
@@ -215,15 +223,7 @@ def _parallel_run(monkeypatch, tmp_path, shapes_root, command, extra=()):
     made: list[bgc.ParallelCompile] = []
     calls: list[str] = []
 
-    class Probe(bgc.ParallelCompile):
-        def __init__(self, *a, **kw):
-            super().__init__(*a, **kw)
-            made.append(self)
-
-        def command(self, device):
-            return super().command(device) if command is None else [sys.executable, "-c", command,
-                                                                      str(self.status_path)]
-
+    class Probe(_recorded(bgc.ParallelCompile, made, command)):
         def wait_for(self, part):
             calls.append(part)
             super().wait_for(part)

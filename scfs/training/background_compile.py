@@ -156,7 +156,7 @@ def child_config(cfg: DictConfig, batch_size: int) -> DictConfig:
     """The run's config as the child builds it: resolved, this process's batch size, compiled from the start."""
     c = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     c.batch_size, c.global_batch_size = int(batch_size), None
-    c.compile, c.compile_background, c.compile_artifacts = True, False, None
+    c.compile, c.compile_background, c.compile_parallel, c.compile_artifacts = True, False, False, None
     return c
 
 

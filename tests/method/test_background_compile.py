@@ -47,6 +47,7 @@ def test_the_child_builds_the_runs_method_compiled_and_reports(tmp_path, eager_b
     cfg = compose_cfg(["compile=true", "compile_background=true", "global_batch_size=8", "compile_artifacts=x.bin"])
     child = bgc.child_config(cfg, batch_size=8)
     assert child.compile and not child.compile_background and child.compile_artifacts is None
+    assert not child.compile_parallel  # the child itself starts no helper
     assert child.batch_size == 8 and child.global_batch_size is None and child.crops.n_local == cfg.crops.n_local
     path, status_path = tmp_path / "c.yaml", tmp_path / "status.json"
     from omegaconf import OmegaConf

@@ -101,13 +101,6 @@ def compose(recipe: str, device: str, tiny: bool, scope: str, compiled: bool, ex
         return hcompose(config_name="config", overrides=ov)
 
 
-def recipe_views(cfg: Any, device: str = "cpu", channels_last: bool = False) -> tuple[Any, Any]:
-    """The recipe's views as a step takes them (`scfs.training.background_compile.random_views`)."""
-    from scfs.training.background_compile import random_views
-
-    return random_views(cfg, device, channels_last)
-
-
 def measure(cfg: Any, device: str, first: int, steady: int, artifacts_in: str | None,
             artifacts_out: str | None) -> dict[str, Any]:
     """One row, in this process: build, load `artifacts_in`, time the first and the steady steps, save
@@ -153,33 +146,26 @@ def helper_process(model: Any, cfg: Any, device: str) -> Any:
     """`compile_parallel`'s helper child for a row: started, the method's `compile_gate` waiting for its parts (the
     seconds waited per part go into the dict yielded), stopped after the row."""
     import contextlib
-    import subprocess
-
-    from omegaconf import OmegaConf
 
     from scfs.training import background_compile as bgc
 
     @contextlib.contextmanager
     def run() -> Any:
         with tempfile.TemporaryDirectory(prefix="scfs-helper-") as tmp:
-            cfg_path, status_path, log_path = (Path(tmp) / n for n in ("child.yaml", "status.json", "child.log"))
-            OmegaConf.save(bgc.child_config(cfg, int(cfg.batch_size)), cfg_path)
-            with open(log_path, "w") as logf:
-                proc = subprocess.Popen(bgc.child_command(cfg_path, status_path, device, steps=1, helper=True),
-                                        stdout=logf, stderr=subprocess.STDOUT, env=bgc.child_env())
+            status_path = Path(tmp) / "status.json"
+            proc = bgc.start_child(cfg, int(cfg.batch_size), status_path, device, steps=1, helper=True)
             waited: dict[str, float] = {}
 
             def gate(part: str) -> None:
-                waited[part] = bgc.wait_for_part(status_path, part, lambda: proc.poll() is not None, 900.0, log_path)
+                waited[part] = bgc.wait_for_part(status_path, part, lambda: proc.poll() is not None, 900.0,
+                                                 status_path.with_suffix(".log"))
 
             model.compile_gate = gate
             try:
                 yield waited
             finally:
                 model.compile_gate = None
-                if proc.poll() is None:
-                    proc.kill()
-                proc.wait()
+                bgc.stop_child(proc)
 
     return run()
 
@@ -223,23 +209,17 @@ def measure_background(model: Any, cfg: Any, device: str, step: Any, first: int,
     `lost_s` is what the compile cost the run: the wall seconds to the end of the steady steps minus the steps
     done times the compiled steady step, as for the other rows (where it is the first steps' wall seconds minus
     their steps at the steady pace)."""
-    import subprocess
 
     import torch
-    from omegaconf import OmegaConf
 
     from scfs.training import background_compile as bgc
 
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     marks: list[float] = []  # wall seconds since t0 at the end of each step
     with tempfile.TemporaryDirectory(prefix="scfs-background-") as tmp:
-        cfg_path, status_path = Path(tmp) / "child.yaml", Path(tmp) / "status.json"
-        log_path = Path(tmp) / "child.log"
-        OmegaConf.save(bgc.child_config(cfg, int(cfg.batch_size)), cfg_path)
+        status_path = Path(tmp) / "status.json"
         t0 = time.perf_counter()
-        with open(log_path, "w") as logf:
-            proc = subprocess.Popen(bgc.child_command(cfg_path, status_path, device), stdout=logf,
-                                    stderr=subprocess.STDOUT, env=bgc.child_env())
+        proc = bgc.start_child(cfg, int(cfg.batch_size), status_path, device)
         try:
             # eager steps until the child's status is there (as the run's callback sees it: not waiting for the
             # child's exit, which on a large model takes seconds of its own)
@@ -252,7 +232,7 @@ def measure_background(model: Any, cfg: Any, device: str, step: Any, first: int,
             if not status.get("ok"):
                 proc.wait()
                 raise RuntimeError(f"the background compile failed: {status}\n"
-                                   f"{log_path.read_text(errors='replace')[-3000:]}")
+                                   f"{status_path.with_suffix('.log').read_text(errors='replace')[-3000:]}")
             before, switch_t0 = bgc.cache_counters(), time.perf_counter() - t0
             model.compile_now()
             for _i in range(first + steady):
@@ -260,12 +240,7 @@ def measure_background(model: Any, cfg: Any, device: str, step: Any, first: int,
                 sync()
                 marks.append(time.perf_counter() - t0)
         finally:
-            if proc.poll() is None:
-                try:
-                    proc.wait(timeout=120)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            bgc.stop_child(proc, grace_s=120)  # after the timed steps: its exit, or it is ended
     k = eager_steps
     after = [b - a for a, b in zip(marks[k + first - 1:], marks[k + first:])]
     step_ms = statistics.median(after) * 1e3 if after else None

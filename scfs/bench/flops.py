@@ -49,15 +49,15 @@ def step_flops(cfg: Any) -> dict[str, Any]:
     """FLOPs per image of each part of one training step (`PARTS`) of the method `cfg` builds, and their total."""
     import torch
 
-    from scfs.bench.compile import recipe_views
     from scfs.methods.networks import student_forward, teacher_forward
     from scfs.train import build
+    from scfs.training.background_compile import random_views
 
     torch.manual_seed(int(cfg.seed))
     _, model = build(cfg)
     model = model.train()
     b, n_local = int(cfg.batch_size), int(cfg.crops.n_local)
-    g, loc = recipe_views(cfg)
+    g, loc = random_views(cfg)
     stages, local_heads = model.stages, model._local_heads
     st, student_all = _count(lambda: student_forward(model.student, g, loc, stages, local_heads))
     with torch.no_grad():

@@ -176,6 +176,34 @@ def child_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
 
 
+def start_child(cfg: DictConfig, batch_size: int, status_path: Path, device: str, steps: int = 2,
+                helper: bool = False, command: list[str] | None = None) -> subprocess.Popen:
+    """The child on `device`, its status files of an earlier run removed first: the run's config beside its status
+    file (`.yaml`), its output there too (`.log`). `command` replaces its command line (`child_command`)."""
+    for path in (status_path, *(part_path(status_path, part) for part in PARTS)):
+        path.unlink(missing_ok=True)
+    cfg_path = status_path.with_suffix(".yaml")
+    OmegaConf.save(child_config(cfg, batch_size), cfg_path)
+    with open(status_path.with_suffix(".log"), "w") as logf:  # the child keeps its own handle
+        return subprocess.Popen(command or child_command(cfg_path, status_path, device, steps, helper), stdout=logf,
+                                stderr=subprocess.STDOUT, env=child_env())
+
+
+def stop_child(proc: subprocess.Popen | None, grace_s: float = 0.0) -> None:
+    """End a child still running: after `grace_s` seconds to end by itself, terminated, then killed."""
+    if proc is None or proc.poll() is not None:
+        return
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=grace_s)
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def write_status(path: Path, status: dict[str, Any]) -> None:
     """The status file, whole or not at all (the ranks poll for it)."""
     tmp = path.with_name(path.name + ".tmp")
@@ -293,18 +321,10 @@ class BackgroundCompile(L.Callback):
         if trainer.num_nodes > 1:
             self.status_path = self.run_dir / f"node{trainer.node_rank}-{STATUS_FILE}"
         if trainer.local_rank == 0:
-            with contextlib.suppress(FileNotFoundError):
-                self.status_path.unlink()  # a status left by an earlier run in this folder
-            OmegaConf.save(child_config(self.cfg, self.batch_size), self.status_path.with_suffix(".yaml"))
             dev = trainer.strategy.root_device
             device = f"cuda:{dev.index or 0}" if dev.type == "cuda" else str(dev.type)
-            logf = open(self.log_path, "w")  # noqa: SIM115 - the child's, closed when it ends
-            for part in PARTS:  # an earlier run's
-                with contextlib.suppress(FileNotFoundError):
-                    part_path(self.status_path, part).unlink()
-            self.proc = subprocess.Popen(self.command(device), stdout=logf, stderr=subprocess.STDOUT,
-                                         env=child_env())
-            logf.close()
+            self.proc = start_child(self.cfg, self.batch_size, self.status_path, device,
+                                    command=self.command(device))
             log.info(self.started_message, self.proc.pid,
                      os.environ.get("TORCHINDUCTOR_CACHE_DIR", "torch's default cache"), self.log_path)
         trainer.strategy.barrier("background_compile")  # the status file of an earlier run is gone on every rank
@@ -352,21 +372,11 @@ class BackgroundCompile(L.Callback):
         log.info("compile_background: the first compiled step took %.1f s (inductor cache %s, AOTAutograd %s)",
                  self.report["switch_s"], self.report["fx_cache"], self.report["aot_cache"])
 
-    def stop_child(self) -> None:
-        """End a child still compiling (the run ended or failed first)."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self.stop_child()
+        stop_child(self.proc)  # still compiling: the run ended first
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        self.stop_child()
+        stop_child(self.proc)
 
 
 class ParallelCompile(BackgroundCompile):

@@ -189,7 +189,7 @@ def test_the_background_row_switches_when_the_status_appears_not_when_the_child_
     from scfs.training.background_compile import make_step
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    monkeypatch.setattr(bgc, "child_command", lambda cfg_path, status_path, device, steps=2: [
+    monkeypatch.setattr(bgc, "child_command", lambda cfg_path, status_path, device, steps=2, helper=False: [
         sys.executable, "-c", STAND_IN, str(status_path)])
     cfg = bench.compose("default", "cpu", True, "model", True, ["compile_background=true"])
     torch.manual_seed(0)

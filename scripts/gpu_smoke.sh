@@ -69,6 +69,8 @@ run() {
   why=$(printf '%s' "$why" | cut -c1-200 | tr '\t|' '  ')
   printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$id" "$([ $rc -eq 0 ] && echo PASS || echo FAIL)" "$(( $(date +%s) - t ))" \
     "$readme" "$extra" "$why" >> "$ROWS"
+  # one line per finished row as it ends, so that a smoke cut short by the device call still says where it was
+  echo "+$(( $(date +%s) - T0 )) s $id $([ $rc -eq 0 ] && echo PASS || echo FAIL) in $(( $(date +%s) - t )) s${why:+: $why}"
   return $rc
 }
 # The rows that ran out of GPU memory side by side, one after the other on the GPU alone, and once any row of

@@ -29,6 +29,10 @@ def main() -> None:
                     help="with --run and compile_background=true: a stand-in child (dynamo's eager backend for the "
                          "compile) that writes its ok status once rank 0 ends this global step; each rank writes "
                          "whether each of its steps ran compiled to <out>/compiled-rank<r>.json")
+    ap.add_argument("--parallel-helper", choices=("ok", "fail"),
+                    help="with --run and compile_parallel=true: a stand-in helper (dynamo's eager backend for the "
+                         "compile) that writes both parts and an ok status, or ends with status 1 and no file; each "
+                         "rank writes its callback's report to <out>/parallel-rank<r>.json")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     if args.run:
@@ -88,6 +92,8 @@ def _run(args: argparse.Namespace) -> None:
         SelfDistillation.training_step = crash
     if args.background_go_at >= 0:
         _stand_in_background_child(Path(args.out), args.background_go_at)
+    if args.parallel_helper:
+        _stand_in_parallel_helper(Path(args.out), args.parallel_helper)
     run(compose_cfg(args.overrides, data_root=args.data), args.out)
 
 
@@ -102,21 +108,66 @@ os.replace(status + ".tmp", status)
 """
 
 
+# the stand-in helper: both parts, then its status, through the real protocol's writers; or a crash, no file
+HELPER = """
+import sys, time
+from pathlib import Path
+from scfs.training.background_compile import PARTS, part_path, write_status
+status, mode = Path(sys.argv[1]), sys.argv[2]
+time.sleep(1.0)
+if mode == "fail":
+    sys.exit(1)
+for part in PARTS:
+    write_status(part_path(status, part), {"ok": True})
+write_status(status, {"ok": True, "seconds": 1.0})
+"""
+
+
+def _eager_compile() -> None:
+    """`torch.compile` through dynamo's eager backend: the compiled-step code paths without inductor's minutes."""
+    import torch
+    from torch import nn
+
+    import scfs.methods.base as base
+
+    real_compile, real_module_compile = torch.compile, nn.Module.compile
+    base.torch.compile = lambda fn, **kw: real_compile(fn, backend="eager", dynamic=False)
+    nn.Module.compile = lambda self, **kw: real_module_compile(self, backend="eager", dynamic=False)
+
+
+def _stand_in_parallel_helper(out: Path, mode: str) -> None:
+    """`compile_parallel` under DDP with the real callback and file protocol and a stand-in helper (started by rank 0
+    only): every rank's first step waits at the method's gate until the parts exist or the helper's end is known
+    (on rank 1 only through the status file rank 0 writes for it)."""
+    import json
+
+    import lightning as L
+
+    import scfs.training.background_compile as bgc
+
+    _eager_compile()
+
+    class StandIn(bgc.ParallelCompile):
+        def command(self, device: str) -> list[str]:
+            return [sys.executable, "-c", HELPER, str(self.status_path), mode]
+
+        def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+            super().teardown(trainer, pl_module, stage)
+            (out / f"parallel-rank{trainer.global_rank}.json").write_text(json.dumps(self.report))
+
+    bgc.ParallelCompile = StandIn
+
+
 def _stand_in_background_child(out: Path, go_at: int) -> None:
     """`compile_background` under DDP with the real callback and file protocol, a stand-in child and dynamo's eager
     backend for the compile; every rank records per step whether its step ran compiled."""
     import json
 
     import lightning as L
-    import torch
-    from torch import nn
 
-    import scfs.methods.base as base
     import scfs.training.background_compile as bgc
 
-    real_compile, real_module_compile = torch.compile, nn.Module.compile
-    base.torch.compile = lambda fn, **kw: real_compile(fn, backend="eager", dynamic=False)
-    nn.Module.compile = lambda self, **kw: real_module_compile(self, backend="eager", dynamic=False)
+    _eager_compile()
     bgc.CHECK_EVERY = 1
     go = out / "go"
 

@@ -120,3 +120,31 @@ def test_ddp_ranks_switch_to_the_compiled_step_at_the_same_step(tmp_path: Path) 
     assert r0 == r1, (r0, r1)
     assert len(r0["compiled"]) == 6 and not any(r0["compiled"][:3]) and r0["compiled"][-1], r0
     assert r0["switched_at"] in (3, 4, 5)
+
+
+@pytest.mark.parametrize("helper", ["ok", "fail"])
+def test_ddp_ranks_pass_the_parallel_compile_gate_together(tmp_path: Path, helper: str) -> None:
+    """`compile_parallel=true` on 2 CPU processes (gloo): rank 0 starts the (stand-in) helper; both ranks' first step
+    waits at the gate for the teacher's and the losses' parts. A helper that writes them lets both ranks on; one that
+    dies without a file is written as a failed status by rank 0, and rank 1, which has no process to watch, learns
+    of it from that file instead of waiting out its bound (900 s)."""
+    import json
+
+    data = tmp_path / "data"
+    common = [*COMMON, "trainer.max_epochs=1", "trainer.accelerator=cpu", "+trainer.strategy=ddp", "trainer.devices=2",
+              "batch_size=8", "eval.knn_at_start=false", "logger=csv", "compile=true", "compile_parallel=true"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "SCFS_THREADS": "1"}
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, str(WORKER), "--run", "--parallel-helper", helper, "--out", str(out),
+                           "--data", str(data), *common], capture_output=True, text=True, timeout=300, env=env,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    reports = [json.loads((out / f"parallel-rank{r}.json").read_text()) for r in (0, 1)]
+    for report in reports:
+        assert set(report["waited_s"]) == {"teacher", "loss"} and max(report["waited_s"].values()) < 120, reports
+        assert report["first_step_s"] > 0, reports
+    status = json.loads((out / "background_compile.json").read_text())
+    assert status["ok"] is (helper == "ok"), status
+    if helper == "fail":
+        assert "ended with status 1 and no status file" in status["error"], status
+        assert not (out / "background_compile.teacher").exists()

@@ -280,41 +280,31 @@ def wait_for_part(status_path: Path, part: str, ended: Callable[[], Any], wait_s
 
 
 # ---- the training process ---------------------------------------------------------------------------------------
-class BackgroundCompile(L.Callback):
-    """Start the child at the start of fit, switch the method to its compiled step when the child is done.
+class ChildCompile(L.Callback):
+    """What both options' callbacks share: the child, started on each node's local rank 0 with the run's config,
+    polled through its status file, stopped when the run ends first.
 
-    `check_every`: steps between the checks (`CHECK_EVERY` when None). `steps`: the child's steps."""
+    `steps`: the child's steps. Subclasses set `helper` (the child's `--helper`) and `started_message`."""
 
-    def __init__(self, cfg: DictConfig, run_dir: Path, batch_size: int, check_every: int | None = None,
-                 steps: int = 2) -> None:
-        self.cfg, self.run_dir, self.batch_size = cfg, Path(run_dir), int(batch_size)
-        self.check_every, self.steps = max(int(check_every or CHECK_EVERY), 1), int(steps)
-        self.status_path = self.run_dir / STATUS_FILE  # per node (`on_fit_start`): a shared run folder
+    helper = False
+    started_message = "process %d compiles into %s (log: %s)"
+
+    def __init__(self, cfg: DictConfig, run_dir: Path, batch_size: int, steps: int = 2) -> None:
+        self.cfg, self.run_dir, self.batch_size, self.steps = cfg, Path(run_dir), int(batch_size), int(steps)
+        self.status_path = self.run_dir / STATUS_FILE  # per node (`_start_child`): a shared run folder
         self.proc: subprocess.Popen | None = None
         self.t0: float | None = None
-        self.switched_at: int | None = None  # the global step the compiled step started at
         self.report: dict[str, Any] = {}
-        self._switch_t: float | None = None
-        self._counters: tuple[int, ...] | None = None  # the cache counters before the switch
+        self._counters: tuple[int, ...] | None = None  # the cache counters when the compiled step began
 
     @property
     def log_path(self) -> Path:
         """The child's output (per node, beside its status file)."""
         return self.status_path.with_suffix(".log")
 
-    helper = False  # the child compiles the whole step
-    started_message = ("compile_background: training eagerly while process %d compiles the step into %s (log: %s); "
-                       "the compiled step takes over when it is done")
-
     def command(self, device: str) -> list[str]:
         return child_command(self.status_path.with_suffix(".yaml"), self.status_path, device, self.steps,
                              self.helper)
-
-    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.t0 = time.monotonic()
-        if getattr(pl_module, "compile_nets", True):
-            return  # compiled already (a second fit of the same module): nothing to start
-        self._start_child(trainer)
 
     def _start_child(self, trainer: L.Trainer) -> None:
         """On each node's local rank 0: the child, with the run's config; then every rank past a barrier."""
@@ -329,22 +319,53 @@ class BackgroundCompile(L.Callback):
                      os.environ.get("TORCHINDUCTOR_CACHE_DIR", "torch's default cache"), self.log_path)
         trainer.strategy.barrier("background_compile")  # the status file of an earlier run is gone on every rank
 
-    def _status(self) -> dict[str, Any] | None:
-        """The child's status once it ended (the file; or, on the rank that started it, its exit without one)."""
+    def _poll_child(self) -> dict[str, Any] | None:
+        """The child's status once it ended, else None. On the rank that started it, an exit without a status
+        (killed, crashed) is written as a failed status, so that the other ranks, which only see the file, learn
+        of it too."""
         if self.status_path.exists():
             return json.loads(self.status_path.read_text())
-        if self.proc is not None and self.proc.poll() is not None:  # ended without writing it: killed, or crashed
+        if self.proc is not None and self.proc.poll() is not None:
             status = {"ok": False, "error": f"the process ended with status {self.proc.returncode} and no status "
                                             "file"}
-            write_status(self.status_path, status)  # for the other ranks, which did not start it
+            write_status(self.status_path, status)
             return status
         return None
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        stop_child(self.proc)  # still compiling: the run ended first
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        stop_child(self.proc)
+
+
+class BackgroundCompile(ChildCompile):
+    """`compile_background=true`: start the child at the start of fit, switch the method to its compiled step when
+    the child is done.
+
+    `check_every`: steps between the checks (`CHECK_EVERY` when None)."""
+
+    started_message = ("compile_background: training eagerly while process %d compiles the step into %s (log: %s); "
+                       "the compiled step takes over when it is done")
+
+    def __init__(self, cfg: DictConfig, run_dir: Path, batch_size: int, check_every: int | None = None,
+                 steps: int = 2) -> None:
+        super().__init__(cfg, run_dir, batch_size, steps)
+        self.check_every = max(int(check_every or CHECK_EVERY), 1)
+        self.switched_at: int | None = None  # the global step the compiled step started at
+        self._switch_t: float | None = None
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.t0 = time.monotonic()
+        if getattr(pl_module, "compile_nets", True):
+            return  # compiled already (a second fit of the same module): nothing to start
+        self._start_child(trainer)
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
                              batch_idx: int) -> None:
         if getattr(pl_module, "compile_nets", True) or trainer.global_step % self.check_every:
             return
-        status = self._status()
+        status = self._poll_child()
         if not trainer.strategy.reduce_boolean_decision(status is not None, all=True):
             return
         status = status or {}
@@ -372,14 +393,8 @@ class BackgroundCompile(L.Callback):
         log.info("compile_background: the first compiled step took %.1f s (inductor cache %s, AOTAutograd %s)",
                  self.report["switch_s"], self.report["fx_cache"], self.report["aot_cache"])
 
-    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        stop_child(self.proc)  # still compiling: the run ended first
 
-    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        stop_child(self.proc)
-
-
-class ParallelCompile(BackgroundCompile):
+class ParallelCompile(ChildCompile):
     """`compile_parallel=true`: the run compiles its step from the first step, as `compile=true` does, but a helper
     child compiles the teacher's call and the losses meanwhile, while this process compiles the student's (the
     largest: both view sizes, forward and backward). Before the teacher's call and before the losses the method asks
@@ -390,37 +405,34 @@ class ParallelCompile(BackgroundCompile):
     started_message = ("compile_parallel: process %d compiles the teacher's call and the losses into %s (log: %s) "
                        "while this one compiles the student's")
 
-    def __init__(self, *args: Any, wait_s: float = 900.0, **kwargs: Any) -> None:
-        kwargs.setdefault("steps", 1)  # one step writes both parts; a second would only take GPU time from the run
-        super().__init__(*args, **kwargs)
+    def __init__(self, cfg: DictConfig, run_dir: Path, batch_size: int, steps: int = 1,
+                 wait_s: float = 900.0) -> None:
+        # one step writes both parts; a second would only take GPU time from the run
+        super().__init__(cfg, run_dir, batch_size, steps)
         self.wait_s = float(wait_s)
+        self._first_t: float | None = None
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.t0 = time.monotonic()
         self._start_child(trainer)
         self.report = {"waited_s": {}}
-        self._switch_t, self._counters = time.monotonic(), cache_counters()
+        self._first_t, self._counters = time.monotonic(), cache_counters()
         pl_module.compile_gate = self.wait_for
 
     def wait_for(self, part: str) -> None:
         """Until the helper has compiled `part`, it has ended, or `wait_s` passed (then this process compiles it)."""
-        self.report["waited_s"][part] = wait_for_part(self.status_path, part, self._status, self.wait_s,
+        self.report["waited_s"][part] = wait_for_part(self.status_path, part, self._poll_child, self.wait_s,
                                                       self.log_path)
-
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
-                             batch_idx: int) -> None:
-        pass
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        if self._switch_t is None:
+        if self._first_t is None:
             return
         pl_module.compile_gate = None
-        self.report.update(first_step_s=round(time.monotonic() - self._switch_t, 1), **cache_counts(self._counters))
-        self._switch_t = None
+        self.report.update(first_step_s=round(time.monotonic() - self._first_t, 1), **cache_counts(self._counters))
+        self._first_t = None
         log.info("compile_parallel: the first step took %.1f s, %s s of it waiting for the helper (inductor cache %s)",
                  self.report["first_step_s"], self.report["waited_s"], self.report["fx_cache"])
-
 
 if __name__ == "__main__":
     sys.exit(main())

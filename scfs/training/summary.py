@@ -65,9 +65,9 @@ def summarise(summary: dict[str, Any], cfg: DictConfig, trainer: Any, model: Any
     timer = next((c for c in trainer.callbacks if isinstance(c, EpochTimer)), None)
     if timer is not None:
         summary.update(timer.report(int(getattr(dm, "batch_size", cfg.batch_size)) * trainer.world_size))
-    from scfs.training.background_compile import BackgroundCompile, ParallelCompile
+    from scfs.training.background_compile import ChildCompile, ParallelCompile
 
-    child = next((c for c in trainer.callbacks if isinstance(c, BackgroundCompile)), None)
+    child = next((c for c in trainer.callbacks if isinstance(c, ChildCompile)), None)
     if isinstance(child, ParallelCompile):  # compile_parallel: the first step, its waits and its cache hits
         summary["compile_parallel"] = child.report
     elif child is not None:  # compile_background: when the compiled step took over and what it was built from

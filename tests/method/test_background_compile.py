@@ -94,8 +94,8 @@ def _run_with(monkeypatch, tmp_path, shapes_root, command, status=None, wait_for
     compiled: list[bool] = []
 
     class Probe(_recorded(bgc.BackgroundCompile, made, command)):
-        def _status(self):
-            return status(len(compiled)) if status is not None else super()._status()
+        def _poll_child(self):
+            return status(len(compiled)) if status is not None else super()._poll_child()
 
         def on_train_start(self, trainer, pl_module):
             if wait_for_child:

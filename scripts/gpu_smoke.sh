@@ -154,8 +154,9 @@ run search-check "python -m scfs.search.check --quick" "" &
 # traced whole on CUDA, with this machine's torch)
 run pytest-gpu "python -m pytest -m gpu" \
   "-q -p no:cacheprovider tests/method/test_compile_backend.py tests/data/test_batch_aug.py tests/method/test_compile.py" &
-# the child's and the helper's cache entries are the run's (two cold compiles each: a row of their own, side by side)
-run pytest-gpu-background "python -m pytest -m gpu" "-q -p no:cacheprovider tests/method/test_background_compile.py" &
+# the child's and the helper's cache entries are the run's: two cold compiles each, beside a loaded GPU and host,
+# so a row of its own with a longer limit
+LIMIT=450 run pytest-gpu-background "python -m pytest -m gpu" "-q -p no:cacheprovider tests/method/test_background_compile.py" &
 V="python -m scfs.train +experiment=cifar10_vit"  # the ViT rows: compiled as written, DINO eager, ViT-S/16 eager
 run cifar10-vit "$V" "$SHORT name=smoke-vit" &
 run cifar10-vit-dino "$V method=dino" "$E $SHORT name=smoke-vit-dino" &

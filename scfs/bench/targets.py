@@ -1,0 +1,229 @@
+"""The ImageNet recipe's speed targets in one table, each met or missed by how much, read from the records.
+
+Four benchmarks measure them, in different calls and on different machines: the real run on JPEGs against the
+step (`scfs.bench.e2e`), the step beside the published one in the same call (`scfs.bench.step --published-tree`),
+and the first compile (`scfs.bench.compile`). This reads their records and writes one table: for each target every
+measurement with its record, and a verdict over all of them. A target measured on several machines keeps every
+machine's number (the compile and the eager step follow the host), so the table shows the spread instead of picking
+the best; it is met when every measurement meets it.
+
+    python -m scfs.bench.targets                        # every record in benchmarks/results
+    python -m scfs.bench.targets --records DIR --out benchmarks/results/speed-targets
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import re
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from scfs.bench.e2e import TARGET as E2E_TARGET
+from scfs.bench.records import save_record, source_commit
+
+SPEEDUP = 2.0  # our default path over the published step, same call
+SCFS_OVER_DINO = 1.10  # our SCFS step over our DINO step, default path
+COMPILE_S = 60.0  # the first steps on a fresh machine (compile included)
+SECOND_RUN_S = 30.0  # the first steps of a second run (cache warm)
+# The backbone-bound limit of this step on an H200: forward and backward of 2x224 + 8x96 views plus the teacher's
+# 2x224 forward, about 4.1 single-crop ResNet-50 training images per SCFS image, so about 1,500 img/s.
+CEILING_IMG_S = 1500.0
+DEFAULT_PATH, EAGER = "bf16_cl_graphs", "bf16_cl"
+DAY = r"\d{4}-\d{2}-\d{2}"
+RECIPES = {"imagenet": "ResNet-50 (`+experiment=imagenet`)", "cifar10": "CIFAR-10 (`+experiment=cifar10`)"}
+
+
+@dataclass
+class Target:
+    """One target: its statement, its limit (`at_least`: a value must reach it, else stay under it; None: only
+    reported), how a value and a shortfall read, and its measurements `(date, value, record)`.
+
+    The verdict is over the measurements of the newest day that has any: the code moves, so an older record says
+    what an older commit did (it is still listed, as the history)."""
+
+    name: str
+    limit: float | None
+    at_least: bool
+    show: Callable[[float], str]
+    show_miss: Callable[[float], str] | None = None
+    measured: list[tuple[str, float, str]] = field(default_factory=list)
+
+    def shortfall(self, value: float) -> float:
+        """How far `value` falls short of the limit (0 or less: it meets it)."""
+        if self.limit is None:
+            return 0.0
+        return self.limit - value if self.at_least else value - self.limit
+
+    def current(self) -> list[tuple[str, float, str]]:
+        """The measurements the verdict is over: the newest day's."""
+        newest = max((d for d, _, _ in self.measured), default="")
+        return [m for m in self.measured if m[0] == newest]
+
+    def verdict(self) -> str:
+        now = self.current()
+        if not now:
+            return "not measured"
+        if self.limit is None:
+            return "reported"
+        misses = sorted(self.shortfall(v) for _, v, _ in now if self.shortfall(v) > 0)
+        show, n = self.show_miss or self.show, len(now)
+        if not misses:
+            return "**met**" + (f" (all {n})" if n > 1 else "")
+        by = show(misses[0]) if len(misses) == 1 else f"{show(misses[0])} to {show(misses[-1])}"
+        if len(misses) == n:
+            return f"**missed** by {by}"
+        return f"**mixed**: met by {n - len(misses)} of {n}, the others missed by {by}"
+
+
+@dataclass
+class Record:
+    """A JSON record: its file name, the day it was measured on, its content."""
+
+    name: str
+    date: str
+    data: dict[str, Any]
+
+
+def load(paths: Iterable[Path]) -> list[Record]:
+    """Each readable JSON record among `paths`; its day from the record (`date`, `meta.date`), else its name."""
+    out = []
+    for p in sorted(paths):
+        try:
+            data = json.loads(p.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if not isinstance(data, dict):
+            continue
+        day = data.get("date") or (data.get("meta") or {}).get("date") or (re.findall(DAY, p.name) or [""])[0]
+        out.append(Record(p.name, str(day), data))
+    return out
+
+
+def step_rows(records: list[Record]) -> list[tuple[Record, dict[str, Any]]]:
+    """ResNet-50 step rows timed beside the published step in the same call (the others compare across machines)."""
+    return [(rec, r) for rec in records
+            if rec.data.get("published_same_call") and rec.data.get("meta", {}).get("suite", "resnet50") == "resnet50"
+            for r in rec.data.get("rows", [])
+            if "error" not in r and (r.get("published") or {}).get("source") == "same call"]
+
+
+def targets(records_dir: Path) -> list[Target]:
+    """Every target with its measurements from the records in `records_dir`."""
+    def pct(v: float) -> str:
+        return f"{100 * v:.1f} %"
+
+    def secs(v: float) -> str:
+        return f"{v:.1f} s"
+
+    def times(v: float) -> str:
+        return f"{v:.2f}x"
+
+    e2e = Target(f"`+experiment=imagenet` end to end >= {E2E_TARGET:.0%} of the step benchmark, B=64, real JPEGs "
+                 "(the recipe as shipped)", E2E_TARGET, True, pct, lambda v: f"{100 * v:.1f} points")
+    for rec in load(records_dir.glob("imagenet-e2e-*.json")):
+        for row in rec.data.get("rows", []):
+            ratio = (row.get("compare") or {}).get("ratio")
+            if ratio is not None and row.get("B") == 64 and row.get("decode") == "cpu" \
+                    and "compile_views=false" not in row.get("command", ""):
+                e2e.measured.append((rec.date, ratio, rec.name))
+    out = [e2e]
+
+    compiles = [rec for rec in load(records_dir.glob("compile-*.json"))
+                if str(rec.data.get("device", "")).startswith("cuda") and not rec.data.get("tiny")]
+    for setting, label, limit in (("cold", "first compile, empty cache", COMPILE_S),
+                                  ("carried", "first compile with a carried `compile_artifacts` file", COMPILE_S),
+                                  ("warm", "second run, cache warm", SECOND_RUN_S)):
+        for recipe, title in RECIPES.items():
+            t = Target(f"{title}: {label}, <= {limit:.0f} s (the first 3 steps)", limit, False, secs)
+            t.measured = [(rec.date, row["first_s"], rec.name) for rec in compiles for row in rec.data.get("table", [])
+                          if row.get("recipe") == recipe and row.get("setting") == setting and row.get("first_s")]
+            out.append(t)
+
+    for key, label in (("first_s", "`compile_background=true`: the first (eager) step, empty cache"),
+                       ("lost_s", "`compile_background=true`: what the compile costs the run against a step compiled "
+                                  "from step 0")):
+        for recipe, title in RECIPES.items():
+            t = Target(f"{title}: {label}, <= {COMPILE_S:.0f} s", COMPILE_S, False, secs)
+            t.measured = [(rec.date, row[key], rec.name) for rec in compiles for row in rec.data.get("table", [])
+                          if row.get("recipe") == recipe and row.get("setting") == "background" and row.get(key)]
+            out.append(t)
+
+    steps = step_rows(load(records_dir.glob("step-*.json")))
+
+    def scfs(setting: str, batch: int) -> list[tuple[Record, dict[str, Any]]]:
+        return [(rec, r) for rec, r in steps if r["method"] == "scfs" and r["setting"] == setting and r["B"] == batch]
+
+    for batch in (32, 64):
+        t = Target(f"default path >= {SPEEDUP:.1f}x the published step in the same call, B={batch}", SPEEDUP, True,
+                   times)
+        t.measured = [(rec.date, r["img_per_s"] / r["published"]["img_per_s"], rec.name)
+                      for rec, r in scfs(DEFAULT_PATH, batch)]
+        out.append(t)
+    for batch in (32, 64):
+        t = Target(f"SCFS / DINO step time <= {SCFS_OVER_DINO:.2f}, default path, B={batch}", SCFS_OVER_DINO, False,
+                   lambda v: f"{v:.2f}")
+        t.measured = [(rec.date, s["step_ms"] / d["step_ms"], rec.name) for rec, s in scfs(DEFAULT_PATH, batch)
+                      for other, d in steps if other is rec and d["method"] == "dino" and d["setting"] == DEFAULT_PATH
+                      and d["B"] == batch]
+        out.append(t)
+    for batch in (32, 64):
+        t = Target(f"eager (`compile=false`) >= the published step in the same call, B={batch}", 1.0, True, times)
+        t.measured = [(rec.date, r["img_per_s"] / r["published"]["img_per_s"], rec.name)
+                      for rec, r in scfs(EAGER, batch)]
+        out.append(t)
+    ceiling = Target(f"share of the backbone-bound limit (about {CEILING_IMG_S:,.0f} img/s), default path, B=64",
+                     None, True, pct)
+    ceiling.measured = [(rec.date, r["img_per_s"] / CEILING_IMG_S, rec.name) for rec, r in scfs(DEFAULT_PATH, 64)]
+    return [*out, ceiling]
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = [f"# Speed targets of the ImageNet recipe, {result['date']}", "",
+             f"Commit `{result['commit']}`; `{result['command']}`. Every measurement of each target in the records "
+             f"(`{result['records']}`), one per record and row, with its record's file name; the verdict is over the "
+             "newest day's measurements (a target is met when each of them meets it), older days are the history. "
+             "The step's targets count only rows timed beside the published step in the same call.", "",
+             "| target | newest day's measurements | verdict | earlier days |", "|---|---|---|---|"]
+    for t in result["targets"]:
+        def cell(ms: list[list[Any]]) -> str:
+            return "; ".join(f"{value} ({name}, {day})" for day, value, name in ms) or "–"
+        lines.append(f"| {t['name']} | {cell(t['current'])} | {t['verdict']} | {cell(t['earlier'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def run(records_dir: Path, out: Path, command: str) -> dict[str, Any]:
+    """Read the records, write the table (`<out>.json`, `<out>.md`)."""
+    rows = []
+    for t in targets(records_dir):
+        now = t.current()
+        rows.append({"name": t.name, "verdict": t.verdict(),
+                     "current": [(d, t.show(v), n) for d, v, n in now],
+                     "earlier": [(d, t.show(v), n) for d, v, n in sorted(t.measured) if (d, v, n) not in now]})
+    result = {"date": dt.date.today().isoformat(), "commit": source_commit(), "command": command,
+              "records": str(records_dir), "targets": rows}
+    save_record(result, out, markdown)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--records", type=Path, default=Path("benchmarks/results"), help="the folder of JSON records")
+    p.add_argument("--out", type=Path, default=None,
+                   help="record stem (default: <records>/speed-targets-<date>; .json and .md are written)")
+    args = p.parse_args(argv)
+    if not args.records.is_dir():
+        raise SystemExit(f"scfs.bench.targets: no folder {args.records}; pass --records <folder of JSON records>")
+    out = args.out or args.records / f"speed-targets-{dt.date.today().isoformat()}"
+    given = sys.argv[1:] if argv is None else argv
+    result = run(args.records, out, " ".join(["python -m scfs.bench.targets", *given]))
+    print(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

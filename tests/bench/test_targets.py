@@ -1,0 +1,122 @@
+"""`scfs.bench.targets`: one table of the speed targets from the records, verdicts over the newest day."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from scfs.bench import targets as tg
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _write(folder: Path, name: str, data: dict) -> None:
+    (folder / name).write_text(json.dumps(data))
+
+
+def _e2e(ratio: float, date: str, command: str = "python -m scfs.train +experiment=imagenet") -> dict:
+    return {"meta": {"date": date}, "rows": [{"B": 64, "decode": "cpu", "command": command,
+                                              "compare": {"ratio": ratio}}]}
+
+
+def _step_row(method: str, setting: str, b: int, ms: float, published: float | None) -> dict:
+    row = {"method": method, "setting": setting, "B": b, "step_ms": ms, "img_per_s": 1e3 * b / ms}
+    if published is not None:
+        row["published"] = {"img_per_s": published, "source": "same call"}
+    return row
+
+
+def _compile(date: str, rows: list[tuple[str, str, float]], device: str = "cuda") -> dict:
+    return {"date": date, "device": device, "tiny": False,
+            "table": [{"recipe": r, "setting": s, "first_s": v, "lost_s": v} for r, s, v in rows]}
+
+
+@pytest.fixture
+def records(tmp_path: Path) -> Path:
+    d = tmp_path / "results"
+    d.mkdir()
+    _write(d, "imagenet-e2e-h200-2026-01-01-a.json", _e2e(0.90, "2026-01-01"))
+    _write(d, "imagenet-e2e-h200-2026-01-02-b.json", _e2e(0.97, "2026-01-02"))
+    # a variant run (not the recipe as shipped) on the newest day: not a measurement of the target
+    _write(d, "imagenet-e2e-h200-2026-01-03-c.json", _e2e(0.5, "2026-01-03", "... compile_views=false"))
+    _write(d, "compile-h200-2026-01-02-x.json", _compile("2026-01-02", [("cifar10", "cold", 50.0),
+                                                                        ("cifar10", "warm", 12.0)]))
+    _write(d, "compile-h200-2026-01-02-y.json", _compile("2026-01-02", [("cifar10", "cold", 90.0),
+                                                                        ("imagenet", "cold", 130.0)]))
+    _write(d, "compile-cpu-2026-01-05-z.json", _compile("2026-01-05", [("cifar10", "cold", 1.0)], device="cpu"))
+    _write(d, "step-h200-2026-01-02-same-call.json", {
+        "meta": {"suite": "resnet50", "date": "2026-01-02"}, "published_same_call": {"rows": []},
+        "rows": [_step_row("scfs", "bf16_cl_graphs", 64, 64.0, 450.0), _step_row("dino", "bf16_cl_graphs", 64, 50.0,
+                                                                                 630.0),
+                 _step_row("scfs", "bf16_cl", 64, 100.0, 700.0)]})
+    # a DINO row in another record (another machine) is not paired with that record's SCFS row
+    _write(d, "step-h200-2026-01-02-other.json", {
+        "meta": {"suite": "resnet50", "date": "2026-01-02"}, "published_same_call": {"rows": []},
+        "rows": [_step_row("dino", "bf16_cl_graphs", 32, 10.0, 100.0)]})
+    # without the published step in the same call: across machines, not counted
+    _write(d, "step-h200-2026-01-04-alone.json", {"meta": {"suite": "resnet50", "date": "2026-01-04"},
+                                                  "rows": [_step_row("scfs", "bf16_cl_graphs", 32, 1.0, None)]})
+    (d / "step-h200-broken.json").write_text("{not json")
+    return d
+
+
+def _find(ts: list[tg.Target], *words: str) -> tg.Target:
+    (hit,) = [t for t in ts if all(w in t.name for w in words)]
+    return hit
+
+
+def test_verdicts_over_the_newest_day(records: Path) -> None:
+    ts = tg.targets(records)
+    e2e = _find(ts, "end to end")
+    assert [v for _, v, _ in e2e.current()] == [0.97] and e2e.verdict() == "**met**"
+    cold = _find(ts, "CIFAR-10", "first compile, empty cache")
+    assert sorted(v for _, v, _ in cold.current()) == [50.0, 90.0]  # the CPU record is not a GPU compile
+    assert cold.verdict() == "**mixed**: met by 1 of 2, the others missed by 30.0 s"
+    assert _find(ts, "ResNet-50", "first compile, empty cache").verdict() == "**missed** by 70.0 s"
+    assert _find(ts, "CIFAR-10", "second run").verdict() == "**met**"
+    assert _find(ts, "CIFAR-10", "carried").verdict() == "not measured"
+
+
+def test_step_targets_only_from_same_call_rows(records: Path) -> None:
+    ts = tg.targets(records)
+    speed64 = _find(ts, "2.0x", "B=64")
+    assert speed64.current()[0][1] == pytest.approx(1e3 * 64 / 64.0 / 450.0)
+    assert speed64.verdict() == "**met**"
+    assert _find(ts, "2.0x", "B=32").verdict() == "not measured"  # the B=32 row had no published step beside it
+    ratio = _find(ts, "SCFS / DINO", "B=64")
+    assert ratio.current()[0][1] == pytest.approx(64.0 / 50.0)
+    assert ratio.verdict() == "**missed** by 0.18"
+    assert _find(ts, "SCFS / DINO", "B=32").verdict() == "not measured"  # no SCFS row in the DINO row's record
+    eager = _find(ts, "eager", "B=64")
+    assert eager.current()[0][1] == pytest.approx(640.0 / 700.0) and eager.verdict() == "**missed** by 0.09x"
+    assert _find(ts, "backbone-bound").verdict() == "reported"
+
+
+def test_the_record_lists_the_history_and_the_cli_writes_both_files(records: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out" / "speed-targets"
+    assert tg.main(["--records", str(records), "--out", str(out)]) == 0
+    data = json.loads(out.with_suffix(".json").read_text())
+    e2e = next(t for t in data["targets"] if "end to end" in t["name"])
+    assert e2e["current"] == [["2026-01-02", "97.0 %", "imagenet-e2e-h200-2026-01-02-b.json"]]
+    assert e2e["earlier"] == [["2026-01-01", "90.0 %", "imagenet-e2e-h200-2026-01-01-a.json"]]
+    md = out.with_suffix(".md").read_text()
+    assert "| 90.0 % (imagenet-e2e-h200-2026-01-01-a.json, 2026-01-01) |" in md
+    assert md.count("\n| ") == len(data["targets"]) + 1  # the header and one line per target
+
+
+def test_a_missing_folder_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="no folder .*; pass --records"):
+        tg.main(["--records", str(tmp_path / "nope")])
+
+
+def test_the_committed_table_is_what_the_committed_records_give(tmp_path: Path) -> None:
+    """The committed speed-targets record is regenerated whenever a record it reads is added: its table lines
+    equal a fresh run's on the committed records."""
+    committed = sorted((REPO / "benchmarks" / "results").glob("speed-targets-*.md"))
+    assert committed, "no speed-targets record: run python -m scfs.bench.targets"
+    fresh = tg.run(REPO / "benchmarks" / "results", tmp_path / "t", "test")
+    table = [ln for ln in tg.markdown(fresh).splitlines() if ln.startswith("| ")]
+    assert [ln for ln in committed[-1].read_text().splitlines() if ln.startswith("| ")] == table, \
+        "run python -m scfs.bench.targets and commit its record"

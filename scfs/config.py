@@ -3,7 +3,7 @@ before any data is touched or any model is built."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -195,6 +195,20 @@ def validate_config(cfg: DictConfig) -> None:
             if bad:
                 raise ConfigError(f"config key compile_parallel=true is invalid with {msg} (or "
                                   "compile_parallel=false)")
+    inductor = _get(cfg, "compile_inductor", None)
+    if inductor is not None:
+        from scfs import inductor_options
+
+        if not isinstance(inductor, Mapping):
+            raise ConfigError(f"config key compile_inductor={inductor!r} is invalid: it must be a mapping of "
+                              "torch._inductor.config options, e.g. compile_inductor.triton.autotune_pointwise=false")
+        bad = inductor_options.unknown(inductor)
+        if bad:
+            import torch
+
+            raise ConfigError(f"config key compile_inductor.{bad[0]} is not an option of torch._inductor.config in "
+                              f"torch {torch.__version__}; remove it or name an existing option (e.g. "
+                              "compile_inductor.triton.autotune_pointwise=false)")
     _check(cfg, "num_workers", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0", required=False)
     _check(cfg, "trainer.max_epochs", lambda v: isinstance(v, int) and v >= 1, "an integer >= 1", required=False)
     _check(cfg, "trainer.accumulate_grad_batches", lambda v: isinstance(v, int) and v >= 1, "an integer >= 1",

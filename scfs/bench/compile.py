@@ -22,6 +22,9 @@ share the seed, so a cache that changed the numbers would show). Rows:
 * `parallel`: an empty cache with `compile_parallel=true`: the step compiled from the first step while a helper
   process compiles the teacher's call and the losses (the seconds the step waited for each are printed below the
   table).
+* `lean`: an empty cache with inductor's options that spend compile time on step time turned off (`LEAN`: no
+  launch-config benchmarks of pointwise kernels, no loop reordering after fusion; `compile_inductor`): what they
+  cost the first compile, and what dropping them costs the step.
 * `eager`: `compile=false`, the steady step to compare with.
 
 Every compiled row's `compile cost` is the seconds its compile cost the run against a step compiled from the
@@ -58,7 +61,10 @@ from typing import Any
 from scfs.bench.records import provenance, save_record, source_commit
 from scfs.names import CONF_DIR
 
-ROWS = ("eager", "cold", "warm", "carried", "blocks", "blocks-carried", "cudagraphs", "background", "parallel")
+ROWS = ("eager", "cold", "warm", "carried", "blocks", "blocks-carried", "cudagraphs", "background", "parallel",
+        "lean")
+# the `lean` row's inductor options (`compile_inductor`): the defaults that spend compile time to win step time
+LEAN = ("++compile_inductor.triton.autotune_pointwise=false", "++compile_inductor.loop_ordering_after_fusion=false")
 # torch's compile timers shown in the record's second table: (label, timer name). Inclusive and nested (a label's
 # dots say which row it sits in); names as torch 2.14 reports them, a timer a version lacks shown as –.
 PHASES = (
@@ -292,7 +298,8 @@ def _children_cpu_s() -> float:
 
 def run_row(args: argparse.Namespace, recipe: str, row: str, cache_dir: Path, scope: str, eager: bool = False,
             artifacts_in: Path | None = None, artifacts_out: Path | None = None,
-            backend: str = "inductor", background: bool = False, parallel: bool = False) -> dict[str, Any]:
+            backend: str = "inductor", background: bool = False, parallel: bool = False,
+            extra: tuple[str, ...] = ()) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "scfs.bench.compile", "--child", "--recipe", recipe, "--device", args.device,
            "--scope", scope, "--first", str(args.first), "--steady", str(args.steady)]
     cmd += ["--tiny"] if args.tiny else []
@@ -303,6 +310,7 @@ def run_row(args: argparse.Namespace, recipe: str, row: str, cache_dir: Path, sc
                                                "compile_views=false"]
     row_ov += ["compile_background=true"] if background else []
     row_ov += ["compile_parallel=true"] if parallel else []
+    row_ov += list(extra)
     for o in [*(args.override or []), *row_ov]:
         cmd += ["--override", o]
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir)}
@@ -356,6 +364,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "cudagraphs": dict(cache_dir=d / "cudagraphs", scope="model", backend="cudagraphs"),
                     "background": dict(cache_dir=d / "background", scope="model", background=True),
                     "parallel": dict(cache_dir=d / "parallel", scope="model", parallel=True),
+                    "lean": dict(cache_dir=d / "lean", scope="model", extra=LEAN),
                 }
                 for name in rows:
                     if name == "eager" and rep:

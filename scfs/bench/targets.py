@@ -1,11 +1,11 @@
 """The ImageNet recipe's speed targets in one table, each met or missed by how much, read from the records.
 
-Four benchmarks measure them, in different calls and on different machines: the real run on JPEGs against the
+Three benchmarks measure them, in different calls and on different machines: the real run on JPEGs against the
 step (`scfs.bench.e2e`), the step beside the published one in the same call (`scfs.bench.step --published-tree`),
 and the first compile (`scfs.bench.compile`). This reads their records and writes one table: for each target every
-measurement with its record, and a verdict over all of them. A target measured on several machines keeps every
-machine's number (the compile and the eager step follow the host), so the table shows the spread instead of picking
-the best; it is met when every measurement meets it.
+measurement with its record, and a verdict over the newest day's (older days are an older commit's: listed as the
+history). A target measured on several machines that day keeps every machine's number (the compile and the eager
+step follow the host), so the table shows the spread instead of picking the best; it is met when each meets it.
 
     python -m scfs.bench.targets                        # every record in benchmarks/results
     python -m scfs.bench.targets --records DIR --out benchmarks/results/speed-targets

@@ -121,7 +121,7 @@ def measure(cfg: Any, device: str, first: int, steady: int, artifacts_in: str | 
     import torch
 
     from scfs.train import build
-    from scfs.training.background_compile import make_step
+    from scfs.training.plain_step import make_step
 
     loaded = None
     if artifacts_in:
@@ -182,7 +182,7 @@ def measure_steps(model: Any, device: str, step: Any, first: int, steady: int, l
     from torch._dynamo.utils import counters
 
     from scfs.bench.timing import time_steps
-    from scfs.training.background_compile import cache_counts
+    from scfs.training.plain_step import cache_counts
 
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     graphs: list[int] = []
@@ -219,6 +219,7 @@ def measure_background(model: Any, cfg: Any, device: str, step: Any, first: int,
     import torch
 
     from scfs.training import background_compile as bgc
+    from scfs.training.plain_step import cache_counters, cache_counts
 
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     marks: list[float] = []  # wall seconds since t0 at the end of each step
@@ -239,7 +240,7 @@ def measure_background(model: Any, cfg: Any, device: str, step: Any, first: int,
                 proc.wait()
                 raise RuntimeError(f"the background compile failed: {status}\n"
                                    f"{status_path.with_suffix('.log').read_text(errors='replace')[-3000:]}")
-            before, switch_t0 = bgc.cache_counters(), time.perf_counter() - t0
+            before, switch_t0 = cache_counters(), time.perf_counter() - t0
             model.compile_now()
             for _i in range(first + steady):
                 loss = step(len(marks))
@@ -253,7 +254,7 @@ def measure_background(model: Any, cfg: Any, device: str, step: Any, first: int,
     eager = [b - a for a, b in zip(marks[:k - 1], marks[1:k])]
     return {"first_s": round(marks[0], 2), "step_ms": round(step_ms, 2) if step_ms else None,
             "lost_s": round(marks[-1] - len(marks) * step_ms / 1e3, 1) if step_ms else None,
-            "graphs": None, "loss": float(loss), **bgc.cache_counts(before), "phases": {}, "graph_breaks": {},
+            "graphs": None, "loss": float(loss), **cache_counts(before), "phases": {}, "graph_breaks": {},
             "resumes": {},
             "background": {"child_s": status.get("seconds"), "child_fx_cache": status.get("fx_cache"),
                            "ready_s": round(ready_s, 1), "eager_steps": eager_steps,

@@ -51,7 +51,7 @@ def step_flops(cfg: Any) -> dict[str, Any]:
 
     from scfs.methods.networks import student_forward, teacher_forward
     from scfs.train import build
-    from scfs.training.background_compile import random_views
+    from scfs.training.plain_step import random_views
 
     torch.manual_seed(int(cfg.seed))
     _, model = build(cfg)

@@ -186,7 +186,7 @@ def test_the_background_row_switches_when_the_status_appears_not_when_the_child_
 
     import scfs.training.background_compile as bgc
     from scfs.train import build
-    from scfs.training.background_compile import make_step
+    from scfs.training.plain_step import make_step
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.setattr(bgc, "child_command", lambda cfg_path, status_path, device, steps=2, helper=False: [

@@ -1,0 +1,114 @@
+"""The method's training step driven without Lightning, on random views of the recipe's sizes.
+
+Two kinds of process run the step outside a `Trainer`: the child that compiles the step beside a run
+(`scfs.training.background_compile`), whose graphs and cache keys must be the run's, and the compile and FLOP
+benchmarks (`scfs.bench.compile`, `scfs.bench.flops`), which time or count what a run's step does. Both take the step
+from here, so there is one copy of what `training_step` runs between the views and the optimizer; the cache counters
+say what such a step built or found.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+def autocast_for(precision: str, device: str) -> contextlib.AbstractContextManager:
+    """The autocast Lightning's `trainer.precision` puts around a training step (none for full precision)."""
+    dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
+    return torch.autocast(device, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+
+
+def random_views(cfg: Any, device: str | torch.device = "cpu",
+                 channels_last: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Random views of the recipe's sizes, as a step takes them: the two global views of `cfg.batch_size` images
+    as one float32 batch, the local views as another (None without local views), seeded, in the model's memory
+    format. The compiled graphs depend on these shapes, dtypes and strides only, so they are the run's graphs."""
+    b, n_local = int(cfg.batch_size), int(cfg.crops.n_local)
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    cl = torch.channels_last if channels_last else torch.contiguous_format
+    views = [torch.randn(b, 3, s, s, generator=gen).to(device)
+             for s in [int(cfg.crops.global_size)] * 2 + [int(cfg.crops.local_size)] * n_local]
+    g = torch.cat(views[:2]).contiguous(memory_format=cl)
+    loc = torch.cat(views[2:]).contiguous(memory_format=cl) if n_local else None
+    return g, loc
+
+
+def make_step(model: Any, cfg: Any, device: str, opt: torch.optim.Optimizer, eager_student: bool = False,
+              done: Callable[[str], None] | None = None) -> Callable[[int], torch.Tensor]:
+    """The method's training step without Lightning, on `random_views`: the student and teacher calls, the
+    losses with the flags a run passes (step 0 a logging step), backward, optimizer step and EMA. Returns
+    `step(i) -> loss`. What `training_step` runs between the views and the optimizer, and so the graphs it builds
+    (the method's `compile_gate` asked before the teacher and the losses, as there).
+
+    `eager_student`: the student's call runs eager (`force_eager`), so only the teacher's call and the losses are
+    compiled (`compile_parallel`'s helper); `done(part)` is told when the teacher's call ("teacher") and the
+    losses' forward and backward ("loss") have run, i.e. when their cache entries are written."""
+    from scfs.methods.ema import ema_update
+
+    b, n_local = int(cfg.batch_size), int(cfg.crops.n_local)
+    g, loc = random_views(cfg, device, model.channels_last)
+    cast = autocast_for(str(cfg.trainer.precision), "cuda" if str(device).startswith("cuda") else "cpu")
+
+    def step(i: int) -> torch.Tensor:
+        # a float for an eager loss, a device tensor compiled: asked each step, the model may have switched
+        temp = model._temp_arg(0.04, torch.device(device))
+        gate = model.compile_gate
+        with cast:
+            with torch.compiler.set_stance("force_eager") if eager_student else contextlib.nullcontext():
+                st = model._student_fn(model.student, g, loc, model.stages, model._local_heads)
+            if gate is not None:
+                gate("teacher")
+            with torch.no_grad():
+                te = model._teacher_fn(model.teacher, g, model.stages)
+            if done is not None:
+                done("teacher")
+            if not model._loss_prepared:
+                model.prepare_loss(st, te)
+                model._loss_prepared = True
+            if gate is not None:
+                gate("loss")
+            loss, _ = model._loss_fn(model, st, te, b, n_local, temp, model.loss_diagnostics(i == 0))
+        loss.backward()
+        if done is not None:
+            done("loss")
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        ema_update(model.teacher, model.student, 0.996)
+        return loss.detach()
+
+    return step
+
+
+def make_views(model: Any, cfg: Any, device: str, times: int) -> None:
+    """`compile_views`: the views' compiled per-pixel ops, run `times` times on random uint8 crops of the recipe's
+    sizes (`BatchMultiCrop.colour`; the run's `forward` from whole images ends in the same graphs: one float
+    (n*B,3,s,s) stack per view size), outside autocast as Lightning makes a batch's views."""
+    b, n_local = int(cfg.batch_size), int(cfg.crops.n_local)
+    sizes = [int(cfg.crops.global_size)] * 2 + [int(cfg.crops.local_size)] * n_local
+    gen = torch.Generator(device=device).manual_seed(0)
+    crops = [torch.randint(0, 256, (b, 3, s, s), dtype=torch.uint8, device=device, generator=gen) for s in sizes]
+    for _ in range(times):
+        model.batch_aug.colour(crops, generator=gen)
+
+
+CACHE_COUNTERS = (("inductor", "fxgraph_cache_hit"), ("inductor", "fxgraph_cache_miss"),
+                  ("aot_autograd", "autograd_cache_hit"), ("aot_autograd", "autograd_cache_miss"))
+
+
+def cache_counters() -> tuple[int, ...]:
+    """This process's inductor and AOTAutograd cache hits and misses so far (`CACHE_COUNTERS`)."""
+    from torch._dynamo.utils import counters
+
+    return tuple(int(counters[group][name]) for group, name in CACHE_COUNTERS)
+
+
+def cache_counts(since: tuple[int, ...] | None = None) -> dict[str, str]:
+    """The cache hits and misses since `since` (a `cache_counters()`; this process's whole life when None), as
+    the records print them."""
+    now = cache_counters()
+    fh, fm, ah, am = (n - b for n, b in zip(now, since or (0,) * len(now)))
+    return {"fx_cache": f"{fh} hit / {fm} miss", "aot_cache": f"{ah} hit / {am} miss"}

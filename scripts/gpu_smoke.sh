@@ -41,9 +41,9 @@ in_readme() { [ -z "$1" ] || grep -qF -- "$1" README.md; }
 # the order the rows were started) so that `retry_alone` can run it again.
 TAB=$'\t'
 SWALLOWED='searched-regions figure skipped'   # failures a command logs but does not exit on
-note_args() {  # ID README EXTRA: once per row, keyed by when it was first named
-  ls "$WK/args"/*-"$1" > /dev/null 2>&1 || printf '%s\n%s\n%s\n%s\n' "$2" "$3" "${CKRUN:-}" "${WAVE:-1}" \
-    > "$WK/args/$(date +%s%N)-$1"
+note_args() {  # ID README EXTRA: once per row, keyed by when it was first named (with its time limit)
+  ls "$WK/args"/*-"$1" > /dev/null 2>&1 || printf '%s\n%s\n%s\n%s\n%s\n' "$2" "$3" "${CKRUN:-}" "${WAVE:-1}" \
+    "${LIMIT:-330}" > "$WK/args/$(date +%s%N)-$1"
 }
 run() {
   local id=$1 readme=$2; shift 2
@@ -100,7 +100,8 @@ retry_alone() {
     grep -qi "out of memory" "$WK/logs/$id.log" 2>/dev/null && first="CUDA out of memory side by side"
     [ -f "$WK/logs/$id.log" ] && mv "$WK/logs/$id.log" "$WK/logs/$id.side-by-side.log"
     grep -v "^$id$TAB" "$ROWS" > "$ROWS.tmp"; mv "$ROWS.tmp" "$ROWS"
-    RETRY=$first CKRUN=$(sed -n 3p "$WK/args/$f") run "$id" "$(sed -n 1p "$WK/args/$f")" "$(sed -n 2p "$WK/args/$f")"
+    RETRY=$first CKRUN=$(sed -n 3p "$WK/args/$f") LIMIT=$(sed -n 5p "$WK/args/$f") \
+      run "$id" "$(sed -n 1p "$WK/args/$f")" "$(sed -n 2p "$WK/args/$f")"
   done
 }
 last_ckpt() { find runs/"$1" -name last.ckpt -path '*/checkpoints/*' -printf '%T@ %p\n' 2>/dev/null | sort -n | tail -n 1 | cut -d' ' -f2; }

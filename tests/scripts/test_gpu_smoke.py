@@ -79,6 +79,7 @@ case "$*" in
   *name=smoke-resume*) oom resume && exit 1; touch "$MARK/stopped";;
   *scfs.eval.precision*) case "$*" in *"DINO= "*) echo "checkpoint . is a folder" >&2; exit 1;; esac;;
   *data.decode=gpu*) echo "[scfs.viz][WARNING] - searched-regions figure skipped: ValueError: bad sample";;
+  *test_background_compile*) echo "${LIMIT:-unset}" >> "$MARK/background-limits"; oom background && exit 1;;
 esac
 exit 0
 """
@@ -86,9 +87,9 @@ exit 0
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_rows_out_of_gpu_memory_side_by_side_run_again_alone(tmp_path):
-    """A GPU shared with other work can run a row out of memory: that row runs again alone, with the rows of
-    wave 2 that failed for want of its checkpoint and the chain's step that never ran, in order; a command
-    that exits 0 but logs a failure it swallowed fails its row."""
+    """A GPU shared with other work can run a row out of memory: that row runs again alone (under its own time
+    limit), with the rows of wave 2 that failed for want of its checkpoint and the chain's step that never ran, in
+    order; a command that exits 0 but logs a failure it swallowed fails its row."""
     repo = tmp_path / "repo"
     repo.mkdir()
     shutil.copytree(REPO / "scripts", repo / "scripts")
@@ -116,4 +117,7 @@ def test_rows_out_of_gpu_memory_side_by_side_run_again_alone(tmp_path):
     assert by_id["imagenet-gpu-decode"][1] == "FAIL"
     assert by_id["imagenet-gpu-decode"][5] == "searched-regions figure skipped: ValueError: bad sample"
     assert by_id["knn"][5] == ""  # a wave-2 row that passed is not run again
+    # a row with a time limit of its own keeps it when it runs again alone
+    assert by_id["pytest-gpu-background"][1] == "PASS" and by_id["pytest-gpu-background"][5] == again
+    assert (tmp_path / "mark" / "background-limits").read_text().split() == ["450", "450"]
     assert "35 of 36 PASS" in next((tmp_path / "rec").glob("gpu-smoke-*.md")).read_text()

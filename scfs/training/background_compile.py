@@ -235,6 +235,12 @@ class ChildCompile(L.Callback):
             return status
         return None
 
+    summary_key = "compile_background"  # the run's summary.json entry (`summary_entry`)
+
+    def summary_entry(self) -> dict[str, Any]:
+        """What `summary.json` records of the child and the compiled step (the option's key: `summary_key`)."""
+        return self.report
+
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         stop_child(self.proc)  # still compiling: the run ended first
 
@@ -257,6 +263,10 @@ class BackgroundCompile(ChildCompile):
         self.check_every = max(int(check_every or CHECK_EVERY), 1)
         self.switched_at: int | None = None  # the global step the compiled step started at
         self._switch_t: float | None = None
+
+    def summary_entry(self) -> dict[str, Any]:
+        """When the compiled step took over and what it was built from (a run that never switched says so)."""
+        return self.report or {"switch_step": None}
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.t0 = time.monotonic()
@@ -305,6 +315,7 @@ class ParallelCompile(ChildCompile):
     from the cache instead of compiling them after the student's. `wait_s` bounds each wait."""
 
     helper = True
+    summary_key = "compile_parallel"  # the first step, its waits for the helper and its cache hits
     started_message = ("compile_parallel: process %d compiles the teacher's call and the losses into %s (log: %s) "
                        "while this one compiles the student's")
 

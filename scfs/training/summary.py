@@ -65,13 +65,11 @@ def summarise(summary: dict[str, Any], cfg: DictConfig, trainer: Any, model: Any
     timer = next((c for c in trainer.callbacks if isinstance(c, EpochTimer)), None)
     if timer is not None:
         summary.update(timer.report(int(getattr(dm, "batch_size", cfg.batch_size)) * trainer.world_size))
-    from scfs.training.background_compile import ChildCompile, ParallelCompile
+    from scfs.training.background_compile import ChildCompile
 
     child = next((c for c in trainer.callbacks if isinstance(c, ChildCompile)), None)
-    if isinstance(child, ParallelCompile):  # compile_parallel: the first step, its waits and its cache hits
-        summary["compile_parallel"] = child.report
-    elif child is not None:  # compile_background: when the compiled step took over and what it was built from
-        summary["compile_background"] = child.report or {"switch_step": None}
+    if child is not None:  # compile_background / compile_parallel: what the child did for the run
+        summary[child.summary_key] = child.summary_entry()
     if budget is not None and budget.stopped:
         summary["stopped_by_chunk_budget"] = True
         summary["resume_with"] = f"resume={last.path}"

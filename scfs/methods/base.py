@@ -394,6 +394,38 @@ class SelfDistillation(L.LightningModule):
         return (sample, *batch[1:]) if isinstance(batch, (list, tuple)) else sample
 
     # ---- forward ---------------------------------------------------------------------------------------
+    def views_to_loss(self, g: torch.Tensor, loc: torch.Tensor | None, b: int, n_local: int, temp: float,
+                      diagnostics: bool, eager_student: bool = False, done: Callable[[str], None] | None = None,
+                      ) -> tuple[torch.Tensor, dict[str, Any], dict[str, Any]]:
+        """The step from the stacked views to the loss: the student's call, the teacher's, the losses; returns
+        `(loss, logs, student outputs)`. One copy for `training_step` and for the step driven without Lightning
+        (`scfs.training.plain_step`), so a child compiling beside a run builds the run's graphs.
+
+        `compile_gate(part)` is asked before the teacher's call and the losses (`compile_parallel`).
+        `eager_student`: the student's call runs eager (`force_eager`; `compile_parallel`'s helper compiles the rest);
+        `done("teacher")` is told once the teacher's call has run. `g`: the two global views of `b` images stacked,
+        `loc`: the `n_local` local views stacked (None without them)."""
+        # eager: each student weight cast to bf16/fp16 once for both view batches (a compiled graph does so anyway)
+        casts = contextlib.nullcontext() if self.compile_nets else cached_weight_casts(g.device.type)
+        eager = torch.compiler.set_stance("force_eager") if eager_student else contextlib.nullcontext()
+        with record_function("scfs/student"), casts, eager:
+            st = self._student_fn(self.student, g, loc, self.stages, self._local_heads)
+        if self.compile_gate is not None:
+            self.compile_gate("teacher")
+        with torch.no_grad(), record_function("scfs/teacher"):
+            te = self._teacher_fn(self.teacher, g, self.stages)
+        if done is not None:
+            done("teacher")
+        if not self._loss_prepared:
+            self.prepare_loss(st, te)
+            self._loss_prepared = True
+        if self.compile_gate is not None:
+            self.compile_gate("loss")
+        with record_function("scfs/losses"):
+            loss, logs = self._loss_fn(self, st, te, b, n_local, self._temp_arg(temp, g.device),
+                                       self.loss_diagnostics(diagnostics))
+        return loss, logs, st
+
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         sample = batch[0] if isinstance(batch, (list, tuple)) else batch
         views: list[torch.Tensor] = sample["views"]
@@ -406,26 +438,11 @@ class SelfDistillation(L.LightningModule):
         cl = torch.channels_last if self.channels_last else torch.contiguous_format
         g = torch.cat(views[:2]).contiguous(memory_format=cl)
         loc = torch.cat(views[2:]).contiguous(memory_format=cl) if n_local else None
-        # eager: each student weight cast to bf16/fp16 once for both view batches (a compiled graph does so anyway)
-        casts = contextlib.nullcontext() if self.compile_nets else cached_weight_casts(g.device.type)
-        with record_function("scfs/student"), casts:
-            st = self._student_fn(self.student, g, loc, self.stages, self._local_heads)
-        if self.compile_gate is not None:
-            self.compile_gate("teacher")
-        with torch.no_grad(), record_function("scfs/teacher"):
-            te = self._teacher_fn(self.teacher, g, self.stages)
+        diagnostics = self._logging_step()
+        loss, logs, st = self.views_to_loss(g, loc, b, n_local, temp, diagnostics)
         # for online monitors (stop-gradient linear probe): student features of global view 1 and labels
         self.last_features = st["pooled_global"][:b].detach()
         self.last_labels = batch[1] if isinstance(batch, (list, tuple)) and len(batch) > 1 else None
-        diagnostics = self._logging_step()
-        if not self._loss_prepared:
-            self.prepare_loss(st, te)
-            self._loss_prepared = True
-        if self.compile_gate is not None:
-            self.compile_gate("loss")
-        with record_function("scfs/losses"):
-            loss, logs = self._loss_fn(self, st, te, b, n_local, self._temp_arg(temp, g.device),
-                                       self.loss_diagnostics(diagnostics))
         logs["loss/total"] = loss
         # the per-step terms only on the steps that write them: each self.log costs about 0.4 ms of host time, a
         # dozen of them a few ms of a host-bound GPU step; the schedules' Python floats would also become device

@@ -41,8 +41,8 @@ def make_step(model: Any, cfg: Any, device: str, opt: torch.optim.Optimizer, eag
               done: Callable[[str], None] | None = None) -> Callable[[int], torch.Tensor]:
     """The method's training step without Lightning, on `random_views`: the student and teacher calls, the
     losses with the flags a run passes (step 0 a logging step), backward, optimizer step and EMA. Returns
-    `step(i) -> loss`. What `training_step` runs between the views and the optimizer, and so the graphs it builds
-    (the method's `compile_gate` asked before the teacher and the losses, as there).
+    `step(i) -> loss`. Between the views and the backward it is the method's `views_to_loss`, which
+    `training_step` runs too, and so it builds the run's graphs.
 
     `eager_student`: the student's call runs eager (`force_eager`), so only the teacher's call and the losses are
     compiled (`compile_parallel`'s helper); `done(part)` is told when the teacher's call ("teacher") and the
@@ -54,24 +54,8 @@ def make_step(model: Any, cfg: Any, device: str, opt: torch.optim.Optimizer, eag
     cast = autocast_for(str(cfg.trainer.precision), "cuda" if str(device).startswith("cuda") else "cpu")
 
     def step(i: int) -> torch.Tensor:
-        # a float for an eager loss, a device tensor compiled: asked each step, the model may have switched
-        temp = model._temp_arg(0.04, torch.device(device))
-        gate = model.compile_gate
         with cast:
-            with torch.compiler.set_stance("force_eager") if eager_student else contextlib.nullcontext():
-                st = model._student_fn(model.student, g, loc, model.stages, model._local_heads)
-            if gate is not None:
-                gate("teacher")
-            with torch.no_grad():
-                te = model._teacher_fn(model.teacher, g, model.stages)
-            if done is not None:
-                done("teacher")
-            if not model._loss_prepared:
-                model.prepare_loss(st, te)
-                model._loss_prepared = True
-            if gate is not None:
-                gate("loss")
-            loss, _ = model._loss_fn(model, st, te, b, n_local, temp, model.loss_diagnostics(i == 0))
+            loss, _, _ = model.views_to_loss(g, loc, b, n_local, 0.04, i == 0, eager_student=eager_student, done=done)
         loss.backward()
         if done is not None:
             done("loss")

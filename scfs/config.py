@@ -199,9 +199,11 @@ def validate_config(cfg: DictConfig) -> None:
     if inductor is not None:
         from scfs import inductor_options
 
-        if not isinstance(inductor, Mapping):
-            raise ConfigError(f"config key compile_inductor={inductor!r} is invalid: it must be a mapping of "
-                              "torch._inductor.config options, e.g. compile_inductor.triton.autotune_pointwise=false")
+        preset = isinstance(inductor, str) and inductor in inductor_options.PRESETS
+        if not isinstance(inductor, Mapping) and not preset:
+            raise ConfigError(f"config key compile_inductor={inductor!r} is invalid: it must be a preset "
+                              f"({', '.join(sorted(inductor_options.PRESETS))}) or a mapping of torch._inductor.config "
+                              "options, e.g. compile_inductor.triton.autotune_pointwise=false")
         bad = inductor_options.unknown(inductor)
         if bad:
             import torch

@@ -25,6 +25,8 @@ share the seed, so a cache that changed the numbers would show). Rows:
 * `lean`: an empty cache with inductor's options that spend compile time on step time turned off (`LEAN`: no
   launch-config benchmarks of pointwise kernels, no loop reordering after fusion; `compile_inductor`): what they
   cost the first compile, and what dropping them costs the step.
+* `parallel-lean`: both (`compile_parallel=true` with `compile_inductor=lean`): the shortest cold compile the
+  options give.
 * `eager`: `compile=false`, the steady step to compare with.
 
 Every compiled row's `compile cost` is the seconds its compile cost the run against a step compiled from the
@@ -62,9 +64,9 @@ from scfs.bench.records import provenance, save_record, source_commit
 from scfs.names import CONF_DIR
 
 ROWS = ("eager", "cold", "warm", "carried", "blocks", "blocks-carried", "cudagraphs", "background", "parallel",
-        "lean")
+        "lean", "parallel-lean")
 # the `lean` row's inductor options (`compile_inductor`): the defaults that spend compile time to win step time
-LEAN = ("++compile_inductor.triton.autotune_pointwise=false", "++compile_inductor.loop_ordering_after_fusion=false")
+LEAN = ("compile_inductor=lean",)
 # torch's compile timers shown in the record's second table: (label, timer name). Inclusive and nested (a label's
 # dots say which row it sits in); names as torch 2.14 reports them, a timer a version lacks shown as –.
 PHASES = (
@@ -366,6 +368,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "background": dict(cache_dir=d / "background", scope="model", background=True),
                     "parallel": dict(cache_dir=d / "parallel", scope="model", parallel=True),
                     "lean": dict(cache_dir=d / "lean", scope="model", extra=LEAN),
+                    "parallel-lean": dict(cache_dir=d / "parallel-lean", scope="model", parallel=True, extra=LEAN),
                 }
                 for name in rows:
                     if name == "eager" and rep:

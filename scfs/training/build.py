@@ -16,10 +16,9 @@ def build(cfg: DictConfig):
     from scfs.methods import method_class
 
     validate_config(cfg)
-    if cfg.get("compile_inductor"):
-        from scfs import inductor_options
+    from scfs import inductor_options
 
-        inductor_options.apply(cfg.compile_inductor)
+    inductor_options.use(cfg.get("compile_inductor"))
     method = method_class(cfg.method.name)  # an unknown name fails here, before any data is touched
     crops = OmegaConf.to_container(cfg.crops, resolve=True)
     batch_aug = bool(cfg.data.get("batch_aug", False))

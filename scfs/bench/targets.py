@@ -136,6 +136,10 @@ def targets(records_dir: Path) -> list[Target]:
     compiles = [rec for rec in load(records_dir.glob("compile-*.json"))
                 if str(rec.data.get("device", "")).startswith("cuda") and not rec.data.get("tiny")]
     for setting, label, limit in (("cold", "first compile, empty cache", COMPILE_S),
+                                  ("parallel", "first compile, empty cache, `compile_parallel=true`", COMPILE_S),
+                                  ("lean", "first compile, empty cache, `compile_inductor=lean`", COMPILE_S),
+                                  ("parallel-lean", "first compile, empty cache, `compile_parallel=true` and "
+                                                    "`compile_inductor=lean`", COMPILE_S),
                                   ("carried", "first compile with a carried `compile_artifacts` file", COMPILE_S),
                                   ("warm", "second run, cache warm", SECOND_RUN_S)):
         for recipe, title in RECIPES.items():

@@ -10,8 +10,9 @@ top-1/top-5 for every k in `ks` are reported in `runs/eval/knn-<time>/` (report.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,16 +78,37 @@ def _torch_search(train_feats: torch.Tensor, test_feats: torch.Tensor, k: int,
     bank = train_feats.detach().to(dev, torch.float32)
     rows = max(1, chunk_bytes // (4 * bank.shape[0]))
     sims, idx = [], []
-    tf32 = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
+    with ieee_matmuls():
         for q in test_feats.detach().split(rows):
             s, i = (q.to(dev, torch.float32) @ bank.T).topk(k, dim=1)
             sims.append(s.cpu())
             idx.append(i.cpu())
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = tf32
     return torch.cat(sims), torch.cat(idx).long()
+
+
+@contextlib.contextmanager
+def ieee_matmuls() -> Iterator[None]:
+    """float32 matmuls without TF32 inside, the process's setting exactly as it was after.
+
+    Exactly: torch's `fp32_precision` is part of inductor's and AOTAutograd's cache keys, and saving and restoring
+    the older `allow_tf32` flag turns its default "none" into "ieee". A run that evaluated kNN before its first
+    compile would then compile under other keys than a fresh process: the `compile_background` child's and the
+    `compile_parallel` helper's cache entries would all miss."""
+    matmul = torch.backends.cuda.matmul
+    if not hasattr(matmul, "fp32_precision"):  # a torch before the fp32_precision setting
+        tf32 = matmul.allow_tf32
+        matmul.allow_tf32 = False
+        try:
+            yield
+        finally:
+            matmul.allow_tf32 = tf32
+        return
+    before = matmul.fp32_precision
+    matmul.fp32_precision = "ieee"
+    try:
+        yield
+    finally:
+        matmul.fp32_precision = before
 
 
 def knn_votes(sims: torch.Tensor, idx: torch.Tensor, train_labels: torch.Tensor, k: int, temperature: float,

@@ -64,9 +64,43 @@ def child_config(cfg: DictConfig, batch_size: int) -> DictConfig:
 
 
 def child_command(cfg_path: Path, status_path: Path, device: str, steps: int = 2, helper: bool = False) -> list[str]:
-    """The child's command line (this module as a script)."""
+    """The child's command line (this module as a script), with this process's `key_settings`."""
     return [sys.executable, "-m", "scfs.training.background_compile", str(cfg_path), str(status_path), "--device",
-            device, "--steps", str(steps), *(["--helper"] if helper else [])]
+            device, "--steps", str(steps), *(["--helper"] if helper else []),
+            "--settings", json.dumps(key_settings())]
+
+
+def key_settings() -> dict[str, Any]:
+    """This process's settings that are part of inductor's and AOTAutograd's cache keys and that a user or a
+    library sets process-wide: the matmul precision (`torch.set_float32_matmul_precision("high")`, as Lightning
+    suggests) and deterministic algorithms (`trainer.deterministic`). The child takes them (`apply_key_settings`):
+    compiled under a fresh process's defaults, none of its entries would be the run's."""
+    matmul = torch.backends.cuda.matmul
+    out: dict[str, Any] = {"deterministic": torch.are_deterministic_algorithms_enabled(),
+                           "deterministic_warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
+                           "fp16_reduction": matmul.allow_fp16_reduced_precision_reduction,
+                           "bf16_reduction": matmul.allow_bf16_reduced_precision_reduction}
+    if hasattr(matmul, "fp32_precision"):
+        out["fp32_precision"] = matmul.fp32_precision
+    else:  # a torch before the fp32_precision setting
+        out["float32_matmul_precision"] = torch.get_float32_matmul_precision()
+    return out
+
+
+def apply_key_settings(settings: dict[str, Any]) -> None:
+    """Set the run's `key_settings` in this (the child's) process."""
+    matmul = torch.backends.cuda.matmul
+    if "fp32_precision" in settings and hasattr(matmul, "fp32_precision"):
+        matmul.fp32_precision = settings["fp32_precision"]
+    if "float32_matmul_precision" in settings:
+        torch.set_float32_matmul_precision(settings["float32_matmul_precision"])
+    if "fp16_reduction" in settings:
+        matmul.allow_fp16_reduced_precision_reduction = settings["fp16_reduction"]
+    if "bf16_reduction" in settings:
+        matmul.allow_bf16_reduced_precision_reduction = settings["bf16_reduction"]
+    if "deterministic" in settings:
+        torch.use_deterministic_algorithms(bool(settings["deterministic"]),
+                                           warn_only=bool(settings.get("deterministic_warn_only", False)))
 
 
 def child_env() -> dict[str, str]:
@@ -162,7 +196,11 @@ def main(argv: list[str] | None = None) -> int:
                    "checks the built step runs)")
     p.add_argument("--helper", action="store_true", help="compile the teacher's call and the losses only "
                    "(compile_parallel)")
+    p.add_argument("--settings", default=None, help="the run's process-wide settings that are part of the cache "
+                   "keys, as JSON (key_settings)")
     args = p.parse_args(argv)
+    if args.settings:
+        apply_key_settings(json.loads(args.settings))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     with contextlib.suppress(OSError):
         os.nice(5)  # the training process keeps the host first: its eager steps are host-bound too
@@ -183,6 +221,20 @@ def wait_for_part(status_path: Path, part: str, ended: Callable[[], Any], wait_s
 
 
 # ---- the training process ---------------------------------------------------------------------------------------
+def _cache_hits(report: dict[str, Any]) -> tuple[int, int]:
+    """The inductor cache's (hits, misses) of a report (`cache_counts`)."""
+    hit, miss = report.get("fx_cache", "0 hit / 0 miss").replace(" miss", "").split(" hit / ")
+    return int(hit), int(miss)
+
+
+def warn_cache_missed(option: str, whose: str, report: dict[str, Any]) -> None:
+    """One line when the child's cache entries were not this run's: its compile then bought nothing."""
+    log.warning("%s: %s cache entries were not this run's (inductor cache %s): this process compiled under other "
+                "cache keys than the child, e.g. torch.set_float32_matmul_precision or inductor options changed after "
+                "the run started, or another cache folder; the child's compile bought nothing", option, whose,
+                report.get("fx_cache"))
+
+
 class ChildCompile(L.Callback):
     """What both options' callbacks share: the child, started on each node's local rank 0 with the run's config,
     polled through its status file, stopped when the run ends first.
@@ -305,6 +357,8 @@ class BackgroundCompile(ChildCompile):
         self._switch_t = None
         log.info("compile_background: the first compiled step took %.1f s (inductor cache %s, AOTAutograd %s)",
                  self.report["switch_s"], self.report["fx_cache"], self.report["aot_cache"])
+        if _cache_hits(self.report)[1]:
+            warn_cache_missed("compile_background", "the child's", self.report)
 
 
 class ParallelCompile(ChildCompile):
@@ -347,6 +401,8 @@ class ParallelCompile(ChildCompile):
         self._first_t = None
         log.info("compile_parallel: the first step took %.1f s, %s s of it waiting for the helper (inductor cache %s)",
                  self.report["first_step_s"], self.report["waited_s"], self.report["fx_cache"])
+        if not _cache_hits(self.report)[0]:
+            warn_cache_missed("compile_parallel", "the helper's", self.report)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -52,6 +52,42 @@ def test_torch_search_equals_faiss(k):
         knn_search(train, test, k, backend="gpu")
 
 
+@pytest.mark.parametrize("setting", ["none", "tf32", "ieee"])
+def test_the_torch_search_leaves_the_matmul_precision_exactly_as_it_was(setting):
+    """The search runs without TF32 and puts the process's setting back exactly: `fp32_precision` is part of
+    inductor's cache keys, so a kNN before the first compile must not make the run's keys differ from a fresh
+    process's (the background child's and the parallel helper's)."""
+    from scfs.eval.knn import _torch_search
+
+    matmul = torch.backends.cuda.matmul
+    was = matmul.fp32_precision
+    try:
+        matmul.fp32_precision = setting
+        x = F.normalize(torch.randn(50, 8), dim=1)
+        _torch_search(x, x[:5], 3)
+        assert matmul.fp32_precision == setting
+    finally:
+        matmul.fp32_precision = was
+
+
+@pytest.mark.parametrize("setting", ["none", "tf32"])
+def test_ieee_matmuls_turns_tf32_off_inside_and_puts_the_setting_back(setting):
+    from scfs.eval.knn import ieee_matmuls
+
+    matmul = torch.backends.cuda.matmul
+    was = matmul.fp32_precision
+    try:
+        matmul.fp32_precision = setting
+        with ieee_matmuls():
+            assert matmul.fp32_precision == "ieee" and not matmul.allow_tf32
+        assert matmul.fp32_precision == setting
+        with pytest.raises(RuntimeError, match="inside"), ieee_matmuls():
+            raise RuntimeError("inside")
+        assert matmul.fp32_precision == setting
+    finally:
+        matmul.fp32_precision = was
+
+
 def test_accuracies_for_all_k_from_one_search_match_brute_force():
     g = torch.Generator().manual_seed(0)
     centers = torch.randn(8, 32, generator=g)

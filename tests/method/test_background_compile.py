@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -56,6 +57,56 @@ def test_the_child_builds_the_runs_method_compiled_and_reports(tmp_path, eager_b
     status = bgc.compile_in_child(path, status_path, "cpu", steps=2)
     assert status == json.loads(status_path.read_text())
     assert status["ok"] and status["steps"] == 2 and status["loss"] == status["loss"] and status["seconds"] > 0
+
+
+def test_the_child_takes_the_runs_cache_key_settings(monkeypatch):
+    """A run that set the matmul precision or deterministic algorithms compiles under other cache keys than a
+    fresh process: the child's command line carries the run's settings, and the child sets them."""
+    import subprocess
+
+    matmul = torch.backends.cuda.matmul
+    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
+    monkeypatch.setattr(torch, "is_deterministic_algorithms_warn_only_enabled", lambda: True)
+    was = matmul.fp32_precision
+    try:
+        matmul.fp32_precision = "tf32"  # as torch.set_float32_matmul_precision("high")
+        cmd = bgc.child_command(Path("c.yaml"), Path("s.json"), "cpu")
+    finally:
+        matmul.fp32_precision = was
+    sent = json.loads(cmd[cmd.index("--settings") + 1])
+    assert sent["fp32_precision"] == "tf32" and sent["deterministic"] and sent["deterministic_warn_only"]
+    fresh = subprocess.run([sys.executable, "-c", "import json, sys, torch\n"
+                            "import scfs.training.background_compile as bgc\n"
+                            "before = bgc.key_settings()\n"
+                            "bgc.apply_key_settings(json.loads(sys.argv[1]))\n"
+                            "print(json.dumps([before, bgc.key_settings()]))", json.dumps(sent)],
+                           capture_output=True, text=True, check=True)
+    before, after = json.loads(fresh.stdout.strip().splitlines()[-1])
+    assert before != sent and after == sent  # a fresh process differs until it takes the run's
+
+
+@pytest.mark.parametrize("counts, warned", [("0 hit / 5 miss", True), ("5 hit / 0 miss", False)])
+def test_a_compiled_step_that_missed_the_childs_entries_says_so(tmp_path, monkeypatch, caplog, counts, warned):
+    import time
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(bgc, "cache_counts", lambda since=None: {"fx_cache": counts, "aot_cache": "0 hit / 0 miss"})
+    cfg = compose_cfg(["compile=true"])
+    bg = bgc.BackgroundCompile(cfg, tmp_path, 8)
+    bg._switch_t, bg._counters = time.monotonic(), (0, 0, 0, 0)
+    par = bgc.ParallelCompile(cfg, tmp_path, 8)
+    par.report, par._first_t, par._counters = {"waited_s": {}}, time.monotonic(), (0, 0, 0, 0)
+    with caplog.at_level(logging.WARNING, logger="scfs.train"):
+        bg.on_train_batch_end(None, None, None, None, 0)
+        par.on_train_batch_end(None, SimpleNamespace(compile_gate=print), None, None, 0)
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    if not warned:
+        assert said == []
+        return
+    assert len(said) == 2 and all("\n" not in m for m in said)
+    assert said[0].startswith(f"compile_background: the child's cache entries were not this run's (inductor cache "
+                              f"{counts})")
+    assert said[1].startswith("compile_parallel: the helper's cache entries were not this run's")
 
 
 def test_a_failing_child_writes_a_failed_status(tmp_path):

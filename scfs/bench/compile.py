@@ -330,12 +330,22 @@ def run_row(args: argparse.Namespace, recipe: str, row: str, cache_dir: Path, sc
             **({"warning": warned[0]} if warned else {})}
 
 
+# the timed columns a table row gives as the median over the repeats
+MEDIAN_KEYS = ("first_s", "lost_s", "process_s", "process_cpu_s", "step_ms")
+
+
 def median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The repeat with the median first-steps time, with every repeat's time beside it."""
+    """One table row from a setting's repeats: each timed column (`MEDIAN_KEYS`) the median over them (with an
+    even count, the mean of the middle two, so every column is the same statistic), every repeat's first-steps
+    time beside it; the rest (phases, cache counts, loss) from the repeat whose first steps were the (lower)
+    median."""
     ordered = sorted(rows, key=lambda r: r["first_s"])
     out = dict(ordered[(len(ordered) - 1) // 2])
     out["first_s_all"] = [r["first_s"] for r in rows]
-    out["first_s"] = round(statistics.median(r["first_s"] for r in rows), 2)
+    for key in MEDIAN_KEYS:
+        values = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
+        if len(values) == len(rows):
+            out[key] = round(statistics.median(values), 2)
     return out
 
 

@@ -234,3 +234,14 @@ def test_the_parallel_row_waits_for_the_helpers_parts(monkeypatch, eager_backend
     md = bench.markdown({"machine": "m", "torch": "t", "date": "d", "commit": "c", "command": "x", "first_steps": 1,
                          "table": [{**row, "recipe": "default", "setting": "parallel", "process_cpu_s": 1.0}]})
     assert "`compile_parallel=true` (default): the first step waited for the helper's entries: teacher" in md
+
+
+def test_a_table_row_gives_each_timed_column_as_the_median_over_the_repeats():
+    rows = [{"first_s": 92.85, "lost_s": 92.8, "process_cpu_s": 240.2, "step_ms": 32.25, "loss": 1.0, "phases": "a"},
+            {"first_s": 88.19, "lost_s": 88.1, "process_cpu_s": 227.3, "step_ms": 32.16, "loss": 2.0, "phases": "b"},
+            {"first_s": 90.0, "lost_s": 89.0, "process_cpu_s": 230.0, "step_ms": 33.0, "loss": 3.0, "phases": "c"}]
+    two = bench.median_row(rows[:2])
+    assert (two["first_s"], two["lost_s"], two["process_cpu_s"], two["step_ms"]) == (90.52, 90.45, 233.75, 32.2)
+    assert two["first_s_all"] == [92.85, 88.19] and two["phases"] == "b"  # the lower median's own phases
+    three = bench.median_row(rows)
+    assert (three["first_s"], three["lost_s"], three["step_ms"], three["phases"]) == (90.0, 89.0, 32.25, "c")

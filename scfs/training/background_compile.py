@@ -156,7 +156,8 @@ def part_path(status_path: Path, part: str) -> Path:
 def compile_in_child(cfg_path: Path, status_path: Path, device: str, steps: int,
                      helper: bool = False) -> dict[str, Any]:
     """Build the run's method from `cfg_path`, compiled, and run `steps` steps on `device`: every graph of the
-    step lands in the cache folder this process inherited (TORCHINDUCTOR_CACHE_DIR). Writes the status file.
+    step lands in the cache folder this process inherited (TORCHINDUCTOR_CACHE_DIR). Writes the status file (with
+    the `key_settings` it compiled under).
     `helper` (`compile_parallel`): the student's call eager, so this process compiles only the teacher's call and
     the losses, and says when each is done (`part_path`) while the run compiles the student's."""
     t0 = time.perf_counter()
@@ -178,10 +179,11 @@ def compile_in_child(cfg_path: Path, status_path: Path, device: str, steps: int,
         if device.startswith("cuda"):
             torch.cuda.synchronize()
         status = {"ok": True, "seconds": round(time.perf_counter() - t0, 1), "steps": steps,
-                  "loss": float(loss), **cache_counts()}
+                  "loss": float(loss), **cache_counts(), "settings": key_settings()}
     except Exception as err:  # reported to the run, which then compiles in-process
         status = {"ok": False, "seconds": round(time.perf_counter() - t0, 1),
-                  "error": f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:300]}
+                  "error": f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:300],
+                  "settings": key_settings()}
         log.exception("background compile failed")
     write_status(status_path, status)
     return status

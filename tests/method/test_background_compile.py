@@ -59,7 +59,7 @@ def test_the_child_builds_the_runs_method_compiled_and_reports(tmp_path, eager_b
     assert status["ok"] and status["steps"] == 2 and status["loss"] == status["loss"] and status["seconds"] > 0
 
 
-def test_the_child_takes_the_runs_cache_key_settings(monkeypatch):
+def test_the_child_takes_the_runs_cache_key_settings(tmp_path, monkeypatch):
     """A run that set the matmul precision or deterministic algorithms compiles under other cache keys than a
     fresh process: the child's command line carries the run's settings, and the child sets them."""
     import subprocess
@@ -75,14 +75,16 @@ def test_the_child_takes_the_runs_cache_key_settings(monkeypatch):
         matmul.fp32_precision = was
     sent = json.loads(cmd[cmd.index("--settings") + 1])
     assert sent["fp32_precision"] == "tf32" and sent["deterministic"] and sent["deterministic_warn_only"]
-    fresh = subprocess.run([sys.executable, "-c", "import json, sys, torch\n"
-                            "import scfs.training.background_compile as bgc\n"
-                            "before = bgc.key_settings()\n"
-                            "bgc.apply_key_settings(json.loads(sys.argv[1]))\n"
-                            "print(json.dumps([before, bgc.key_settings()]))", json.dumps(sent)],
-                           capture_output=True, text=True, check=True)
-    before, after = json.loads(fresh.stdout.strip().splitlines()[-1])
-    assert before != sent and after == sent  # a fresh process differs until it takes the run's
+    fresh = subprocess.run([sys.executable, "-c", "import json; import scfs.training.background_compile as bgc; "
+                            "print(json.dumps(bgc.key_settings()))"], capture_output=True, text=True, check=True,
+                           env=bgc.child_env())
+    assert json.loads(fresh.stdout.strip().splitlines()[-1]) != sent  # a fresh process's own differ
+    # the child itself, from that command line (a missing config: it fails at once, and says what it ran under)
+    status_path = tmp_path / "s.json"
+    cmd[cmd.index("c.yaml")], cmd[cmd.index("s.json")] = str(tmp_path / "missing.yaml"), str(status_path)
+    child = subprocess.run(cmd, capture_output=True, text=True, env=bgc.child_env())
+    status = json.loads(status_path.read_text())
+    assert child.returncode == 1 and not status["ok"] and status["settings"] == sent, child.stdout[-2000:]
 
 
 @pytest.mark.parametrize("counts, warned", [("0 hit / 5 miss", True), ("5 hit / 0 miss", False)])

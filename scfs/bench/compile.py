@@ -137,9 +137,9 @@ def measure(cfg: Any, device: str, first: int, steady: int, artifacts_in: str | 
     if cfg.get("compile_background", False):
         return {**measure_background(model, cfg, device, step, first, steady), "loaded_artifacts": loaded}
     if cfg.get("compile_parallel", False):
-        with helper_process(model, cfg, device) as waited:
+        with helper_process(model, cfg, device) as gate:
             row = measure_steps(model, device, step, first, steady, loaded)
-        row["parallel"] = {"waited_s": waited}
+            row["parallel"] = gate.timeline()
     else:
         row = measure_steps(model, device, step, first, steady, loaded)
     if artifacts_out:
@@ -152,7 +152,7 @@ def measure(cfg: Any, device: str, first: int, steady: int, artifacts_in: str | 
 
 def helper_process(model: Any, cfg: Any, device: str) -> Any:
     """`compile_parallel`'s helper child for a row: started, the method's `compile_gate` waiting for its parts (the
-    seconds waited per part go into the dict yielded), stopped after the row."""
+    gate, yielded, keeps the first step's timeline: `PartGate`), stopped after the row."""
     import contextlib
 
     from scfs.training import background_compile as bgc
@@ -161,16 +161,13 @@ def helper_process(model: Any, cfg: Any, device: str) -> Any:
     def run() -> Any:
         with tempfile.TemporaryDirectory(prefix="scfs-helper-") as tmp:
             status_path = Path(tmp) / "status.json"
+            proc = None  # the gate's clock starts before the helper does
+            gate = bgc.PartGate(status_path, lambda: proc is not None and proc.poll() is not None, 900.0,
+                                status_path.with_suffix(".log"))
             proc = bgc.start_child(cfg, int(cfg.batch_size), status_path, device, steps=1, helper=True)
-            waited: dict[str, float] = {}
-
-            def gate(part: str) -> None:
-                waited[part] = bgc.wait_for_part(status_path, part, lambda: proc.poll() is not None, 900.0,
-                                                 status_path.with_suffix(".log"))
-
             model.compile_gate = gate
             try:
-                yield waited
+                yield gate
             finally:
                 model.compile_gate = None
                 bgc.stop_child(proc)
@@ -424,9 +421,14 @@ def parallel_lines(rows: list[dict[str, Any]]) -> list[str]:
     out = []
     for r in rows:
         if r.get("parallel"):
-            waits = ", ".join(f"{k} {v} s" for k, v in r["parallel"]["waited_s"].items()) or "none"
+            par = r["parallel"]
+            waits = ", ".join(f"{k} {v} s" for k, v in par["waited_s"].items()) or "none"
             out += ["", f"`compile_parallel=true` ({r['recipe']}): the first step waited for the helper's "
                         f"entries: {waits}."]
+            if par.get("asked_s"):  # the timeline, seconds since the helper started
+                parts = [f"{k}: asked at {par['asked_s'][k]} s, written by the helper at "
+                         f"{par.get('ready_s', {}).get(k, '–')} s" for k in par["asked_s"]]
+                out[-1] += " Seconds since the helper started: " + "; ".join(parts) + "."
     return out
 
 

@@ -222,6 +222,34 @@ def wait_for_part(status_path: Path, part: str, ended: Callable[[], Any], wait_s
     return round(time.monotonic() - t0, 2)
 
 
+class PartGate:
+    """`compile_gate` of a run beside a `compile_parallel` helper: each call waits for that part's cache entry
+    (`wait_for_part`) and keeps the first step's timeline, in seconds since the gate was made (when the helper
+    started): when the run asked for each part, how long it waited, and when the helper had written it (its
+    file's time). A part written long before it was asked for says the helper could take more of the compile;
+    a long wait says it has too much."""
+
+    def __init__(self, status_path: Path, ended: Callable[[], Any], wait_s: float, log_path: Path) -> None:
+        self.status_path, self.ended, self.wait_s, self.log_path = status_path, ended, float(wait_s), log_path
+        self.t0, self.t0_wall = time.monotonic(), time.time()
+        self.waited_s: dict[str, float] = {}
+        self.asked_s: dict[str, float] = {}
+
+    def __call__(self, part: str) -> None:
+        self.asked_s[part] = round(time.monotonic() - self.t0, 2)
+        self.waited_s[part] = wait_for_part(self.status_path, part, self.ended, self.wait_s, self.log_path)
+
+    def timeline(self) -> dict[str, dict[str, float]]:
+        """`waited_s`, `asked_s` and `ready_s` (when the helper's file of each part it has written appeared) per
+        part."""
+        ready = {}
+        for part in PARTS:
+            path = part_path(self.status_path, part)
+            with contextlib.suppress(OSError):
+                ready[part] = round(path.stat().st_mtime - self.t0_wall, 2)
+        return {"waited_s": dict(self.waited_s), "asked_s": dict(self.asked_s), "ready_s": ready}
+
+
 # ---- the training process ---------------------------------------------------------------------------------------
 def _cache_hits(report: dict[str, Any]) -> tuple[int, int]:
     """The inductor cache's (hits, misses) of a report (`cache_counts`)."""
@@ -381,9 +409,11 @@ class ParallelCompile(ChildCompile):
         super().__init__(cfg, run_dir, batch_size, steps)
         self.wait_s = float(wait_s)
         self._first_t: float | None = None
+        self._gate: PartGate | None = None
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.t0 = time.monotonic()
+        self._gate = PartGate(self.status_path, self._poll_child, self.wait_s, self.log_path)  # its clock first
         self._start_child(trainer)
         self.report = {"waited_s": {}}
         self._first_t, self._counters = time.monotonic(), cache_counters()
@@ -391,8 +421,8 @@ class ParallelCompile(ChildCompile):
 
     def wait_for(self, part: str) -> None:
         """Until the helper has compiled `part`, it has ended, or `wait_s` passed (then this process compiles it)."""
-        self.report["waited_s"][part] = wait_for_part(self.status_path, part, self._poll_child, self.wait_s,
-                                                      self.log_path)
+        self._gate(part)
+        self.report.update(self._gate.timeline())
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
@@ -400,6 +430,8 @@ class ParallelCompile(ChildCompile):
             return
         pl_module.compile_gate = None
         self.report.update(first_step_s=round(time.monotonic() - self._first_t, 1), **cache_counts(self._counters))
+        if self._gate is not None:
+            self.report.update(self._gate.timeline())
         self._first_t = None
         log.info("compile_parallel: the first step took %.1f s, %s s of it waiting for the helper (inductor cache %s)",
                  self.report["first_step_s"], self.report["waited_s"], self.report["fx_cache"])

@@ -230,10 +230,15 @@ def test_the_parallel_row_waits_for_the_helpers_parts(monkeypatch, eager_backend
         sys.executable, "-c", write, str(status_path)])
     cfg = bench.compose("default", "cpu", True, "model", True, ["compile_parallel=true"])
     row = bench.measure(cfg, "cpu", 1, 1, None, None)
-    assert set(row["parallel"]["waited_s"]) == {"teacher", "loss"} and row["step_ms"] > 0
+    par = row["parallel"]
+    assert set(par["waited_s"]) == set(par["asked_s"]) == set(par["ready_s"]) == {"teacher", "loss"}
+    assert 0 <= par["asked_s"]["teacher"] <= par["asked_s"]["loss"] and row["step_ms"] > 0
+    assert all(0 <= v <= par["asked_s"]["loss"] + par["waited_s"]["loss"] + 1 for v in par["ready_s"].values())
     md = bench.markdown({"machine": "m", "torch": "t", "date": "d", "commit": "c", "command": "x", "first_steps": 1,
                          "table": [{**row, "recipe": "default", "setting": "parallel", "process_cpu_s": 1.0}]})
     assert "`compile_parallel=true` (default): the first step waited for the helper's entries: teacher" in md
+    assert f"Seconds since the helper started: teacher: asked at {par['asked_s']['teacher']} s, written by the " \
+           f"helper at {par['ready_s']['teacher']} s; loss: asked at" in md
 
 
 def test_a_table_row_gives_each_timed_column_as_the_median_over_the_repeats():

@@ -298,6 +298,9 @@ def test_the_run_waits_for_each_part_on_its_first_step_only(tmp_path, shapes_roo
     bg, calls = _parallel_run(monkeypatch, tmp_path, shapes_root, write)
     assert calls == ["teacher", "loss"]  # asked before the teacher's call and the losses, on the first step only
     assert set(bg.report["waited_s"]) == {"teacher", "loss"} and bg.report["first_step_s"] > 0
+    # the timeline: asked for in the step's order, written by the helper 0.3 s apart, all within the first step
+    asked, ready = bg.report["asked_s"], bg.report["ready_s"]
+    assert asked["teacher"] <= asked["loss"] <= bg.report["first_step_s"] and ready["teacher"] < ready["loss"]
     assert bg.proc.poll() is not None  # the helper, still alive at the end, was stopped
     assert json.loads((tmp_path / "summary.json").read_text())["compile_parallel"]["waited_s"] == bg.report["waited_s"]
 

@@ -80,6 +80,16 @@ COMPILE_SCOPES = ("model", "blocks")  # what compile=true compiles (`SelfDistill
 COMPILE_BACKENDS = ("inductor", "cudagraphs")  # how compile=true compiles (`SelfDistillation._compile`)
 
 
+def _refuse_conflicts(cfg: DictConfig, option: str, conflicts: list[tuple[Any, str]]) -> None:
+    """With `option=true`: the first of `conflicts` (a condition, and what conflicts and how to fix it) that holds,
+    as one line."""
+    if not _get(cfg, option, False):
+        return
+    for bad, msg in conflicts:
+        if bad:
+            raise ConfigError(f"config key {option}=true is invalid with {msg} (or {option}=false)")
+
+
 def validate_config(cfg: DictConfig) -> None:
     """Raise `ConfigError` on the first invalid value."""
     _check(cfg, "method.name", lambda v: isinstance(v, str) and v != "", "a method name (the registered ones: "
@@ -166,35 +176,25 @@ def validate_config(cfg: DictConfig) -> None:
     _check(cfg, "compile_artifacts", lambda v: v is None or (isinstance(v, str) and v.strip() != ""),
            "null or a file path", required=False)
     _check(cfg, "compile_background", lambda v: isinstance(v, bool), "true or false", required=False)
-    if _get(cfg, "compile_background", False):
-        if not _get(cfg, "compile", False):
-            raise ConfigError("config key compile_background=true is invalid with compile=false: there is no compile "
-                              "to run in the background; set compile=true or compile_background=false")
-        if _get(cfg, "compile_backend", "inductor") != "inductor":
-            raise ConfigError("config key compile_background=true is invalid with compile_backend="
-                              f"{_get(cfg, 'compile_backend')}: that backend's warm-up is the tracing alone (seconds) "
-                              "and leaves no cache to fill; set compile_background=false or compile_backend=inductor")
-        if _get(cfg, "sync_bn", False):
-            raise ConfigError("config key compile_background=true is invalid with sync_bn=true: the child process "
-                              "that compiles the step has no process group, so its graphs (plain BatchNorm) are not "
-                              "the run's; set compile_background=false or sync_bn=false")
     _check(cfg, "compile_parallel", lambda v: isinstance(v, bool), "true or false", required=False)
-    if _get(cfg, "compile_parallel", False):
-        why = [(not _get(cfg, "compile", False), "compile=false: there is no compile to share; set compile=true"),
-               (_get(cfg, "compile_background", False),
-                "compile_background=true: that child compiles the whole step already; set one of them"),
-               (_get(cfg, "compile_backend", "inductor") != "inductor",
-                f"compile_backend={_get(cfg, 'compile_backend')}: that backend's warm-up is the tracing alone; set "
-                "compile_backend=inductor"),
-               (_get(cfg, "compile_scope", "model") != "model",
-                f"compile_scope={_get(cfg, 'compile_scope')}: the helper compiles the teacher's call and the losses "
-                "of the model scope; set compile_scope=model"),
-               (_get(cfg, "sync_bn", False), "sync_bn=true: the helper process has no process group, so its graphs "
-                "(plain BatchNorm) are not the run's; set sync_bn=false")]
-        for bad, msg in why:
-            if bad:
-                raise ConfigError(f"config key compile_parallel=true is invalid with {msg} (or "
-                                  "compile_parallel=false)")
+    backend = _get(cfg, "compile_backend", "inductor")
+    no_group = "has no process group, so its graphs (plain BatchNorm) are not the run's; set sync_bn=false"
+    _refuse_conflicts(cfg, "compile_background", [
+        (not _get(cfg, "compile", False), "compile=false: there is no compile to run in the background; set "
+                                          "compile=true"),
+        (backend != "inductor", f"compile_backend={backend}: that backend's warm-up is the tracing alone (seconds) "
+                                "and leaves no cache to fill; set compile_backend=inductor"),
+        (_get(cfg, "sync_bn", False), f"sync_bn=true: the child process that compiles the step {no_group}")])
+    _refuse_conflicts(cfg, "compile_parallel", [
+        (not _get(cfg, "compile", False), "compile=false: there is no compile to share; set compile=true"),
+        (_get(cfg, "compile_background", False),
+         "compile_background=true: that child compiles the whole step already; set one of them"),
+        (backend != "inductor", f"compile_backend={backend}: that backend's warm-up is the tracing alone; set "
+                                "compile_backend=inductor"),
+        (_get(cfg, "compile_scope", "model") != "model",
+         f"compile_scope={_get(cfg, 'compile_scope')}: the helper compiles the teacher's call and the losses of the "
+         "model scope; set compile_scope=model"),
+        (_get(cfg, "sync_bn", False), f"sync_bn=true: the helper process {no_group}")])
     inductor = _get(cfg, "compile_inductor", None)
     if inductor is not None:
         from scfs import inductor_options

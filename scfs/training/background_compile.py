@@ -45,7 +45,7 @@ import lightning as L
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from scfs.training.plain_step import cache_counters, cache_counts, make_step, make_views
+from scfs.training.plain_step import cache_counters, cache_counts, cache_deltas, make_step, make_views
 
 log = logging.getLogger("scfs.train")
 
@@ -251,12 +251,6 @@ class PartGate:
 
 
 # ---- the training process ---------------------------------------------------------------------------------------
-def _cache_hits(report: dict[str, Any]) -> tuple[int, int]:
-    """The inductor cache's (hits, misses) of a report (`cache_counts`)."""
-    hit, miss = report.get("fx_cache", "0 hit / 0 miss").replace(" miss", "").split(" hit / ")
-    return int(hit), int(miss)
-
-
 def warn_cache_missed(option: str, whose: str, report: dict[str, Any]) -> None:
     """One line when the child's cache entries were not this run's: its compile then bought nothing."""
     log.warning("%s: %s cache entries were not this run's (inductor cache %s): this process compiled under other "
@@ -383,11 +377,12 @@ class BackgroundCompile(ChildCompile):
             return
         # the first compiled step: whether the child's cache held this run's graphs (all hits: it did), counted
         # from the switch (the process may have compiled other things before)
-        self.report.update(switch_s=round(time.monotonic() - self._switch_t, 1), **cache_counts(self._counters))
+        deltas = cache_deltas(self._counters)  # inductor hits, misses, AOTAutograd hits, misses
+        self.report.update(switch_s=round(time.monotonic() - self._switch_t, 1), **cache_counts(deltas=deltas))
         self._switch_t = None
         log.info("compile_background: the first compiled step took %.1f s (inductor cache %s, AOTAutograd %s)",
                  self.report["switch_s"], self.report["fx_cache"], self.report["aot_cache"])
-        if _cache_hits(self.report)[1]:
+        if deltas[1]:
             warn_cache_missed("compile_background", "the child's", self.report)
 
 
@@ -422,20 +417,20 @@ class ParallelCompile(ChildCompile):
     def wait_for(self, part: str) -> None:
         """Until the helper has compiled `part`, it has ended, or `wait_s` passed (then this process compiles it)."""
         self._gate(part)
-        self.report.update(self._gate.timeline())
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         if self._first_t is None:
             return
         pl_module.compile_gate = None
-        self.report.update(first_step_s=round(time.monotonic() - self._first_t, 1), **cache_counts(self._counters))
+        deltas = cache_deltas(self._counters)
+        self.report.update(first_step_s=round(time.monotonic() - self._first_t, 1), **cache_counts(deltas=deltas))
         if self._gate is not None:
             self.report.update(self._gate.timeline())
         self._first_t = None
         log.info("compile_parallel: the first step took %.1f s, %s s of it waiting for the helper (inductor cache %s)",
                  self.report["first_step_s"], self.report["waited_s"], self.report["fx_cache"])
-        if not _cache_hits(self.report)[0]:
+        if not deltas[0]:
             warn_cache_missed("compile_parallel", "the helper's", self.report)
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf
 
+from scfs import inductor_options
+
 
 def build(cfg: DictConfig):
     """Data module and the method's LightningModule (`method.name`, see `scfs.methods`) from a composed config
@@ -16,8 +18,6 @@ def build(cfg: DictConfig):
     from scfs.methods import method_class
 
     validate_config(cfg)
-    from scfs import inductor_options
-
     inductor_options.use(cfg.get("compile_inductor"))
     method = method_class(cfg.method.name)  # an unknown name fails here, before any data is touched
     crops = OmegaConf.to_container(cfg.crops, resolve=True)

@@ -90,9 +90,15 @@ def cache_counters() -> tuple[int, ...]:
     return tuple(int(counters[group][name]) for group, name in CACHE_COUNTERS)
 
 
-def cache_counts(since: tuple[int, ...] | None = None) -> dict[str, str]:
-    """The cache hits and misses since `since` (a `cache_counters()`; this process's whole life when None), as
-    the records print them."""
+def cache_deltas(since: tuple[int, ...] | None = None) -> tuple[int, ...]:
+    """The cache hits and misses since `since` (a `cache_counters()`; this process's whole life when None), in
+    `CACHE_COUNTERS`' order."""
     now = cache_counters()
-    fh, fm, ah, am = (n - b for n, b in zip(now, since or (0,) * len(now)))
+    return tuple(n - b for n, b in zip(now, since or (0,) * len(now)))
+
+
+def cache_counts(since: tuple[int, ...] | None = None, deltas: tuple[int, ...] | None = None) -> dict[str, str]:
+    """The cache hits and misses since `since` (or `deltas`, a `cache_deltas()` already read), as the records
+    print them."""
+    fh, fm, ah, am = deltas if deltas is not None else cache_deltas(since)
     return {"fx_cache": f"{fh} hit / {fm} miss", "aot_cache": f"{ah} hit / {am} miss"}

@@ -92,7 +92,8 @@ def test_a_compiled_step_that_missed_the_childs_entries_says_so(tmp_path, monkey
     import time
     from types import SimpleNamespace
 
-    monkeypatch.setattr(bgc, "cache_counts", lambda since=None: {"fx_cache": counts, "aot_cache": "0 hit / 0 miss"})
+    hits, misses = (int(v) for v in counts.replace(" miss", "").split(" hit / "))
+    monkeypatch.setattr(bgc, "cache_deltas", lambda since=None: (hits, misses, 0, 0))
     cfg = compose_cfg(["compile=true"])
     bg = bgc.BackgroundCompile(cfg, tmp_path, 8)
     bg._switch_t, bg._counters = time.monotonic(), (0, 0, 0, 0)

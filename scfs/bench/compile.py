@@ -423,7 +423,7 @@ def parallel_lines(rows: list[dict[str, Any]]) -> list[str]:
         if r.get("parallel"):
             par = r["parallel"]
             waits = ", ".join(f"{k} {v} s" for k, v in par["waited_s"].items()) or "none"
-            out += ["", f"`compile_parallel=true` ({r['recipe']}): the first step waited for the helper's "
+            out += ["", f"{r['recipe']} {r['setting']}: the first step waited for the helper's "
                         f"entries: {waits}."]
             if par.get("asked_s"):  # the timeline, seconds since the helper started
                 parts = [f"{k}: asked at {par['asked_s'][k]} s, written by the helper at "

@@ -236,7 +236,7 @@ def test_the_parallel_row_waits_for_the_helpers_parts(monkeypatch, eager_backend
     assert all(0 <= v <= par["asked_s"]["loss"] + par["waited_s"]["loss"] + 1 for v in par["ready_s"].values())
     md = bench.markdown({"machine": "m", "torch": "t", "date": "d", "commit": "c", "command": "x", "first_steps": 1,
                          "table": [{**row, "recipe": "default", "setting": "parallel", "process_cpu_s": 1.0}]})
-    assert "`compile_parallel=true` (default): the first step waited for the helper's entries: teacher" in md
+    assert "default parallel: the first step waited for the helper's entries: teacher" in md
     assert f"Seconds since the helper started: teacher: asked at {par['asked_s']['teacher']} s, written by the " \
            f"helper at {par['ready_s']['teacher']} s; loss: asked at" in md
 

@@ -108,12 +108,15 @@ os.replace(status + ".tmp", status)
 """
 
 
-# the stand-in helper: both parts, then its status, through the real protocol's writers; or a crash, no file
+# the stand-in helper, through the real protocol's writers: begins both parts, then writes them and its status; or
+# begins them and crashes, no file
 HELPER = """
 import sys, time
 from pathlib import Path
-from scfs.training.background_compile import PARTS, part_path, write_status
+from scfs.training.background_compile import PARTS, part_path, started_path, write_status
 status, mode = Path(sys.argv[1]), sys.argv[2]
+for part in PARTS:
+    write_status(started_path(status, part), {"ok": True})
 time.sleep(1.0)
 if mode == "fail":
     sys.exit(1)
@@ -146,6 +149,18 @@ def _stand_in_parallel_helper(out: Path, mode: str) -> None:
     import scfs.training.background_compile as bgc
 
     _eager_compile()
+
+    real_start = bgc.start_child
+
+    def start_child(cfg, batch_size, status_path, *args, **kwargs):
+        # both parts begun as the helper starts (before the ranks' barrier): the stand-in's imports take longer
+        # than the ranks' way to their gates, and a part not begun is not waited for
+        proc = real_start(cfg, batch_size, status_path, *args, **kwargs)
+        for part in bgc.PARTS:
+            bgc.write_status(bgc.started_path(status_path, part), {"ok": True})
+        return proc
+
+    bgc.start_child = start_child
 
     class StandIn(bgc.ParallelCompile):
         def command(self, device: str) -> list[str]:

@@ -22,6 +22,9 @@ share the seed, so a cache that changed the numbers would show). Rows:
 * `parallel`: an empty cache with `compile_parallel=true`: the step compiled from the first step while a helper
   process compiles the teacher's call and the losses (the seconds the step waited for each are printed below the
   table).
+* `parallel-warm`: `compile_parallel=true` again on the `parallel` row's cache folder (a second run): every entry
+  is there, so the run should not wait for the helper (it waits only for a part the helper has begun) and start
+  as fast as the `warm` row.
 * `lean`: an empty cache with inductor's options that spend compile time on step time turned off (`LEAN`: no
   launch-config benchmarks of pointwise kernels, no loop reordering after fusion; `compile_inductor`): what they
   cost the first compile, and what dropping them costs the step.
@@ -64,7 +67,7 @@ from scfs.bench.records import provenance, save_record, source_commit
 from scfs.names import CONF_DIR
 
 ROWS = ("eager", "cold", "warm", "carried", "blocks", "blocks-carried", "cudagraphs", "background", "parallel",
-        "lean", "parallel-lean")
+        "parallel-warm", "lean", "parallel-lean")
 # the `lean` row's inductor options (`compile_inductor`): the defaults that spend compile time to win step time
 LEAN = ("compile_inductor=lean",)
 # torch's compile timers shown in the record's second table: (label, timer name). Inclusive and nested (a label's
@@ -376,6 +379,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "parallel": dict(cache_dir=d / "parallel", scope="model", parallel=True),
                     "lean": dict(cache_dir=d / "lean", scope="model", extra=LEAN),
                     "parallel-lean": dict(cache_dir=d / "parallel-lean", scope="model", parallel=True, extra=LEAN),
+                    "parallel-warm": dict(cache_dir=d / "parallel", scope="model", parallel=True),
                 }
                 for name in rows:
                     if name == "eager" and rep:
@@ -426,9 +430,13 @@ def parallel_lines(rows: list[dict[str, Any]]) -> list[str]:
             out += ["", f"{r['recipe']} {r['setting']}: the first step waited for the helper's "
                         f"entries: {waits}."]
             if par.get("asked_s"):  # the timeline, seconds since the helper started
-                parts = [f"{k}: asked at {par['asked_s'][k]} s, written by the helper at "
-                         f"{par.get('ready_s', {}).get(k, '–')} s" for k in par["asked_s"]]
+                parts = [f"{k}: asked at {par['asked_s'][k]} s, " + (
+                    f"begun by the helper at {par['started_s'][k]} s, " if k in par.get("started_s", {}) else "")
+                    + f"written by the helper at {par.get('ready_s', {}).get(k, '–')} s" for k in par["asked_s"]]
                 out[-1] += " Seconds since the helper started: " + "; ".join(parts) + "."
+            if par.get("built_here"):
+                out[-1] += (f" Built by the run itself (the helper had not begun or written them when asked): "
+                            f"{', '.join(par['built_here'])}.")
     return out
 
 

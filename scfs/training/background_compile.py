@@ -20,7 +20,8 @@ head start.
 helper (`--helper`), runs the student's call eager and compiles only the teacher's call and the losses, writing a
 file for each once its cache entry exists, while the run compiles the student's call (the largest graph: both view
 sizes, forward and backward); the run's first step waits for each file before that call (`compile_gate`), so it
-builds those two from the cache.
+builds those two from the cache. It waits only for a part the helper has begun (its `started_path`): one it has not
+begun, this process builds itself at once, so a warm cache (a second run) is never held up by the helper's start.
 
 The child is `python -m scfs.training.background_compile <config.yaml> <status.json> --device <device>`: the run's
 resolved config, written to the run folder, and a status file written atomically when it ends (`ok`, seconds,
@@ -117,7 +118,7 @@ def start_child(cfg: DictConfig, batch_size: int, status_path: Path, device: str
                 helper: bool = False, command: list[str] | None = None) -> subprocess.Popen:
     """The child on `device`, its status files of an earlier run removed first: the run's config beside its status
     file (`.yaml`), its output there too (`.log`). `command` replaces its command line (`child_command`)."""
-    for path in (status_path, *(part_path(status_path, part) for part in PARTS)):
+    for path in (status_path, *(f(status_path, part) for part in PARTS for f in (part_path, started_path))):
         path.unlink(missing_ok=True)
     cfg_path = status_path.with_suffix(".yaml")
     OmegaConf.save(child_config(cfg, batch_size), cfg_path)
@@ -153,6 +154,16 @@ def part_path(status_path: Path, part: str) -> Path:
     return status_path.with_suffix(f".{part}")
 
 
+def started_path(status_path: Path, part: str) -> Path:
+    """The file that says a helper child has begun `part` (its call is being compiled or built)."""
+    return status_path.with_suffix(f".{part}-started")
+
+
+def part_marker(path_of: Callable[[Path, str], Path], status_path: Path) -> Callable[[str], None]:
+    """`marker(part)` writes the file `path_of(status_path, part)` (`part_path`, `started_path`)."""
+    return lambda part: write_status(path_of(status_path, part), {"ok": True})
+
+
 def compile_in_child(cfg_path: Path, status_path: Path, device: str, steps: int,
                      helper: bool = False) -> dict[str, Any]:
     """Build the run's method from `cfg_path`, compiled, and run `steps` steps on `device`: every graph of the
@@ -172,7 +183,10 @@ def compile_in_child(cfg_path: Path, status_path: Path, device: str, steps: int,
         model = model.to(device).train()
         if model.batch_aug is not None and model.compile_views and not helper:
             make_views(model, cfg, device, steps)
-        done = (lambda part: write_status(part_path(status_path, part), {"ok": True})) if helper else None
+        # a helper's two files per part: begun (at the method's gate, before the part's call) and compiled
+        done = part_marker(part_path, status_path) if helper else None
+        if helper:
+            model.compile_gate = part_marker(started_path, status_path)
         step = make_step(model, cfg, device, model.configure_optimizers(), eager_student=helper, done=done)
         for i in range(steps):
             loss = step(i)
@@ -210,10 +224,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def wait_for_part(status_path: Path, part: str, ended: Callable[[], Any], wait_s: float, log_path: Path) -> float:
-    """Wait until a helper child has compiled `part` (its `part_path`), `ended()` says it ended, or `wait_s`
-    passed (then the caller compiles the part itself); returns the seconds waited."""
-    t0, path = time.monotonic(), part_path(status_path, part)
-    while not path.exists() and not ended():
+    """Wait while a helper child compiles `part`: from its `started_path` until its `part_path`, until `ended()`
+    says it ended, or until `wait_s` passed; returns the seconds waited. A part the helper has not begun is not
+    waited for: the caller builds it at once (from a warm cache in seconds, else compiling it as it would without
+    the helper), instead of waiting out the helper's start-up and everything it does before that part."""
+    t0, path, begun = time.monotonic(), part_path(status_path, part), started_path(status_path, part)
+    while not path.exists() and begun.exists() and not ended():
         if time.monotonic() - t0 > wait_s:
             log.warning("compile_parallel: no %s from the helper after %.0f s (its log: %s); compiling it here",
                         part, wait_s, log_path)
@@ -225,29 +241,40 @@ def wait_for_part(status_path: Path, part: str, ended: Callable[[], Any], wait_s
 class PartGate:
     """`compile_gate` of a run beside a `compile_parallel` helper: each call waits for that part's cache entry
     (`wait_for_part`) and keeps the first step's timeline, in seconds since the gate was made (when the helper
-    started): when the run asked for each part, how long it waited, and when the helper had written it (its
-    file's time). A part written long before it was asked for says the helper could take more of the compile;
-    a long wait says it has too much."""
+    started): when the run asked for each part, how long it waited, when the helper began and wrote it (its
+    files' times), and which parts this process built without the helper's entry (`built_here`: not begun by the
+    helper when asked, or it ended or timed out first). A part written long before it was asked for says the
+    helper could take more of the compile; a long wait says it has too much."""
 
     def __init__(self, status_path: Path, ended: Callable[[], Any], wait_s: float, log_path: Path) -> None:
         self.status_path, self.ended, self.wait_s, self.log_path = status_path, ended, float(wait_s), log_path
         self.t0, self.t0_wall = time.monotonic(), time.time()
         self.waited_s: dict[str, float] = {}
         self.asked_s: dict[str, float] = {}
+        self.built_here: list[str] = []
 
     def __call__(self, part: str) -> None:
+        if part in self.asked_s:
+            return  # built at the first step: later steps pass (the timeline stays the first step's)
         self.asked_s[part] = round(time.monotonic() - self.t0, 2)
         self.waited_s[part] = wait_for_part(self.status_path, part, self.ended, self.wait_s, self.log_path)
+        if not part_path(self.status_path, part).exists():
+            self.built_here.append(part)
 
-    def timeline(self) -> dict[str, dict[str, float]]:
-        """`waited_s`, `asked_s` and `ready_s` (when the helper's file of each part it has written appeared) per
-        part."""
-        ready = {}
+    def _file_times(self, path_of: Callable[[Path, str], Path]) -> dict[str, float]:
+        """Per part whose file exists, its time in seconds since the gate was made."""
+        times = {}
         for part in PARTS:
-            path = part_path(self.status_path, part)
             with contextlib.suppress(OSError):
-                ready[part] = round(path.stat().st_mtime - self.t0_wall, 2)
-        return {"waited_s": dict(self.waited_s), "asked_s": dict(self.asked_s), "ready_s": ready}
+                times[part] = round(path_of(self.status_path, part).stat().st_mtime - self.t0_wall, 2)
+        return times
+
+    def timeline(self) -> dict[str, Any]:
+        """`waited_s`, `asked_s`, `started_s` and `ready_s` (when the helper began and wrote each part it has) per
+        part, and `built_here`."""
+        return {"waited_s": dict(self.waited_s), "asked_s": dict(self.asked_s),
+                "started_s": self._file_times(started_path), "ready_s": self._file_times(part_path),
+                "built_here": list(self.built_here)}
 
 
 # ---- the training process ---------------------------------------------------------------------------------------
@@ -391,7 +418,8 @@ class ParallelCompile(ChildCompile):
     child compiles the teacher's call and the losses meanwhile, while this process compiles the student's (the
     largest: both view sizes, forward and backward). Before the teacher's call and before the losses the method asks
     `compile_gate`, which waits for the helper's cache entry of that part (or its end), so this process builds them
-    from the cache instead of compiling them after the student's. `wait_s` bounds each wait."""
+    from the cache instead of compiling them after the student's; a part the helper has not begun yet is not
+    waited for (`wait_for_part`). `wait_s` bounds each wait."""
 
     helper = True
     summary_key = "compile_parallel"  # the first step, its waits for the helper and its cache hits
@@ -428,8 +456,11 @@ class ParallelCompile(ChildCompile):
         if self._gate is not None:
             self.report.update(self._gate.timeline())
         self._first_t = None
-        log.info("compile_parallel: the first step took %.1f s, %s s of it waiting for the helper (inductor cache %s)",
-                 self.report["first_step_s"], self.report["waited_s"], self.report["fx_cache"])
+        log.info("compile_parallel: the first step took %.1f s, %s s of it waiting for the helper (inductor cache "
+                 "%s)%s",
+                 self.report["first_step_s"], self.report["waited_s"], self.report["fx_cache"],
+                 f"; built here, not begun by the helper when asked: {', '.join(self.report['built_here'])}"
+                 if self.report.get("built_here") else "")
         if not deltas[0]:
             warn_cache_missed("compile_parallel", "the helper's", self.report)
 

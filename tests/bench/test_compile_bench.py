@@ -218,27 +218,37 @@ def test_the_background_row_switches_when_the_status_appears_not_when_the_child_
 
 
 def test_the_parallel_row_waits_for_the_helpers_parts(monkeypatch, eager_backend):
-    """The `parallel` row in this process (dynamo's eager backend, a stand-in helper that writes both part files):
-    the step asks the gate before the teacher's call and the losses, the row reports each wait, and the gate is
-    gone after the row."""
+    """The `parallel` row in this process (dynamo's eager backend, a stand-in helper that begins both parts at once
+    and writes them after a while, through the real protocol's files): the step asks the gate before the teacher's
+    call and the losses and waits for each, the row reports the timeline, and the gate is gone after the row."""
     import scfs.training.background_compile as bgc
 
-    write = ("import os, sys; p = sys.argv[1]\n"
-             "for part in ('teacher', 'loss'):\n"
-             "    q = p[:-len('.json')] + '.' + part; open(q + '.tmp', 'w').write('{}'); os.replace(q + '.tmp', q)\n")
-    monkeypatch.setattr(bgc, "child_command", lambda cfg_path, status_path, device, steps=2, helper=False: [
-        sys.executable, "-c", write, str(status_path)])
+    write = ("import sys, time; from pathlib import Path\n"
+             "from scfs.training.background_compile import PARTS, part_path, write_status\n"
+             "time.sleep(1.0)\n"
+             "for part in PARTS:\n"
+             "    write_status(part_path(Path(sys.argv[1]), part), {'ok': True})\n")
+
+    def command(cfg_path, status_path, device, steps=2, helper=False):
+        for part in bgc.PARTS:  # begun as it starts, so that the step (faster than its imports) waits for it
+            bgc.write_status(bgc.started_path(status_path, part), {"ok": True})
+        return [sys.executable, "-c", write, str(status_path)]
+
+    monkeypatch.setattr(bgc, "child_command", command)
     cfg = bench.compose("default", "cpu", True, "model", True, ["compile_parallel=true"])
     row = bench.measure(cfg, "cpu", 1, 1, None, None)
     par = row["parallel"]
     assert set(par["waited_s"]) == set(par["asked_s"]) == set(par["ready_s"]) == {"teacher", "loss"}
     assert 0 <= par["asked_s"]["teacher"] <= par["asked_s"]["loss"] and row["step_ms"] > 0
     assert all(0 <= v <= par["asked_s"]["loss"] + par["waited_s"]["loss"] + 1 for v in par["ready_s"].values())
+    assert set(par["started_s"]) == {"teacher", "loss"} and par["built_here"] == [], par
     md = bench.markdown({"machine": "m", "torch": "t", "date": "d", "commit": "c", "command": "x", "first_steps": 1,
                          "table": [{**row, "recipe": "default", "setting": "parallel", "process_cpu_s": 1.0}]})
     assert "default parallel: the first step waited for the helper's entries: teacher" in md
-    assert f"Seconds since the helper started: teacher: asked at {par['asked_s']['teacher']} s, written by the " \
-           f"helper at {par['ready_s']['teacher']} s; loss: asked at" in md
+    assert f"Seconds since the helper started: teacher: asked at {par['asked_s']['teacher']} s, begun by the helper " \
+           f"at {par['started_s']['teacher']} s, written by the helper at {par['ready_s']['teacher']} s; loss: " \
+           "asked at" in md
+    assert "Built by the run itself" not in md
 
 
 def test_a_table_row_gives_each_timed_column_as_the_median_over_the_repeats():

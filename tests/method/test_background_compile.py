@@ -266,6 +266,8 @@ def test_the_helper_child_compiles_the_teacher_and_the_losses_and_says_when(tmp_
     status = bgc.compile_in_child(tmp_path / "c.yaml", tmp_path / "s.json", "cpu", steps=1, helper=True)
     helper_graphs = counters["stats"]["unique_graphs"]
     assert status["ok"] and all(bgc.part_path(tmp_path / "s.json", p).exists() for p in bgc.PARTS)
+    begun = [bgc.started_path(tmp_path / "s.json", p).stat().st_mtime for p in bgc.PARTS]
+    assert begun[0] <= bgc.part_path(tmp_path / "s.json", "teacher").stat().st_mtime <= begun[1]  # the step's order
     torch._dynamo.reset()
     counters.clear()
     bgc.compile_in_child(tmp_path / "c.yaml", tmp_path / "s2.json", "cpu", steps=1)
@@ -274,11 +276,67 @@ def test_the_helper_child_compiles_the_teacher_and_the_losses_and_says_when(tmp_
     torch._dynamo.reset()
 
 
-def _parallel_run(monkeypatch, tmp_path, shapes_root, command, extra=()):
+def _write_later(path: Path, after_s: float) -> None:
+    import threading
+
+    threading.Timer(after_s, lambda: bgc.write_status(path, {"ok": True})).start()
+
+
+def test_the_gate_waits_only_for_a_part_the_helper_has_begun(tmp_path):
+    """A part the helper has not begun is built by the run at once (a warm cache is not held up by the helper's
+    start); a begun one is waited for until its entry is written; each part is gated once (the first step's)."""
+    status = tmp_path / "s.json"
+    gate = bgc.PartGate(status, lambda: False, 60.0, tmp_path / "s.log")
+    gate("teacher")  # not begun: no wait
+    bgc.write_status(bgc.started_path(status, "loss"), {"ok": True})
+    _write_later(bgc.part_path(status, "loss"), 0.5)
+    gate("loss")  # begun: waits until it is written
+    timeline = gate.timeline()
+    assert timeline["waited_s"]["teacher"] < 0.2 and 0.4 <= timeline["waited_s"]["loss"] < 10, timeline
+    assert timeline["built_here"] == ["teacher"] and set(timeline["started_s"]) == set(timeline["ready_s"]) == {"loss"}
+    assert timeline["asked_s"]["teacher"] <= timeline["asked_s"]["loss"] <= timeline["ready_s"]["loss"] + 0.1
+    bgc.write_status(bgc.started_path(status, "teacher"), {"ok": True})
+    gate("teacher")  # a later step: passes, the timeline stays the first step's
+    assert gate.timeline()["asked_s"] == timeline["asked_s"] and gate.timeline()["built_here"] == ["teacher"]
+
+
+def test_the_gate_stops_waiting_when_the_helper_ends_or_its_time_is_up(tmp_path):
+    status = tmp_path / "s.json"
+    for part in bgc.PARTS:
+        bgc.write_status(bgc.started_path(status, part), {"ok": True})
+    ended = bgc.PartGate(status, lambda: True, 60.0, tmp_path / "s.log")
+    ended("teacher")
+    bounded = bgc.PartGate(status, lambda: False, 0.3, tmp_path / "s.log")
+    bounded("loss")
+    assert ended.timeline()["waited_s"]["teacher"] < 0.2 and 0.3 <= bounded.timeline()["waited_s"]["loss"] < 5
+    assert ended.timeline()["built_here"] == ["teacher"] and bounded.timeline()["built_here"] == ["loss"]
+
+
+def test_a_new_helper_starts_without_an_earlier_ones_files(tmp_path):
+    """A run folder used before: the earlier helper's begun and written parts and status are gone before the new
+    helper starts (a stale begun file would hold the run for a part nobody compiles; a stale written one would let
+    it on before the entry exists)."""
+    status = tmp_path / "s.json"
+    old = [status, *(f(status, part) for part in bgc.PARTS for f in (bgc.part_path, bgc.started_path))]
+    for path in old:
+        bgc.write_status(path, {"ok": True})
+    bgc.start_child(compose_cfg(["compile=true", "compile_parallel=true"]), 8, status, "cpu", helper=True,
+                    command=[sys.executable, "-c", "pass"]).wait(timeout=60)
+    assert not [p.name for p in old if p.exists()]
+
+
+def _parallel_run(monkeypatch, tmp_path, shapes_root, command, extra=(), begun=False):
+    """A run with compile_parallel=true and the helper's command replaced (`begun`: both parts' begun files written
+    as the helper starts, so that the first step, faster than a stand-in's imports, waits for them)."""
     made: list[bgc.ParallelCompile] = []
     calls: list[str] = []
 
     class Probe(_recorded(bgc.ParallelCompile, made, command)):
+        def _start_child(self, trainer):
+            super()._start_child(trainer)
+            for part in bgc.PARTS if begun else ():
+                bgc.write_status(bgc.started_path(self.status_path, part), {"ok": True})
+
         def wait_for(self, part):
             calls.append(part)
             super().wait_for(part)
@@ -291,10 +349,12 @@ def _parallel_run(monkeypatch, tmp_path, shapes_root, command, extra=()):
 
 
 def test_the_run_waits_for_each_part_on_its_first_step_only(tmp_path, shapes_root, monkeypatch, eager_backend):
-    write = ("import json, os, sys, time; p = sys.argv[1]\n"
-             "for part in ('teacher', 'loss'):\n"
-             "    time.sleep(0.3); q = p[:-len('.json')] + '.' + part; open(q + '.tmp', 'w').write('{}');"
-             " os.replace(q + '.tmp', q)\n"
+    write = ("import sys, time; from pathlib import Path\n"
+             "from scfs.training.background_compile import PARTS, part_path, started_path, write_status\n"
+             "p = Path(sys.argv[1])\n"
+             "for part in PARTS:\n"
+             "    write_status(started_path(p, part), {'ok': True}); time.sleep(0.3)\n"
+             "    write_status(part_path(p, part), {'ok': True})\n"
              "time.sleep(600)")
     bg, calls = _parallel_run(monkeypatch, tmp_path, shapes_root, write)
     assert calls == ["teacher", "loss"]  # asked before the teacher's call and the losses, on the first step only
@@ -307,7 +367,8 @@ def test_the_run_waits_for_each_part_on_its_first_step_only(tmp_path, shapes_roo
 
 
 def test_a_failed_helper_does_not_hold_the_run(tmp_path, shapes_root, monkeypatch, eager_backend):
-    bg, calls = _parallel_run(monkeypatch, tmp_path, shapes_root, "import sys; sys.exit(3)")
+    # a helper that has begun both parts (the run waits for them) and dies without writing them
+    bg, calls = _parallel_run(monkeypatch, tmp_path, shapes_root, "import sys; sys.exit(3)", begun=True)
     assert calls == ["teacher", "loss"] and max(bg.report["waited_s"].values()) < 60
     assert not json.loads((tmp_path / bgc.STATUS_FILE).read_text())["ok"]  # said for the other ranks too
 

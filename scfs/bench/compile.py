@@ -30,6 +30,9 @@ share the seed, so a cache that changed the numbers would show). Rows:
   cost the first compile, and what dropping them costs the step.
 * `parallel-lean`: both (`compile_parallel=true` with `compile_inductor=lean`): the shortest cold compile the
   options give.
+* `heuristics`: an empty cache with `trainer.benchmark=false`: cuDNN's heuristics choose each convolution's
+  algorithms, where the other rows (as a run on `trainer=gpu`) benchmark them at the first call of each shape:
+  what those benchmarks cost the first steps, and what they win on the step.
 * `eager`: `compile=false`, the steady step to compare with.
 
 Every compiled row's `compile cost` is the seconds its compile cost the run against a step compiled from the
@@ -67,9 +70,11 @@ from scfs.bench.records import provenance, save_record, source_commit
 from scfs.names import CONF_DIR
 
 ROWS = ("eager", "cold", "warm", "carried", "blocks", "blocks-carried", "cudagraphs", "background", "parallel",
-        "parallel-warm", "lean", "parallel-lean")
+        "parallel-warm", "lean", "parallel-lean", "heuristics")
 # the `lean` row's inductor options (`compile_inductor`): the defaults that spend compile time to win step time
 LEAN = ("compile_inductor=lean",)
+# the `heuristics` row: cuDNN's heuristics pick the convolution algorithms instead of its benchmarks
+HEURISTICS = ("trainer.benchmark=false",)
 # torch's compile timers shown in the record's second table: (label, timer name). Inclusive and nested (a label's
 # dots say which row it sits in); names as torch 2.14 reports them, a timer a version lacks shown as –.
 PHASES = (
@@ -112,6 +117,12 @@ def compose(recipe: str, device: str, tiny: bool, scope: str, compiled: bool, ex
         return hcompose(config_name="config", overrides=ov)
 
 
+def run_cudnn_benchmark(cfg: Any, device: str) -> bool:
+    """Whether a run of `cfg` on `device` benchmarks cuDNN's convolution algorithms: its Trainer's `benchmark`
+    (Lightning sets `torch.backends.cudnn.benchmark` from it), on CUDA only."""
+    return device.startswith("cuda") and bool(cfg.trainer.get("benchmark", False))
+
+
 def measure(cfg: Any, device: str, first: int, steady: int, artifacts_in: str | None,
             artifacts_out: str | None) -> dict[str, Any]:
     """One row, in this process: build, load `artifacts_in`, time the first and the steady steps, save
@@ -122,7 +133,9 @@ def measure(cfg: Any, device: str, first: int, steady: int, artifacts_in: str | 
     rather than by that benchmark's Lightning `Trainer.fit`, for what a compile row must control: every graph
     built within the first steps (a logging and a non-logging loss graph; Lightning's cadence would build the
     logging one at the `log_every_n_steps`-th step or the run's last, inside the steady window), dynamo's graph
-    count read right after them, and no data path or monitor in the compile time."""
+    count read right after them, and no data path or monitor in the compile time. cuDNN's algorithm benchmarks are
+    on as the run's Trainer sets them (`trainer.benchmark`, on in `trainer=gpu`): a run pays them at the first
+    call of each convolution shape, inside its first steps, and its steady step runs the algorithms they chose."""
     import torch
 
     from scfs.train import build
@@ -134,17 +147,20 @@ def measure(cfg: Any, device: str, first: int, steady: int, artifacts_in: str | 
 
         loaded = load_compile_artifacts(artifacts_in)
     torch.manual_seed(int(cfg.seed))
+    torch.backends.cudnn.benchmark = cudnn_benchmark = run_cudnn_benchmark(cfg, device)
     _, model = build(cfg)
     model = model.to(device).train()
     step = make_step(model, cfg, device, model.configure_optimizers())
     if cfg.get("compile_background", False):
-        return {**measure_background(model, cfg, device, step, first, steady), "loaded_artifacts": loaded}
+        return {**measure_background(model, cfg, device, step, first, steady), "loaded_artifacts": loaded,
+                "cudnn_benchmark": cudnn_benchmark}
     if cfg.get("compile_parallel", False):
         with helper_process(model, cfg, device) as gate:
             row = measure_steps(model, device, step, first, steady, loaded)
             row["parallel"] = gate.timeline()
     else:
         row = measure_steps(model, device, step, first, steady, loaded)
+    row["cudnn_benchmark"] = cudnn_benchmark
     if artifacts_out:
         from scfs.training.compile_artifacts import save_compile_artifacts
 
@@ -380,6 +396,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "lean": dict(cache_dir=d / "lean", scope="model", extra=LEAN),
                     "parallel-lean": dict(cache_dir=d / "parallel-lean", scope="model", parallel=True, extra=LEAN),
                     "parallel-warm": dict(cache_dir=d / "parallel", scope="model", parallel=True),
+                    "heuristics": dict(cache_dir=d / "heuristics", scope="model", extra=HEURISTICS),
                 }
                 for name in rows:
                     if name == "eager" and rep:
@@ -417,7 +434,20 @@ def markdown(result: dict[str, Any]) -> str:
                      f"{r['process_cpu_s']} | {r['step_ms']} | {'' if r['graphs'] is None else r['graphs']} | "
                      f"{r['fx_cache']} | {r['aot_cache']} | {r.get('artifacts_mb') or ''} | {r['loss']:.5f} |")
     table = result.get("table", [])
+    lines += cudnn_lines(table)
     return "\n".join(lines + parallel_lines(table) + background_table(table) + phase_table(table)) + "\n"
+
+
+def cudnn_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Which rows benchmarked cuDNN's convolution algorithms at their first steps, as a run on `trainer=gpu`
+    does (none for a record made before the rows said so)."""
+    said = [r for r in rows if "cudnn_benchmark" in r]
+    if not said:
+        return []
+    on = [f"{r['recipe']} {r['setting']}" for r in said if r["cudnn_benchmark"]]
+    off = [f"{r['recipe']} {r['setting']}" for r in said if not r["cudnn_benchmark"]]
+    return ["", "cuDNN's algorithm benchmarks (`trainer.benchmark`, as the run's Trainer sets them): "
+                f"on in {', '.join(on) or 'no row'}; off (cuDNN's heuristics) in {', '.join(off) or 'no row'}."]
 
 
 def parallel_lines(rows: list[dict[str, Any]]) -> list[str]:

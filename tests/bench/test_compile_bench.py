@@ -21,7 +21,28 @@ def test_eager_row_writes_a_table(tmp_path):
     assert row["process_cpu_s"] > 0 and row["loss"] == row["loss"]
     md = out.with_suffix(".md").read_text()
     assert "| default | eager |" in md and row["phases"] == {}
+    assert row["cudnn_benchmark"] is False and "off (cuDNN's heuristics) in default eager." in md  # the CPU
     assert "Where the first steps' compile went" not in md  # nothing compiled: no phase table
+
+
+@pytest.mark.parametrize(("recipe", "device", "extra", "expected"), [
+    ("cifar10", "cuda", [], True), ("imagenet", "cuda", [], True),  # trainer=gpu benchmarks, as the run's Trainer
+    ("cifar10", "cuda", list(bench.HEURISTICS), False),  # the heuristics row
+    ("cifar10", "cpu", [], False), ("default", "cpu", [], False)])
+def test_a_row_benchmarks_cudnns_algorithms_as_the_recipes_run_would(recipe, device, extra, expected):
+    """The rows compose the recipe's Trainer settings: on the GPU recipes cuDNN benchmarks each convolution shape
+    at its first call, inside a run's first steps, so the compile rows pay it too; the heuristics row does not."""
+    cfg = bench.compose(recipe, device, False, "model", True, extra)
+    assert bench.run_cudnn_benchmark(cfg, device) is expected
+
+
+def test_the_record_says_which_rows_benchmarked_cudnns_algorithms():
+    rows = [{"recipe": "cifar10", "setting": "cold", "cudnn_benchmark": True},
+            {"recipe": "cifar10", "setting": "heuristics", "cudnn_benchmark": False}]
+    assert bench.cudnn_lines(rows)[-1] == ("cuDNN's algorithm benchmarks (`trainer.benchmark`, as the run's Trainer "
+                                          "sets them): on in cifar10 cold; off (cuDNN's heuristics) in cifar10 "
+                                          "heuristics.")
+    assert bench.cudnn_lines([{"recipe": "cifar10", "setting": "cold"}]) == []  # an older record: not said
 
 
 @pytest.mark.slow

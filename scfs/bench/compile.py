@@ -157,7 +157,8 @@ def measure(cfg: Any, device: str, first: int, steady: int, artifacts_in: str | 
     if cfg.get("compile_parallel", False):
         with helper_process(model, cfg, device) as gate:
             row = measure_steps(model, device, step, first, steady, loaded)
-            row["parallel"] = gate.timeline()
+            timeline = gate.timeline()  # while its files are there
+        row["parallel"] = {**timeline, "helper": gate.helper_status}  # read as the helper was stopped
     else:
         row = measure_steps(model, device, step, first, steady, loaded)
     row["cudnn_benchmark"] = cudnn_benchmark
@@ -171,7 +172,8 @@ def measure(cfg: Any, device: str, first: int, steady: int, artifacts_in: str | 
 
 def helper_process(model: Any, cfg: Any, device: str) -> Any:
     """`compile_parallel`'s helper child for a row: started, the method's `compile_gate` waiting for its parts (the
-    gate, yielded, keeps the first step's timeline: `PartGate`), stopped after the row."""
+    gate, yielded, keeps the first step's timeline: `PartGate`), stopped after the row; its status file (its cache
+    counts, its peak GPU memory) read into the gate's `helper_status` first ({} when it had not ended)."""
     import contextlib
 
     from scfs.training import background_compile as bgc
@@ -185,11 +187,14 @@ def helper_process(model: Any, cfg: Any, device: str) -> Any:
                                 status_path.with_suffix(".log"))
             proc = bgc.start_child(cfg, int(cfg.batch_size), status_path, device, steps=1, helper=True)
             model.compile_gate = gate
+            gate.helper_status = {}
             try:
                 yield gate
             finally:
                 model.compile_gate = None
                 bgc.stop_child(proc)
+                with contextlib.suppress(OSError, ValueError):
+                    gate.helper_status = json.loads(status_path.read_text())
 
     return run()
 
@@ -215,6 +220,7 @@ def measure_steps(model: Any, device: str, step: Any, first: int, steady: int, l
            "step_ms": round(step_ms, 2) if step_ms else None,
            "lost_s": round(clock.warmup_s(first) - first * step_ms / 1e3, 1) if step_ms else None,
            "graphs": graphs[0], "loss": float(loss), "loaded_artifacts": loaded, **cache_counts(),
+           **({"peak_GiB": round(torch.cuda.max_memory_allocated() / 2**30, 2)} if device.startswith("cuda") else {}),
            "phases": {k: round(v - phases0.get(k, 0.0), 3) for k, v in compile_phase_seconds().items()
                       if v - phases0.get(k, 0.0) >= 0.0005},
            # why a graph was split, and where the code went on after the break (dynamo's resume functions are
@@ -464,6 +470,9 @@ def parallel_lines(rows: list[dict[str, Any]]) -> list[str]:
                     f"begun by the helper at {par['started_s'][k]} s, " if k in par.get("started_s", {}) else "")
                     + f"written by the helper at {par.get('ready_s', {}).get(k, '–')} s" for k in par["asked_s"]]
                 out[-1] += " Seconds since the helper started: " + "; ".join(parts) + "."
+            if par.get("helper", {}).get("peak_GiB") is not None:
+                out[-1] += (f" The helper's peak GPU memory: {par['helper']['peak_GiB']} GiB (the run's: "
+                            f"{r.get('peak_GiB', '–')} GiB).")
             if par.get("built_here"):
                 out[-1] += (f" Built by the run itself (the helper had not begun or written them when asked): "
                             f"{', '.join(par['built_here'])}.")

@@ -38,6 +38,24 @@ LOSS_COMPILE: dict[str, dict[str, Any]] = {"reduce-overhead": {"mode": None},
                                            "max-autotune": {"mode": "max-autotune-no-cudagraphs"}}
 
 
+def discard_saved_tensors() -> contextlib.AbstractContextManager:
+    """Autograd keeps none of the tensors it would save for the backward (they are freed as the forward goes on):
+    for a forward whose graph is cut off after it (`helper_student_outputs`), so its activations never sit in
+    memory."""
+    return torch.autograd.graph.saved_tensors_hooks(lambda _: None, lambda _: None)
+
+
+def helper_student_outputs(st: dict[str, Any]) -> dict[str, Any]:
+    """The student's outputs as a `compile_parallel` helper passes them on: each tensor cut from the student's
+    graph (`detach`) and made a leaf that requires grad exactly when the run's output does. The losses' graphs
+    see the same shapes, strides, dtypes and `requires_grad` as in the run (so they build the run's cache
+    entries), their backward stops at these leaves, and the helper needs no memory for the student's activations
+    (run under `discard_saved_tensors`)."""
+    from torch.utils._pytree import tree_map_only
+
+    return tree_map_only(torch.Tensor, lambda t: t.detach().requires_grad_(t.requires_grad), st)
+
+
 def step_losses(method: SelfDistillation, st: dict[str, Any], te: dict[str, Any], b: int, n_local: int,
                 temp: float | torch.Tensor, diagnostics: bool) -> tuple[torch.Tensor, dict[str, Any]]:
     """A step's loss and its logged terms (`method.loss_terms`); module-level, so `compile=true` traces it as one
@@ -402,14 +420,18 @@ class SelfDistillation(L.LightningModule):
         (`scfs.training.plain_step`), so a child compiling beside a run builds the run's graphs.
 
         `compile_gate(part)` is asked before the teacher's call and the losses (`compile_parallel`).
-        `eager_student`: the student's call runs eager (`force_eager`; `compile_parallel`'s helper compiles the rest);
+        `eager_student`: the student's call of `compile_parallel`'s helper, which compiles only the rest: eager
+        (`force_eager`), and cut off (`helper_student_outputs`) so the helper holds no student activations;
         `done("teacher")` is told once the teacher's call has run. `g`: the two global views of `b` images stacked,
         `loc`: the `n_local` local views stacked (None without them)."""
         # eager: each student weight cast to bf16/fp16 once for both view batches (a compiled graph does so anyway)
         casts = contextlib.nullcontext() if self.compile_nets else cached_weight_casts(g.device.type)
         eager = torch.compiler.set_stance("force_eager") if eager_student else contextlib.nullcontext()
-        with record_function("scfs/student"), casts, eager:
+        unsaved = discard_saved_tensors() if eager_student else contextlib.nullcontext()
+        with record_function("scfs/student"), casts, eager, unsaved:
             st = self._student_fn(self.student, g, loc, self.stages, self._local_heads)
+        if eager_student:
+            st = helper_student_outputs(st)
         if self.compile_gate is not None:
             self.compile_gate("teacher")
         with torch.no_grad(), record_function("scfs/teacher"):

@@ -194,6 +194,8 @@ def compile_in_child(cfg_path: Path, status_path: Path, device: str, steps: int,
             torch.cuda.synchronize()
         status = {"ok": True, "seconds": round(time.perf_counter() - t0, 1), "steps": steps,
                   "loss": float(loss), **cache_counts(), "settings": key_settings()}
+        if device.startswith("cuda"):  # what the child took of the run's GPU
+            status["peak_GiB"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
     except Exception as err:  # reported to the run, which then compiles in-process
         status = {"ok": False, "seconds": round(time.perf_counter() - t0, 1),
                   "error": f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:300],

@@ -248,7 +248,8 @@ def test_the_parallel_row_waits_for_the_helpers_parts(monkeypatch, eager_backend
              "from scfs.training.background_compile import PARTS, part_path, write_status\n"
              "time.sleep(1.0)\n"
              "for part in PARTS:\n"
-             "    write_status(part_path(Path(sys.argv[1]), part), {'ok': True})\n")
+             "    write_status(part_path(Path(sys.argv[1]), part), {'ok': True})\n"
+             "write_status(Path(sys.argv[1]), {'ok': True, 'peak_GiB': 1.5})\n")
 
     def command(cfg_path, status_path, device, steps=2, helper=False):
         for part in bgc.PARTS:  # begun as it starts, so that the step (faster than its imports) waits for it
@@ -263,13 +264,14 @@ def test_the_parallel_row_waits_for_the_helpers_parts(monkeypatch, eager_backend
     assert 0 <= par["asked_s"]["teacher"] <= par["asked_s"]["loss"] and row["step_ms"] > 0
     assert all(0 <= v <= par["asked_s"]["loss"] + par["waited_s"]["loss"] + 1 for v in par["ready_s"].values())
     assert set(par["started_s"]) == {"teacher", "loss"} and par["built_here"] == [], par
+    assert par["helper"] == {"ok": True, "peak_GiB": 1.5}  # its status, read before its folder went
     md = bench.markdown({"machine": "m", "torch": "t", "date": "d", "commit": "c", "command": "x", "first_steps": 1,
                          "table": [{**row, "recipe": "default", "setting": "parallel", "process_cpu_s": 1.0}]})
     assert "default parallel: the first step waited for the helper's entries: teacher" in md
     assert f"Seconds since the helper started: teacher: asked at {par['asked_s']['teacher']} s, begun by the helper " \
            f"at {par['started_s']['teacher']} s, written by the helper at {par['ready_s']['teacher']} s; loss: " \
            "asked at" in md
-    assert "Built by the run itself" not in md
+    assert "Built by the run itself" not in md and "The helper's peak GPU memory: 1.5 GiB (the run's: – GiB)." in md
 
 
 def test_a_table_row_gives_each_timed_column_as_the_median_over_the_repeats():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import sys
@@ -323,6 +324,52 @@ def test_a_new_helper_starts_without_an_earlier_ones_files(tmp_path):
     bgc.start_child(compose_cfg(["compile=true", "compile_parallel=true"]), 8, status, "cpu", helper=True,
                     command=[sys.executable, "-c", "pass"]).wait(timeout=60)
     assert not [p.name for p in old if p.exists()]
+
+
+def test_the_helpers_student_outputs_are_the_runs_cut_from_the_student():
+    """The helper's student call (`eager_student`) gives the losses the run's inputs (same tensors, shapes, strides,
+    dtypes, requires_grad) as leaves cut from the student: the loss is the run's, its backward stops there (no
+    student weight gets a gradient), and no student activation is kept for it."""
+    from torch.utils._pytree import tree_flatten
+
+    from scfs.training.plain_step import random_views
+
+    cfg = compose_cfg([])
+    torch.manual_seed(0)
+    _, model = build(cfg)
+    model.train()
+    g, loc = random_views(cfg, "cpu", model.channels_last)
+    b, n_local = int(cfg.batch_size), int(cfg.crops.n_local)
+    out = {}
+    for helper in (False, True):
+        m = copy.deepcopy(model)  # each from the same state (a step moves the losses' centres)
+        loss, _, st = m.views_to_loss(g, loc, b, n_local, 0.04, True, eager_student=helper)
+        loss.backward()
+        out[helper] = loss.detach(), st, [p.grad for p in m.student["backbone"].parameters()]
+    (run_loss, run_st, run_grads), (helper_loss, helper_st, helper_grads) = out[False], out[True]
+    run_leaves, run_spec = tree_flatten(run_st)
+    helper_leaves, helper_spec = tree_flatten(helper_st)
+    assert run_spec == helper_spec
+    tensors = [(r, h) for r, h in zip(run_leaves, helper_leaves, strict=True) if isinstance(r, torch.Tensor)]
+    assert tensors and any(r.requires_grad for r, _ in tensors) and not all(r.requires_grad for r, _ in tensors)
+    for r, h in tensors:
+        assert (h.shape, h.stride(), h.dtype, h.requires_grad) == (r.shape, r.stride(), r.dtype, r.requires_grad)
+        assert h.grad_fn is None and torch.equal(h.detach(), r.detach())
+    torch.testing.assert_close(helper_loss, run_loss, rtol=0, atol=0)
+    assert all(gr is not None for gr in run_grads) and all(gr is None for gr in helper_grads)
+
+
+def test_a_forward_under_discard_saved_tensors_keeps_none_for_its_backward():
+    from scfs.methods.base import discard_saved_tensors
+
+    w = torch.randn(64, 64, requires_grad=True)
+    packed = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
+        with discard_saved_tensors():  # the innermost hooks win: nothing reaches the outer ones
+            y = torch.tanh(torch.randn(8, 64) @ w)
+        assert y.requires_grad and not packed
+        torch.tanh(torch.randn(8, 64) @ w)
+    assert packed  # outside it the same forward saves its tensors
 
 
 def _parallel_run(monkeypatch, tmp_path, shapes_root, command, extra=(), begun=False):

@@ -425,6 +425,13 @@ class ParallelCompile(ChildCompile):
 
     helper = True
     summary_key = "compile_parallel"  # the first step, its waits for the helper and its cache hits
+
+    def summary_entry(self) -> dict[str, Any]:
+        """The first step's report and the helper's status once it ended (its cache counts, seconds, peak GPU
+        memory)."""
+        with contextlib.suppress(OSError, ValueError):
+            return {**self.report, "helper": json.loads(self.status_path.read_text())}
+        return self.report
     started_message = ("compile_parallel: process %d compiles the teacher's call and the losses into %s (log: %s) "
                        "while this one compiles the student's")
 

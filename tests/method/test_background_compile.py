@@ -410,7 +410,8 @@ def test_the_run_waits_for_each_part_on_its_first_step_only(tmp_path, shapes_roo
     asked, ready = bg.report["asked_s"], bg.report["ready_s"]
     assert asked["teacher"] <= asked["loss"] <= bg.report["first_step_s"] and ready["teacher"] < ready["loss"]
     assert bg.proc.poll() is not None  # the helper, still alive at the end, was stopped
-    assert json.loads((tmp_path / "summary.json").read_text())["compile_parallel"]["waited_s"] == bg.report["waited_s"]
+    entry = json.loads((tmp_path / "summary.json").read_text())["compile_parallel"]
+    assert entry["waited_s"] == bg.report["waited_s"] and "helper" not in entry  # still running: no status yet
 
 
 def test_a_failed_helper_does_not_hold_the_run(tmp_path, shapes_root, monkeypatch, eager_backend):
@@ -418,6 +419,8 @@ def test_a_failed_helper_does_not_hold_the_run(tmp_path, shapes_root, monkeypatc
     bg, calls = _parallel_run(monkeypatch, tmp_path, shapes_root, "import sys; sys.exit(3)", begun=True)
     assert calls == ["teacher", "loss"] and max(bg.report["waited_s"].values()) < 60
     assert not json.loads((tmp_path / bgc.STATUS_FILE).read_text())["ok"]  # said for the other ranks too
+    helper = json.loads((tmp_path / "summary.json").read_text())["compile_parallel"]["helper"]
+    assert not helper["ok"] and "ended with status 3" in helper["error"]  # the summary says how the helper ended
 
 
 def _parallel_hits(tmp_path, monkeypatch, shapes_root, extra):

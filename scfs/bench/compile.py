@@ -155,10 +155,10 @@ def measure(cfg: Any, device: str, first: int, steady: int, artifacts_in: str | 
         return {**measure_background(model, cfg, device, step, first, steady), "loaded_artifacts": loaded,
                 "cudnn_benchmark": cudnn_benchmark}
     if cfg.get("compile_parallel", False):
-        with helper_process(model, cfg, device) as gate:
+        with helper_process(model, cfg, device) as (gate, helper_status):
             row = measure_steps(model, device, step, first, steady, loaded)
             timeline = gate.timeline()  # while its files are there
-        row["parallel"] = {**timeline, "helper": gate.helper_status}  # read as the helper was stopped
+        row["parallel"] = {**timeline, "helper": helper_status}  # read as the helper was stopped
     else:
         row = measure_steps(model, device, step, first, steady, loaded)
     row["cudnn_benchmark"] = cudnn_benchmark
@@ -171,9 +171,9 @@ def measure(cfg: Any, device: str, first: int, steady: int, artifacts_in: str | 
 
 
 def helper_process(model: Any, cfg: Any, device: str) -> Any:
-    """`compile_parallel`'s helper child for a row: started, the method's `compile_gate` waiting for its parts (the
-    gate, yielded, keeps the first step's timeline: `PartGate`), stopped after the row; its status file (its cache
-    counts, its peak GPU memory) read into the gate's `helper_status` first ({} when it had not ended)."""
+    """`compile_parallel`'s helper child for a row: started, the method's `compile_gate` waiting for its parts, stopped
+    after the row. Yields the gate (it keeps the first step's timeline: `PartGate`) and a dict that holds the
+    helper's status (its cache counts, its peak GPU memory) once the row ends ({} when it had not ended)."""
     import contextlib
 
     from scfs.training import background_compile as bgc
@@ -187,14 +187,14 @@ def helper_process(model: Any, cfg: Any, device: str) -> Any:
                                 status_path.with_suffix(".log"))
             proc = bgc.start_child(cfg, int(cfg.batch_size), status_path, device, steps=1, helper=True)
             model.compile_gate = gate
-            gate.helper_status = {}
+            status: dict[str, Any] = {}
             try:
-                yield gate
+                yield gate, status
             finally:
                 model.compile_gate = None
                 bgc.stop_child(proc)
                 with contextlib.suppress(OSError, ValueError):
-                    gate.helper_status = json.loads(status_path.read_text())
+                    status.update(json.loads(status_path.read_text()))
 
     return run()
 

@@ -425,13 +425,6 @@ class ParallelCompile(ChildCompile):
 
     helper = True
     summary_key = "compile_parallel"  # the first step, its waits for the helper and its cache hits
-
-    def summary_entry(self) -> dict[str, Any]:
-        """The first step's report and the helper's status once it ended (its cache counts, seconds, peak GPU
-        memory)."""
-        with contextlib.suppress(OSError, ValueError):
-            return {**self.report, "helper": json.loads(self.status_path.read_text())}
-        return self.report
     started_message = ("compile_parallel: process %d compiles the teacher's call and the losses into %s (log: %s) "
                        "while this one compiles the student's")
 
@@ -451,6 +444,13 @@ class ParallelCompile(ChildCompile):
         self._first_t, self._counters = time.monotonic(), cache_counters()
         pl_module.compile_gate = self.wait_for
 
+    def summary_entry(self) -> dict[str, Any]:
+        """The first step's report and the helper's status once it ended (its cache counts, seconds, peak GPU
+        memory)."""
+        with contextlib.suppress(OSError, ValueError):
+            return {**self.report, "helper": json.loads(self.status_path.read_text())}
+        return self.report
+
     def wait_for(self, part: str) -> None:
         """Until the helper has compiled `part`, it has ended, or `wait_s` passed (then this process compiles it)."""
         self._gate(part)
@@ -468,7 +468,7 @@ class ParallelCompile(ChildCompile):
         log.info("compile_parallel: the first step took %.1f s, %s s of it waiting for the helper (inductor cache "
                  "%s)%s",
                  self.report["first_step_s"], self.report["waited_s"], self.report["fx_cache"],
-                 f"; built here, not begun by the helper when asked: {', '.join(self.report['built_here'])}"
+                 f"; built here without the helper's entry: {', '.join(self.report['built_here'])}"
                  if self.report.get("built_here") else "")
         if not deltas[0]:
             warn_cache_missed("compile_parallel", "the helper's", self.report)

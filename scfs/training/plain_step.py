@@ -44,8 +44,9 @@ def make_step(model: Any, cfg: Any, device: str, opt: torch.optim.Optimizer, eag
     `step(i) -> loss`. Between the views and the backward it is the method's `views_to_loss`, which
     `training_step` runs too, and so it builds the run's graphs.
 
-    `eager_student`: the student's call runs eager (`force_eager`), so only the teacher's call and the losses are
-    compiled (`compile_parallel`'s helper); `done(part)` is told when the teacher's call ("teacher") and the
+    `eager_student`: the student's call runs eager (`force_eager`) and cut off from the losses' backward, so only
+    the teacher's call and the losses are compiled and no student activation is kept (`compile_parallel`'s
+    helper; `SelfDistillation.views_to_loss`); `done(part)` is told when the teacher's call ("teacher") and the
     losses' forward and backward ("loss") have run, i.e. when their cache entries are written."""
     from scfs.methods.ema import ema_update
 

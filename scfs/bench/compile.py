@@ -63,6 +63,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -155,10 +156,12 @@ def measure(cfg: Any, device: str, first: int, steady: int, artifacts_in: str | 
         return {**measure_background(model, cfg, device, step, first, steady), "loaded_artifacts": loaded,
                 "cudnn_benchmark": cudnn_benchmark}
     if cfg.get("compile_parallel", False):
-        with helper_process(model, cfg, device) as (gate, helper_status):
-            row = measure_steps(model, device, step, first, steady, loaded)
+        with helper_process(model, cfg, device) as (gate, helper_status, stop_if_behind):
+            stopped: list[bool] = []  # as the run's callback does after its first step
+            row = measure_steps(model, device, step, first, steady, loaded,
+                                after_first=lambda: stopped.append(stop_if_behind()))
             timeline = gate.timeline()  # while its files are there
-        row["parallel"] = {**timeline, "helper": helper_status}  # read as the helper was stopped
+        row["parallel"] = {**timeline, "helper": helper_status, "helper_stopped": any(stopped)}
     else:
         row = measure_steps(model, device, step, first, steady, loaded)
     row["cudnn_benchmark"] = cudnn_benchmark
@@ -172,8 +175,9 @@ def measure(cfg: Any, device: str, first: int, steady: int, artifacts_in: str | 
 
 def helper_process(model: Any, cfg: Any, device: str) -> Any:
     """`compile_parallel`'s helper child for a row: started, the method's `compile_gate` waiting for its parts, stopped
-    after the row. Yields the gate (it keeps the first step's timeline: `PartGate`) and a dict that holds the
-    helper's status (its cache counts, its peak GPU memory) once the row ends ({} when it had not ended)."""
+    after the row. Yields the gate (it keeps the first step's timeline: `PartGate`), a dict that holds the
+    helper's status (its cache counts, its peak GPU memory) once the row ends ({} when it had not ended), and
+    `stop_if_behind()` for the end of the first steps (`stop_helper_if_behind`, as the run does)."""
     import contextlib
 
     from scfs.training import background_compile as bgc
@@ -189,7 +193,7 @@ def helper_process(model: Any, cfg: Any, device: str) -> Any:
             model.compile_gate = gate
             status: dict[str, Any] = {}
             try:
-                yield gate, status
+                yield gate, status, lambda: bgc.stop_helper_if_behind(proc, gate)
             finally:
                 model.compile_gate = None
                 bgc.stop_child(proc)
@@ -199,8 +203,10 @@ def helper_process(model: Any, cfg: Any, device: str) -> Any:
     return run()
 
 
-def measure_steps(model: Any, device: str, step: Any, first: int, steady: int, loaded: Any) -> dict[str, Any]:
-    """The compiled rows' timing: the first steps (the compile), the steady step after them, what was built."""
+def measure_steps(model: Any, device: str, step: Any, first: int, steady: int, loaded: Any,
+                  after_first: Callable[[], Any] | None = None) -> dict[str, Any]:
+    """The compiled rows' timing: the first steps (the compile), the steady step after them, what was built.
+    `after_first()` runs after the first steps, outside the timed ones."""
     import torch
     from torch._dynamo.utils import counters
 
@@ -209,11 +215,17 @@ def measure_steps(model: Any, device: str, step: Any, first: int, steady: int, l
 
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     graphs: list[int] = []
+
+    def after_warmup() -> None:
+        graphs.append(int(counters["stats"]["unique_graphs"]))
+        if after_first is not None:
+            after_first()
+
     counters.clear()
     phases0 = compile_phase_seconds()
     sync()
     clock, loss = time_steps(step, first, steady, device.startswith("cuda"),
-                             after_warmup=lambda: graphs.append(int(counters["stats"]["unique_graphs"])))
+                             after_warmup=after_warmup)
     times = clock.step_ms(first)
     step_ms = statistics.median(times) if times else None
     row = {"first_s": round(clock.warmup_s(first), 2),
@@ -476,6 +488,8 @@ def parallel_lines(rows: list[dict[str, Any]]) -> list[str]:
             if par.get("built_here"):
                 out[-1] += (f" Built by the run itself (the helper had not begun or written them when asked): "
                             f"{', '.join(par['built_here'])}.")
+            if par.get("helper_stopped"):
+                out[-1] += " The helper, behind the run, was stopped after the first steps."
     return out
 
 

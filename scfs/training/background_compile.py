@@ -279,6 +279,17 @@ class PartGate:
                 "built_here": list(self.built_here)}
 
 
+def stop_helper_if_behind(proc: subprocess.Popen | None, gate: PartGate) -> bool:
+    """After the run's first step: stop a helper that fell behind the run (a part built here without its entry).
+    What it still compiles would not be used, and it would take the GPU and the host from the run's next steps
+    (on a warm cache it has not begun when the run is done). A helper that wrote every part is left to end its
+    step. Returns whether it was stopped."""
+    if gate.built_here and proc is not None and proc.poll() is None:
+        stop_child(proc)
+        return True
+    return False
+
+
 # ---- the training process ---------------------------------------------------------------------------------------
 def warn_cache_missed(option: str, whose: str, report: dict[str, Any]) -> None:
     """One line when the child's cache entries were not this run's: its compile then bought nothing."""
@@ -464,13 +475,15 @@ class ParallelCompile(ChildCompile):
         self.report.update(first_step_s=round(time.monotonic() - self._first_t, 1), **cache_counts(deltas=deltas))
         if self._gate is not None:
             self.report.update(self._gate.timeline())
+            self.report["helper_stopped"] = stop_helper_if_behind(self.proc, self._gate)
         self._first_t = None
         log.info("compile_parallel: the first step took %.1f s, %s s of it waiting for the helper (inductor cache "
                  "%s)%s",
                  self.report["first_step_s"], self.report["waited_s"], self.report["fx_cache"],
                  f"; built here without the helper's entry: {', '.join(self.report['built_here'])}"
                  if self.report.get("built_here") else "")
-        if not deltas[0]:
+        from_helper = set(self.report.get("asked_s", {})) - set(self.report.get("built_here", []))
+        if from_helper and not deltas[0]:  # parts the helper wrote, and still no hit
             warn_cache_missed("compile_parallel", "the helper's", self.report)
 
 if __name__ == "__main__":

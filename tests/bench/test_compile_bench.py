@@ -265,6 +265,7 @@ def test_the_parallel_row_waits_for_the_helpers_parts(monkeypatch, eager_backend
     assert all(0 <= v <= par["asked_s"]["loss"] + par["waited_s"]["loss"] + 1 for v in par["ready_s"].values())
     assert set(par["started_s"]) == {"teacher", "loss"} and par["built_here"] == [], par
     assert par["helper"] == {"ok": True, "peak_GiB": 1.5}  # its status, read before its folder went
+    assert par["helper_stopped"] is False  # it kept up: left to end by itself
     md = bench.markdown({"machine": "m", "torch": "t", "date": "d", "commit": "c", "command": "x", "first_steps": 1,
                          "table": [{**row, "recipe": "default", "setting": "parallel", "process_cpu_s": 1.0}]})
     assert "default parallel: the first step waited for the helper's entries: teacher" in md

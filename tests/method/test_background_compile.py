@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import subprocess
 import sys
 from pathlib import Path
 
@@ -100,9 +101,21 @@ def test_a_compiled_step_that_missed_the_childs_entries_says_so(tmp_path, monkey
     bg._switch_t, bg._counters = time.monotonic(), (0, 0, 0, 0)
     par = bgc.ParallelCompile(cfg, tmp_path, 8)
     par.report, par._first_t, par._counters = {"waited_s": {}}, time.monotonic(), (0, 0, 0, 0)
+    par._gate = bgc.PartGate(tmp_path / "s.json", lambda: True, 1.0, tmp_path / "s.log")
+    for part in bgc.PARTS:  # both parts written by the helper before the run asked: the run used its entries
+        bgc.write_status(bgc.part_path(tmp_path / "s.json", part), {"ok": True})
+        par._gate(part)
+    # a run that built both parts itself (the helper never began them) used none of its entries: nothing to say
+    idle = bgc.ParallelCompile(cfg, tmp_path / "idle", 8)
+    idle.report, idle._first_t, idle._counters = {"waited_s": {}}, time.monotonic(), (0, 0, 0, 0)
+    idle._gate = bgc.PartGate(tmp_path / "idle.json", lambda: True, 1.0, tmp_path / "idle.log")
+    for part in bgc.PARTS:
+        idle._gate(part)
     with caplog.at_level(logging.WARNING, logger="scfs.train"):
         bg.on_train_batch_end(None, None, None, None, 0)
         par.on_train_batch_end(None, SimpleNamespace(compile_gate=print), None, None, 0)
+        idle.on_train_batch_end(None, SimpleNamespace(compile_gate=print), None, None, 0)
+    assert idle.report["built_here"] == list(bgc.PARTS) and not idle.report["helper_stopped"]  # no helper process
     said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     if not warned:
         assert said == []
@@ -311,6 +324,34 @@ def test_the_gate_stops_waiting_when_the_helper_ends_or_its_time_is_up(tmp_path)
     bounded("loss")
     assert ended.timeline()["waited_s"]["teacher"] < 0.2 and 0.3 <= bounded.timeline()["waited_s"]["loss"] < 5
     assert ended.timeline()["built_here"] == ["teacher"] and bounded.timeline()["built_here"] == ["loss"]
+
+
+def test_a_helper_behind_the_run_is_stopped_after_the_first_step_and_one_that_kept_up_is_not(tmp_path):
+    status = tmp_path / "s.json"
+    for behind in (True, False):
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        try:
+            gate = bgc.PartGate(status, lambda: False, 1.0, tmp_path / "s.log")
+            for part in bgc.PARTS:
+                if not behind:
+                    bgc.write_status(bgc.part_path(status, part), {"ok": True})
+                gate(part)
+            assert bgc.stop_helper_if_behind(proc, gate) is behind
+            assert (proc.poll() is not None) is behind
+        finally:
+            bgc.stop_child(proc)
+            for part in bgc.PARTS:
+                bgc.part_path(status, part).unlink(missing_ok=True)
+    assert not bgc.stop_helper_if_behind(None, gate)  # the other ranks hold no helper
+
+
+def test_a_run_stops_a_helper_that_never_began_after_its_first_step(tmp_path, shapes_root, monkeypatch,
+                                                                    eager_backend):
+    """A helper that is still starting when the run has built everything (a warm cache, or a slow helper) would
+    only take the GPU and the host from the next steps: stopped at the end of the first step."""
+    bg, calls = _parallel_run(monkeypatch, tmp_path, shapes_root, "import time; time.sleep(600)")
+    assert calls == ["teacher", "loss"] and bg.report["built_here"] == ["teacher", "loss"], bg.report
+    assert bg.report["helper_stopped"] and max(bg.report["waited_s"].values()) < 1
 
 
 def test_a_new_helper_starts_without_an_earlier_ones_files(tmp_path):

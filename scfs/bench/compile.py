@@ -23,8 +23,8 @@ share the seed, so a cache that changed the numbers would show). Rows:
   process compiles the teacher's call and the losses (the seconds the step waited for each are printed below the
   table).
 * `parallel-warm`: `compile_parallel=true` again on the `parallel` row's cache folder (a second run): every entry
-  is there, so the run should not wait for the helper (it waits only for a part the helper has begun) and start
-  as fast as the `warm` row.
+  is there, so the run should not wait for the helper (it waits only for a part the helper has begun), start as
+  fast as the `warm` row, and stop the helper after its first steps (as a run does with a helper behind it).
 * `lean`: an empty cache with inductor's options that spend compile time on step time turned off (`LEAN`: no
   launch-config benchmarks of pointwise kernels, no loop reordering after fusion; `compile_inductor`): what they
   cost the first compile, and what dropping them costs the step.

@@ -283,9 +283,13 @@ def stop_helper_if_behind(proc: subprocess.Popen | None, gate: PartGate) -> bool
     """After the run's first step: stop a helper that fell behind the run (a part built here without its entry).
     What it still compiles would not be used, and it would take the GPU and the host from the run's next steps
     (on a warm cache it has not begun when the run is done). A helper that wrote every part is left to end its
-    step. Returns whether it was stopped."""
+    step. Its status says so (the node's other ranks, which only see the file, learn that it ended). Returns
+    whether it was stopped."""
     if gate.built_here and proc is not None and proc.poll() is None:
         stop_child(proc)
+        if not gate.status_path.exists():
+            write_status(gate.status_path, {"ok": False, "stopped": True, "error": "stopped after the run's first "
+                                            f"step: the run built {', '.join(gate.built_here)} without it"})
         return True
     return False
 

@@ -338,10 +338,12 @@ def test_a_helper_behind_the_run_is_stopped_after_the_first_step_and_one_that_ke
                 gate(part)
             assert bgc.stop_helper_if_behind(proc, gate) is behind
             assert (proc.poll() is not None) is behind
+            # a stopped helper's status says so, for the ranks that only see the file
+            assert status.exists() is behind and (not behind or json.loads(status.read_text())["stopped"])
         finally:
             bgc.stop_child(proc)
-            for part in bgc.PARTS:
-                bgc.part_path(status, part).unlink(missing_ok=True)
+            for path in (status, *(bgc.part_path(status, part) for part in bgc.PARTS)):
+                path.unlink(missing_ok=True)
     assert not bgc.stop_helper_if_behind(None, gate)  # the other ranks hold no helper
 
 
@@ -352,6 +354,8 @@ def test_a_run_stops_a_helper_that_never_began_after_its_first_step(tmp_path, sh
     bg, calls = _parallel_run(monkeypatch, tmp_path, shapes_root, "import time; time.sleep(600)")
     assert calls == ["teacher", "loss"] and bg.report["built_here"] == ["teacher", "loss"], bg.report
     assert bg.report["helper_stopped"] and max(bg.report["waited_s"].values()) < 1
+    helper = json.loads((tmp_path / "summary.json").read_text())["compile_parallel"]["helper"]
+    assert helper["stopped"] and "the run built teacher, loss without it" in helper["error"]
 
 
 def test_a_new_helper_starts_without_an_earlier_ones_files(tmp_path):

@@ -448,7 +448,8 @@ def test_the_run_waits_for_each_part_on_its_first_step_only(tmp_path, shapes_roo
              "    write_status(started_path(p, part), {'ok': True}); time.sleep(0.3)\n"
              "    write_status(part_path(p, part), {'ok': True})\n"
              "time.sleep(600)")
-    bg, calls = _parallel_run(monkeypatch, tmp_path, shapes_root, write)
+    # begun as it starts, so the first step waits for both parts whatever the stand-in's imports take
+    bg, calls = _parallel_run(monkeypatch, tmp_path, shapes_root, write, begun=True)
     assert calls == ["teacher", "loss"]  # asked before the teacher's call and the losses, on the first step only
     assert set(bg.report["waited_s"]) == {"teacher", "loss"} and bg.report["first_step_s"] > 0
     # the timeline: asked for in the step's order, written by the helper 0.3 s apart, all within the first step
@@ -456,7 +457,8 @@ def test_the_run_waits_for_each_part_on_its_first_step_only(tmp_path, shapes_roo
     assert asked["teacher"] <= asked["loss"] <= bg.report["first_step_s"] and ready["teacher"] < ready["loss"]
     assert bg.proc.poll() is not None  # the helper, still alive at the end, was stopped
     entry = json.loads((tmp_path / "summary.json").read_text())["compile_parallel"]
-    assert entry["waited_s"] == bg.report["waited_s"] and "helper" not in entry  # still running: no status yet
+    assert entry["waited_s"] == bg.report["waited_s"] and bg.report["built_here"] == []
+    assert "helper" not in entry and not bg.report["helper_stopped"]  # kept up, still running: no status yet
 
 
 def test_a_failed_helper_does_not_hold_the_run(tmp_path, shapes_root, monkeypatch, eager_backend):

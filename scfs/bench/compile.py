@@ -153,9 +153,8 @@ def measure(cfg: Any, device: str, first: int, steady: int, artifacts_in: str | 
     model = model.to(device).train()
     step = make_step(model, cfg, device, model.configure_optimizers())
     if cfg.get("compile_background", False):
-        return {**measure_background(model, cfg, device, step, first, steady), "loaded_artifacts": loaded,
-                "cudnn_benchmark": cudnn_benchmark}
-    if cfg.get("compile_parallel", False):
+        row = {**measure_background(model, cfg, device, step, first, steady), "loaded_artifacts": loaded}
+    elif cfg.get("compile_parallel", False):
         with helper_process(model, cfg, device) as (gate, helper_status, stop_if_behind):
             stopped: list[bool] = []  # as the run's callback does after its first step
             row = measure_steps(model, device, step, first, steady, loaded,
@@ -197,8 +196,7 @@ def helper_process(model: Any, cfg: Any, device: str) -> Any:
             finally:
                 model.compile_gate = None
                 bgc.stop_child(proc)
-                with contextlib.suppress(OSError, ValueError):
-                    status.update(json.loads(status_path.read_text()))
+                status.update(bgc.read_status(status_path) or {})
 
     return run()
 
@@ -271,7 +269,7 @@ def measure_background(model: Any, cfg: Any, device: str, step: Any, first: int,
                 sync()
                 marks.append(time.perf_counter() - t0)
             ready_s, eager_steps = time.perf_counter() - t0, len(marks)
-            status = json.loads(status_path.read_text()) if status_path.exists() else {"ok": False}
+            status = bgc.read_status(status_path) or {"ok": False}
             if not status.get("ok"):
                 proc.wait()
                 raise RuntimeError(f"the background compile failed: {status}\n"

@@ -149,6 +149,13 @@ def write_status(path: Path, status: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def read_status(path: Path) -> dict[str, Any] | None:
+    """A status file written by `write_status`; None while there is none."""
+    with contextlib.suppress(FileNotFoundError):
+        return json.loads(path.read_text())
+    return None
+
+
 def part_path(status_path: Path, part: str) -> Path:
     """The file that says a helper child has compiled `part` ("teacher", "loss")."""
     return status_path.with_suffix(f".{part}")
@@ -346,8 +353,9 @@ class ChildCompile(L.Callback):
         """The child's status once it ended, else None. On the rank that started it, an exit without a status
         (killed, crashed) is written as a failed status, so that the other ranks, which only see the file, learn
         of it too."""
-        if self.status_path.exists():
-            return json.loads(self.status_path.read_text())
+        status = read_status(self.status_path)
+        if status is not None:
+            return status
         if self.proc is not None and self.proc.poll() is not None:
             status = {"ok": False, "error": f"the process ended with status {self.proc.returncode} and no status "
                                             "file"}
@@ -462,9 +470,8 @@ class ParallelCompile(ChildCompile):
     def summary_entry(self) -> dict[str, Any]:
         """The first step's report and the helper's status once it ended (its cache counts, seconds, peak GPU
         memory)."""
-        with contextlib.suppress(OSError, ValueError):
-            return {**self.report, "helper": json.loads(self.status_path.read_text())}
-        return self.report
+        status = read_status(self.status_path)
+        return self.report if status is None else {**self.report, "helper": status}
 
     def wait_for(self, part: str) -> None:
         """Until the helper has compiled `part`, it has ended, or `wait_s` passed (then this process compiles it)."""

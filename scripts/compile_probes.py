@@ -1,0 +1,228 @@
+"""Two ways to compile the student's step faster that a CPU can rule in or out before a GPU window is spent.
+
+The student's call compiles a backbone twice, once per view size (global, local), forward and backward. Two
+shortcuts suggest themselves, and each is probed here on a timm ResNet in fresh processes with empty caches:
+
+* `views`: compile one backbone graph with symbolic sizes that serves both view sizes, against the shipped
+  static graph with both view sizes in it and against one static graph per view size. A symbolic graph is
+  traced and lowered once, but its kernels carry index arithmetic in symbols; whether that is cheaper to build
+  is what the probe measures.
+* `backward-helper`: a helper process compiles only the backward graph into the shared cache (its forward runs
+  the traced graph eagerly), so that the run, compiling its forward meanwhile, would load its backward from the
+  cache. The probe reports whether the run's backward finds the helper's entry, and if not, the first line of
+  inductor's cache key where the two differ.
+
+    python scripts/compile_probes.py views --out /tmp/views.md
+    python scripts/compile_probes.py backward-helper --out /tmp/backward-helper.md
+
+Each mode runs in its own process with its own cache folder, one after another, so the numbers are cold compiles.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+VIEW_MODES = ("one-graph", "static", "dynamic")
+
+
+def _net_and_views(arch: str, size: int, batch: int, local: int) -> tuple[Any, Any, Any]:
+    import timm
+    import torch
+
+    torch.manual_seed(0)
+    net = timm.create_model(arch, num_classes=0)
+    return net, torch.randn(2 * batch, 3, size, size), torch.randn(local * batch, 3, size // 2, size // 2)
+
+
+def _child_views(mode: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One cold compile of the student's backbone on both view sizes, forward and backward, then a steady step."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    net, g, loc = _net_and_views(args.arch, args.size, args.batch, args.local)
+
+    def both(g: torch.Tensor, loc: torch.Tensor) -> torch.Tensor:
+        return net(g).square().mean() + net(loc).square().mean()
+
+    def one(x: torch.Tensor) -> torch.Tensor:
+        return net(x).square().mean()
+
+    if mode == "one-graph":
+        fn = torch.compile(both, dynamic=False)
+        step = lambda: fn(g, loc)  # noqa: E731
+    else:
+        fn1 = torch.compile(one, dynamic=False)
+        if mode == "dynamic":  # every size symbolic, so one graph serves both view batches
+            for x in (g, loc):
+                for dim in (0, 2, 3):
+                    torch._dynamo.mark_dynamic(x, dim)
+        step = lambda: fn1(g) + fn1(loc)  # noqa: E731
+    t0 = time.perf_counter()
+    loss = step()
+    t1 = time.perf_counter()
+    loss.backward()
+    t2 = time.perf_counter()
+    for _ in range(2):
+        net.zero_grad()
+        step().backward()
+    t3 = time.perf_counter()
+    for _ in range(args.steps):
+        net.zero_grad()
+        step().backward()
+    t4 = time.perf_counter()
+    return {"mode": mode, "forward_s": t1 - t0, "backward_s": t2 - t1, "first_s": t2 - t0,
+            "steady_ms": (t4 - t3) / args.steps * 1e3, "graphs": int(counters["stats"]["unique_graphs"]),
+            "loss": float(loss)}
+
+
+def _child_backward(role: str, args: argparse.Namespace) -> dict[str, Any]:
+    """`helper`: compile only the backward into the cache; `run`: compile as torch.compile does by default."""
+    import torch
+    import torch._functorch.config as functorch_config
+    import torch._inductor.codecache as codecache
+    from torch._dynamo.utils import counters
+
+    keys: list[list[str]] = []
+    original = codecache.compiled_fx_graph_hash
+
+    def recording_hash(*a: Any, **k: Any) -> Any:
+        key, lines = original(*a, **k)
+        keys.append([key, *lines])
+        return key, lines
+
+    codecache.compiled_fx_graph_hash = recording_hash
+    net, g, loc = _net_and_views(args.arch, args.size, args.batch, args.local)
+
+    def both(g: torch.Tensor, loc: torch.Tensor) -> torch.Tensor:
+        return net(g).square().mean() + net(loc).square().mean()
+
+    if role == "helper":
+        from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+        from torch._inductor.output_code import MockFXGraphCacheOutput
+
+        def inner(gm: Any, example_inputs: Any, **kw: Any) -> Any:
+            if kw.get("is_backward"):
+                return compile_fx_inner(gm, example_inputs, **kw)
+            return MockFXGraphCacheOutput(lambda inputs: gm(*inputs))  # the forward runs the traced graph
+
+        def backend(gm: Any, example_inputs: Any) -> Any:
+            return compile_fx(gm, example_inputs, inner_compile=inner)
+
+        with functorch_config.patch(enable_autograd_cache=False):  # no cache entry with an uncompiled forward
+            fn = torch.compile(both, backend=backend, dynamic=False)
+            t0 = time.perf_counter()
+            loss = fn(g, loc)
+            t1 = time.perf_counter()
+            loss.backward()
+    else:
+        fn = torch.compile(both, dynamic=False)
+        t0 = time.perf_counter()
+        loss = fn(g, loc)
+        t1 = time.perf_counter()
+        loss.backward()
+    t2 = time.perf_counter()
+    backward_key = keys[-1]
+    return {"role": role, "forward_s": t1 - t0, "backward_s": t2 - t1, "loss": float(loss),
+            "fxgraph_cache_hit": int(counters["inductor"]["fxgraph_cache_hit"]),
+            "fxgraph_cache_miss": int(counters["inductor"]["fxgraph_cache_miss"]), "backward_key": backward_key}
+
+
+def _spawn(kind: str, mode: str, cache: str, args: argparse.Namespace) -> dict[str, Any]:
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
+    cmd = [sys.executable, __file__, "_child", kind, mode, "--arch", args.arch, "--size", str(args.size),
+           "--batch", str(args.batch), "--local", str(args.local), "--steps", str(args.steps)]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+    if out.returncode != 0 or not lines:
+        raise SystemExit(f"compile_probes: the {kind} child '{mode}' failed (exit {out.returncode}):\n"
+                         f"{out.stderr[-3000:]}")
+    return json.loads(lines[-1])
+
+
+def _commit() -> str:
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False,
+                         cwd=Path(__file__).resolve().parent)
+    return out.stdout.strip() or "unknown"
+
+
+def _setup(args: argparse.Namespace) -> str:
+    import torch
+
+    return (f"commit `{_commit()}`, timm `{args.arch}`, global views {2 * args.batch}x3x{args.size}x{args.size}, "
+            f"local views {args.local * args.batch}x3x{args.size // 2}x{args.size // 2}, CPU, "
+            f"torch {torch.__version__}, {os.cpu_count()} cores; each row a fresh process with an empty cache folder")
+
+
+def views(args: argparse.Namespace) -> str:
+    rows = [_spawn("views", mode, tempfile.mkdtemp(prefix="probe-views-"), args) for mode in VIEW_MODES]
+    lines = ["# Compile probe: one graph with symbolic view sizes against static graphs", "",
+             f"`python scripts/compile_probes.py views` ({_setup(args)}).", "",
+             "| mode | graphs | first forward s | first backward s | first step s | steady step ms | loss |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['mode']} | {r['graphs']} | {r['forward_s']:.1f} | {r['backward_s']:.1f} | "
+                     f"{r['first_s']:.1f} | {r['steady_ms']:.1f} | {r['loss']:.5f} |")
+    lines += ["", "one-graph: both view sizes in one static graph (the shipped student call); static: one static "
+              "graph per view size; dynamic: one graph with every size symbolic (its backward compiles with "
+              "its forward)."]
+    return "\n".join(lines) + "\n"
+
+
+def backward_helper(args: argparse.Namespace) -> str:
+    cache = tempfile.mkdtemp(prefix="probe-backward-")
+    helper = _spawn("backward", "helper", cache, args)
+    run = _spawn("backward", "run", cache, args)
+    hk, rk = helper["backward_key"], run["backward_key"]
+    first = next(((a, b) for a, b in zip(hk[1:], rk[1:], strict=False) if a != b), None)
+    lines = ["# Compile probe: a helper that compiles only the backward graph", "",
+             f"`python scripts/compile_probes.py backward-helper` ({_setup(args)}; the run after the helper, on "
+             "the helper's cache folder).", "",
+             "| process | first forward s | first backward s | inductor cache hit / miss | loss |",
+             "|---|---:|---:|---|---:|"]
+    for r in (helper, run):
+        lines.append(f"| {r['role']} | {r['forward_s']:.1f} | {r['backward_s']:.1f} | "
+                     f"{r['fxgraph_cache_hit']} / {r['fxgraph_cache_miss']} | {r['loss']:.5f} |")
+    lines.append("")
+    if hk[0] == rk[0]:
+        lines.append("The run's backward graph has the helper's cache key.")
+    else:
+        lines.append("The run's backward graph has another cache key than the helper's; the first differing line "
+                     "of inductor's key details:")
+        if first is not None:
+            lines += ["", f"    helper: {first[0][:240]}", f"    run:    {first[1][:240]}"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("probe", choices=("views", "backward-helper", "_child"))
+    p.add_argument("child", nargs="*", help=argparse.SUPPRESS)
+    p.add_argument("--arch", default="resnet18", help="timm backbone (default resnet18)")
+    p.add_argument("--size", type=int, default=64, help="global view side; local views are half of it")
+    p.add_argument("--batch", type=int, default=4, help="images; 2 global and --local local views each")
+    p.add_argument("--local", type=int, default=6, help="local views per image (default 6, as the CIFAR-10 recipe)")
+    p.add_argument("--steps", type=int, default=5, help="timed steady steps after the first three")
+    p.add_argument("--out", type=Path, help="write the markdown table here too")
+    args = p.parse_args(argv)
+    if args.probe == "_child":
+        kind, mode = args.child
+        result = _child_views(mode, args) if kind == "views" else _child_backward(mode, args)
+        print(json.dumps(result))
+        return
+    text = views(args) if args.probe == "views" else backward_helper(args)
+    print(text)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -33,13 +33,39 @@ from typing import Any
 VIEW_MODES = ("one-graph", "static", "dynamic")
 
 
-def _net_and_views(arch: str, size: int, batch: int, local: int) -> tuple[Any, Any, Any]:
+def _net_and_views(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    """The backbone and its two view batches; `--channels-last` puts all three in channels_last, as the GPU
+    recipes run them (`backbone.channels_last`)."""
     import timm
     import torch
 
     torch.manual_seed(0)
-    net = timm.create_model(arch, num_classes=0)
-    return net, torch.randn(2 * batch, 3, size, size), torch.randn(local * batch, 3, size // 2, size // 2)
+    net = timm.create_model(args.arch, num_classes=0)
+    g = torch.randn(2 * args.batch, 3, args.size, args.size)
+    loc = torch.randn(args.local * args.batch, 3, args.size // 2, args.size // 2)
+    if args.channels_last:
+        fmt = torch.channels_last
+        net, g, loc = net.to(memory_format=fmt), g.contiguous(memory_format=fmt), loc.contiguous(memory_format=fmt)
+    return net, g, loc
+
+
+def _recompile_reasons() -> list[str]:
+    """Collects dynamo's recompile messages (why a second graph was compiled) into the returned list."""
+    import logging
+
+    import torch
+
+    reasons: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            reasons.append(record.getMessage())
+
+    torch._logging.set_logs(recompiles=True)
+    logger = logging.getLogger("torch._dynamo.guards.__recompiles")
+    logger.addHandler(Keep())
+    logger.propagate = False
+    return reasons
 
 
 def _child_views(mode: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -47,7 +73,8 @@ def _child_views(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from torch._dynamo.utils import counters
 
-    net, g, loc = _net_and_views(args.arch, args.size, args.batch, args.local)
+    net, g, loc = _net_and_views(args)
+    reasons = _recompile_reasons()
 
     def both(g: torch.Tensor, loc: torch.Tensor) -> torch.Tensor:
         return net(g).square().mean() + net(loc).square().mean()
@@ -80,7 +107,7 @@ def _child_views(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     t4 = time.perf_counter()
     return {"mode": mode, "forward_s": t1 - t0, "backward_s": t2 - t1, "first_s": t2 - t0,
             "steady_ms": (t4 - t3) / args.steps * 1e3, "graphs": int(counters["stats"]["unique_graphs"]),
-            "loss": float(loss)}
+            "loss": float(loss), "recompiles": [" ".join(r.split()) for r in reasons]}
 
 
 def _child_backward(role: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -99,7 +126,7 @@ def _child_backward(role: str, args: argparse.Namespace) -> dict[str, Any]:
         return key, lines
 
     codecache.compiled_fx_graph_hash = recording_hash
-    net, g, loc = _net_and_views(args.arch, args.size, args.batch, args.local)
+    net, g, loc = _net_and_views(args)
 
     def both(g: torch.Tensor, loc: torch.Tensor) -> torch.Tensor:
         return net(g).square().mean() + net(loc).square().mean()
@@ -138,7 +165,8 @@ def _child_backward(role: str, args: argparse.Namespace) -> dict[str, Any]:
 def _spawn(kind: str, mode: str, cache: str, args: argparse.Namespace) -> dict[str, Any]:
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
     cmd = [sys.executable, __file__, "_child", kind, mode, "--arch", args.arch, "--size", str(args.size),
-           "--batch", str(args.batch), "--local", str(args.local), "--steps", str(args.steps)]
+           "--batch", str(args.batch), "--local", str(args.local), "--steps", str(args.steps),
+           *(["--channels-last"] if args.channels_last else [])]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
     if out.returncode != 0 or not lines:
@@ -157,7 +185,8 @@ def _setup(args: argparse.Namespace) -> str:
     import torch
 
     return (f"commit `{_commit()}`, timm `{args.arch}`, global views {2 * args.batch}x3x{args.size}x{args.size}, "
-            f"local views {args.local * args.batch}x3x{args.size // 2}x{args.size // 2}, CPU, "
+            f"local views {args.local * args.batch}x3x{args.size // 2}x{args.size // 2}"
+            f"{', channels_last' if args.channels_last else ''}, CPU, "
             f"torch {torch.__version__}, {os.cpu_count()} cores; each row a fresh process with an empty cache folder")
 
 
@@ -173,6 +202,9 @@ def views(args: argparse.Namespace) -> str:
     lines += ["", "one-graph: both view sizes in one static graph (the shipped student call); static: one static "
               "graph per view size; dynamic: one graph with every size symbolic (its backward compiles with "
               "its forward)."]
+    for r in rows:
+        for reason in r["recompiles"]:
+            lines += ["", f"{r['mode']}: a second graph was compiled: {reason[:400]}"]
     return "\n".join(lines) + "\n"
 
 
@@ -181,7 +213,8 @@ def backward_helper(args: argparse.Namespace) -> str:
     helper = _spawn("backward", "helper", cache, args)
     run = _spawn("backward", "run", cache, args)
     hk, rk = helper["backward_key"], run["backward_key"]
-    first = next(((a, b) for a, b in zip(hk[1:], rk[1:], strict=False) if a != b), None)
+    differ = [(a, b) for a, b in zip(hk[1:], rk[1:], strict=False) if a != b]
+    first = differ[0] if differ else None
     lines = ["# Compile probe: a helper that compiles only the backward graph", "",
              f"`python scripts/compile_probes.py backward-helper` ({_setup(args)}; the run after the helper, on "
              "the helper's cache folder).", "",
@@ -194,24 +227,31 @@ def backward_helper(args: argparse.Namespace) -> str:
     if hk[0] == rk[0]:
         lines.append("The run's backward graph has the helper's cache key.")
     else:
-        lines.append("The run's backward graph has another cache key than the helper's; the first differing line "
-                     "of inductor's key details:")
+        inputs = sum(a.split("] ", 1)[-1].startswith("example_inputs[") for a, _ in differ)
+        lines.append(f"The run's backward graph has another cache key than the helper's: {len(differ)} of "
+                     f"{len(rk) - 1} lines of inductor's key details differ ({inputs} of them the graph's example "
+                     "inputs); the first:")
         if first is not None:
             lines += ["", f"    helper: {first[0][:240]}", f"    run:    {first[1][:240]}"]
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("probe", choices=("views", "backward-helper", "_child"))
     p.add_argument("child", nargs="*", help=argparse.SUPPRESS)
     p.add_argument("--arch", default="resnet18", help="timm backbone (default resnet18)")
-    p.add_argument("--size", type=int, default=64, help="global view side; local views are half of it")
+    p.add_argument("--size", type=int, default=96, help="global view side; local views are half of it")
     p.add_argument("--batch", type=int, default=4, help="images; 2 global and --local local views each")
     p.add_argument("--local", type=int, default=6, help="local views per image (default 6, as the CIFAR-10 recipe)")
     p.add_argument("--steps", type=int, default=5, help="timed steady steps after the first three")
+    p.add_argument("--channels-last", action="store_true", help="backbone and views in channels_last")
     p.add_argument("--out", type=Path, help="write the markdown table here too")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     if args.probe == "_child":
         kind, mode = args.child
         result = _child_views(mode, args) if kind == "views" else _child_backward(mode, args)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 VIEW_MODES = ("one-graph", "static", "dynamic")
+SHOWN = 4  # differing lines of the backward's cache key shown in the table's note
 
 
 def _net_and_views(args: argparse.Namespace) -> tuple[Any, Any, Any]:
@@ -214,7 +215,6 @@ def backward_helper(args: argparse.Namespace) -> str:
     run = _spawn("backward", "run", cache, args)
     hk, rk = helper["backward_key"], run["backward_key"]
     differ = [(a, b) for a, b in zip(hk[1:], rk[1:], strict=False) if a != b]
-    first = differ[0] if differ else None
     lines = ["# Compile probe: a helper that compiles only the backward graph", "",
              f"`python scripts/compile_probes.py backward-helper` ({_setup(args)}; the run after the helper, on "
              "the helper's cache folder).", "",
@@ -230,9 +230,9 @@ def backward_helper(args: argparse.Namespace) -> str:
         inputs = sum(a.split("] ", 1)[-1].startswith("example_inputs[") for a, _ in differ)
         lines.append(f"The run's backward graph has another cache key than the helper's: {len(differ)} of "
                      f"{len(rk) - 1} lines of inductor's key details differ ({inputs} of them the graph's example "
-                     "inputs); the first:")
-        if first is not None:
-            lines += ["", f"    helper: {first[0][:240]}", f"    run:    {first[1][:240]}"]
+                     f"inputs); the first {min(len(differ), SHOWN)}:")
+        for a, b in differ[:SHOWN]:
+            lines += ["", f"    helper: {a[:240]}", f"    run:    {b[:240]}"]
     return "\n".join(lines) + "\n"
 
 

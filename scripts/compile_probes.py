@@ -47,7 +47,25 @@ def _net_and_views(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     if args.channels_last:
         fmt = torch.channels_last
         net, g, loc = net.to(memory_format=fmt), g.contiguous(memory_format=fmt), loc.contiguous(memory_format=fmt)
-    return net, g, loc
+    return net.to(args.device), g.to(args.device), loc.to(args.device)
+
+
+def _compile_kw(args: argparse.Namespace) -> dict[str, Any]:
+    return {"dynamic": False, **({"mode": args.mode} if args.mode != "default" else {})}
+
+
+def _autocast(args: argparse.Namespace) -> Any:
+    import torch
+
+    return torch.autocast(args.device, dtype=torch.bfloat16, enabled=args.bf16)
+
+
+def _now(args: argparse.Namespace) -> float:
+    import torch
+
+    if args.device == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter()
 
 
 def _recompile_reasons() -> list[str]:
@@ -78,37 +96,50 @@ def _child_views(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     reasons = _recompile_reasons()
 
     def both(g: torch.Tensor, loc: torch.Tensor) -> torch.Tensor:
-        return net(g).square().mean() + net(loc).square().mean()
+        with _autocast(args):
+            return net(g).float().square().mean() + net(loc).float().square().mean()
 
     def one(x: torch.Tensor) -> torch.Tensor:
-        return net(x).square().mean()
+        with _autocast(args):
+            return net(x).float().square().mean()
 
     if mode == "one-graph":
-        fn = torch.compile(both, dynamic=False)
+        fn = torch.compile(both, **_compile_kw(args))
         step = lambda: fn(g, loc)  # noqa: E731
     else:
-        fn1 = torch.compile(one, dynamic=False)
+        fn1 = torch.compile(one, **_compile_kw(args))
         if mode == "dynamic":  # every size symbolic, so one graph serves both view batches
             for x in (g, loc):
                 for dim in (0, 2, 3):
                     torch._dynamo.mark_dynamic(x, dim)
         step = lambda: fn1(g) + fn1(loc)  # noqa: E731
-    t0 = time.perf_counter()
+    t0 = _now(args)
     loss = step()
-    t1 = time.perf_counter()
+    t1 = _now(args)
     loss.backward()
-    t2 = time.perf_counter()
+    t2 = _now(args)
     for _ in range(2):
         net.zero_grad()
         step().backward()
-    t3 = time.perf_counter()
+    t3 = _now(args)
     for _ in range(args.steps):
         net.zero_grad()
         step().backward()
-    t4 = time.perf_counter()
+    t4 = _now(args)
     return {"mode": mode, "forward_s": t1 - t0, "backward_s": t2 - t1, "first_s": t2 - t0,
             "steady_ms": (t4 - t3) / args.steps * 1e3, "graphs": int(counters["stats"]["unique_graphs"]),
             "loss": float(loss), "recompiles": [" ".join(r.split()) for r in reasons]}
+
+
+def _backward(loss: Any) -> str:
+    """`loss.backward()`; an error's first line instead of raising, so the probe still reports the cache key
+    (a helper's backward can fail after its compile wrote the entry, e.g. under CUDA graphs without a recorded
+    forward)."""
+    try:
+        loss.backward()
+    except Exception as err:  # noqa: BLE001 - reported in the table, the run is what counts
+        return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:300]
+    return ""
 
 
 def _child_backward(role: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -130,7 +161,8 @@ def _child_backward(role: str, args: argparse.Namespace) -> dict[str, Any]:
     net, g, loc = _net_and_views(args)
 
     def both(g: torch.Tensor, loc: torch.Tensor) -> torch.Tensor:
-        return net(g).square().mean() + net(loc).square().mean()
+        with _autocast(args):
+            return net(g).float().square().mean() + net(loc).float().square().mean()
 
     if role == "helper":
         from torch._inductor.compile_fx import compile_fx, compile_fx_inner
@@ -139,26 +171,31 @@ def _child_backward(role: str, args: argparse.Namespace) -> dict[str, Any]:
         def inner(gm: Any, example_inputs: Any, **kw: Any) -> Any:
             if kw.get("is_backward"):
                 return compile_fx_inner(gm, example_inputs, **kw)
+            boxed = kw.get("boxed_forward_device_index")
+            if boxed is not None and args.device == "cuda":  # what a CUDA-graphed forward would have set
+                boxed.set(torch.cuda.current_device())
             return MockFXGraphCacheOutput(lambda inputs: gm(*inputs))  # the forward runs the traced graph
 
+        patches = torch._inductor.list_mode_options(args.mode) if args.mode != "default" else {}
+
         def backend(gm: Any, example_inputs: Any) -> Any:
-            return compile_fx(gm, example_inputs, inner_compile=inner)
+            return compile_fx(gm, example_inputs, inner_compile=inner, config_patches=patches)
 
         with functorch_config.patch(enable_autograd_cache=False):  # no cache entry with an uncompiled forward
-            fn = torch.compile(both, backend=backend, dynamic=False)
-            t0 = time.perf_counter()
+            fn = torch.compile(both, backend=backend, **{k: v for k, v in _compile_kw(args).items() if k != "mode"})
+            t0 = _now(args)
             loss = fn(g, loc)
-            t1 = time.perf_counter()
-            loss.backward()
+            t1 = _now(args)
+            error = _backward(loss)
     else:
-        fn = torch.compile(both, dynamic=False)
-        t0 = time.perf_counter()
+        fn = torch.compile(both, **_compile_kw(args))
+        t0 = _now(args)
         loss = fn(g, loc)
-        t1 = time.perf_counter()
-        loss.backward()
-    t2 = time.perf_counter()
+        t1 = _now(args)
+        error = _backward(loss)
+    t2 = _now(args)
     backward_key = keys[-1]
-    return {"role": role, "forward_s": t1 - t0, "backward_s": t2 - t1, "loss": float(loss),
+    return {"role": role, "forward_s": t1 - t0, "backward_s": t2 - t1, "loss": float(loss), "error": error,
             "fxgraph_cache_hit": int(counters["inductor"]["fxgraph_cache_hit"]),
             "fxgraph_cache_miss": int(counters["inductor"]["fxgraph_cache_miss"]), "backward_key": backward_key}
 
@@ -167,7 +204,8 @@ def _spawn(kind: str, mode: str, cache: str, args: argparse.Namespace) -> dict[s
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
     cmd = [sys.executable, __file__, "_child", kind, mode, "--arch", args.arch, "--size", str(args.size),
            "--batch", str(args.batch), "--local", str(args.local), "--steps", str(args.steps),
-           *(["--channels-last"] if args.channels_last else [])]
+           "--device", args.device, "--mode", args.mode, *(["--channels-last"] if args.channels_last else []),
+           *(["--bf16"] if args.bf16 else [])]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
     if out.returncode != 0 or not lines:
@@ -182,19 +220,30 @@ def _commit() -> str:
     return out.stdout.strip() or "unknown"
 
 
+def _command(args: argparse.Namespace) -> str:
+    return " ".join(["python scripts/compile_probes.py", *args.argv])
+
+
+def _device_name(device: str) -> str:
+    import torch
+
+    return torch.cuda.get_device_name() if device == "cuda" else "CPU"
+
+
 def _setup(args: argparse.Namespace) -> str:
     import torch
 
     return (f"commit `{_commit()}`, timm `{args.arch}`, global views {2 * args.batch}x3x{args.size}x{args.size}, "
             f"local views {args.local * args.batch}x3x{args.size // 2}x{args.size // 2}"
-            f"{', channels_last' if args.channels_last else ''}, CPU, "
-            f"torch {torch.__version__}, {os.cpu_count()} cores; each row a fresh process with an empty cache folder")
+            f"{', channels_last' if args.channels_last else ''}{', bf16 autocast' if args.bf16 else ''}, "
+            f"compile mode {args.mode}, {_device_name(args.device)}, torch {torch.__version__}, "
+            f"{os.cpu_count()} cores; each row a fresh process with an empty cache folder")
 
 
 def views(args: argparse.Namespace) -> str:
     rows = [_spawn("views", mode, tempfile.mkdtemp(prefix="probe-views-"), args) for mode in VIEW_MODES]
     lines = ["# Compile probe: one graph with symbolic view sizes against static graphs", "",
-             f"`python scripts/compile_probes.py views` ({_setup(args)}).", "",
+             f"`{_command(args)}` ({_setup(args)}).", "",
              "| mode | graphs | first forward s | first backward s | first step s | steady step ms | loss |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
@@ -214,9 +263,10 @@ def backward_helper(args: argparse.Namespace) -> str:
     helper = _spawn("backward", "helper", cache, args)
     run = _spawn("backward", "run", cache, args)
     hk, rk = helper["backward_key"], run["backward_key"]
-    differ = [(a, b) for a, b in zip(hk[1:], rk[1:], strict=False) if a != b]
+    # a line's own hash leads it ("[hash] name: value"); a value printed with a memory address differs in text only
+    differ = [(a, b) for a, b in zip(hk[1:], rk[1:], strict=False) if a.split("]", 1)[0] != b.split("]", 1)[0]]
     lines = ["# Compile probe: a helper that compiles only the backward graph", "",
-             f"`python scripts/compile_probes.py backward-helper` ({_setup(args)}; the run after the helper, on "
+             f"`{_command(args)}` ({_setup(args)}; the run after the helper, on "
              "the helper's cache folder).", "",
              "| process | first forward s | first backward s | inductor cache hit / miss | loss |",
              "|---|---:|---:|---|---:|"]
@@ -224,6 +274,9 @@ def backward_helper(args: argparse.Namespace) -> str:
         lines.append(f"| {r['role']} | {r['forward_s']:.1f} | {r['backward_s']:.1f} | "
                      f"{r['fxgraph_cache_hit']} / {r['fxgraph_cache_miss']} | {r['loss']:.5f} |")
     lines.append("")
+    for r in (helper, run):
+        if r.get("error"):
+            lines += [f"The {r['role']}'s backward raised after its compile: {r['error']}", ""]
     if hk[0] == rk[0]:
         lines.append("The run's backward graph has the helper's cache key.")
     else:
@@ -246,8 +299,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--local", type=int, default=6, help="local views per image (default 6, as the CIFAR-10 recipe)")
     p.add_argument("--steps", type=int, default=5, help="timed steady steps after the first three")
     p.add_argument("--channels-last", action="store_true", help="backbone and views in channels_last")
+    p.add_argument("--bf16", action="store_true", help="the backbone under bf16 autocast, as the GPU recipes")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--mode", choices=("default", "reduce-overhead"), default="default",
+                   help="torch.compile mode (reduce-overhead: CUDA graphs, as the GPU recipes)")
     p.add_argument("--out", type=Path, help="write the markdown table here too")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -58,9 +58,10 @@ def test_backward_helper_names_the_first_differing_key_line(probes: Any, monkeyp
 
     def spawn(kind: str, role: str, cache: str, args: Any) -> dict[str, Any]:
         caches.append(cache)
-        lines = ["graph: abc", "example_inputs[0]: stride=(147, 49, 7, 1)", "fx_kwargs[is_backward]: True"]
+        lines = ["[g1] graph: abc", "[i1] example_inputs[0]: stride=(147, 49, 7, 1)",
+                 f"[d1] fx_kwargs[get_decomp_fn]: <function at 0x{id(role):x}>"]  # same hash, text apart
         if role == "run" and not same:
-            lines[1] = "example_inputs[0]: stride=(147, 1, 21, 3)"
+            lines[1] = "[i2] example_inputs[0]: stride=(147, 1, 21, 3)"
         key = "k1" if role == "helper" or same else "k2"
         return {"role": role, "forward_s": 1.0, "backward_s": 2.0, "loss": 0.25, "fxgraph_cache_hit": int(same),
                 "fxgraph_cache_miss": 2 - int(same), "backward_key": [key, *lines]}
@@ -74,8 +75,9 @@ def test_backward_helper_names_the_first_differing_key_line(probes: Any, monkeyp
     else:
         assert "another cache key than the helper's: 1 of 3 lines of inductor's key details differ (1 of them the " \
                "graph's example inputs); the first 1:" in " ".join(text.split())
-        assert "helper: example_inputs[0]: stride=(147, 49, 7, 1)" in text
-        assert "run:    example_inputs[0]: stride=(147, 1, 21, 3)" in text
+        assert "helper: [i1] example_inputs[0]: stride=(147, 49, 7, 1)" in text
+        assert "run:    [i2] example_inputs[0]: stride=(147, 1, 21, 3)" in text
+        assert "get_decomp_fn" not in text, "a line whose hash matches is not a difference"
 
 
 def test_a_failing_child_stops_the_probe_with_its_error(probes: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -99,3 +101,19 @@ def test_backward_helper_probe_runs_and_the_helpers_eager_forward_matches_the_ru
     assert set(rows) == {"helper", "run"}
     helper_loss, run_loss = float(rows["helper"][-1].rstrip(" |")), float(rows["run"][-1].rstrip(" |"))
     assert abs(helper_loss - run_loss) <= 1e-4 * max(1.0, abs(run_loss))
+
+
+@pytest.mark.slow
+def test_views_probe_runs_all_three_modes_with_the_same_loss(tmp_path: Path) -> None:
+    out = tmp_path / "views.md"
+    done = subprocess.run([sys.executable, str(SCRIPT), "views", "--arch", "resnet10t", "--size", "32", "--batch",
+                           "1", "--local", "2", "--steps", "1", "--channels-last", "--bf16", "--out", str(out)],
+                          capture_output=True, text=True, check=False, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    text = out.read_text()
+    rows = [ln.split(" | ") for ln in text.splitlines() if ln.startswith("| ") and not ln.startswith("| mode")
+            and not ln.startswith("|---")]
+    assert [r[0][2:] for r in rows] == ["one-graph", "static", "dynamic"]
+    losses = {float(r[-1].rstrip(" |")) for r in rows}
+    assert max(losses) - min(losses) <= 2e-2 * max(1.0, max(losses)), losses  # bf16: the graphs round apart
+    assert "channels_last, bf16 autocast, compile mode default, CPU" in text

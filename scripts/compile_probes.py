@@ -131,6 +131,25 @@ def _child_views(mode: str, args: argparse.Namespace) -> dict[str, Any]:
             "loss": float(loss), "recompiles": [" ".join(r.split()) for r in reasons]}
 
 
+def _channels_last_if_ambiguous(t: Any) -> Any:
+    """A 4-D tensor that is both contiguous and channels_last-contiguous (its size-1 dimensions let either
+    stride order describe it) with channels_last's strides, the order a channels_last graph's compiled forward
+    gave such a tensor in the CPU probe; anything else as it is."""
+    import torch
+
+    if not isinstance(t, torch.Tensor) or t.dim() != 4 or not t.is_contiguous():
+        return t
+    if not t.is_contiguous(memory_format=torch.channels_last):
+        return t
+    n, c, h, w = t.shape
+    cl = (h * w * c, 1, w * c, c)
+    if tuple(t.stride()) == cl:
+        return t
+    mode = getattr(t, "fake_mode", None)
+    with mode if mode is not None else torch._C._DisableTorchDispatch():
+        return torch.empty_strided(t.shape, cl, dtype=t.dtype, device=t.device, requires_grad=t.requires_grad)
+
+
 def _backward(loss: Any) -> str:
     """`loss.backward()`; an error's first line instead of raising, so the probe still reports the cache key
     (a helper's backward can fail after its compile wrote the entry, e.g. under CUDA graphs without a recorded
@@ -170,6 +189,8 @@ def _child_backward(role: str, args: argparse.Namespace) -> dict[str, Any]:
 
         def inner(gm: Any, example_inputs: Any, **kw: Any) -> Any:
             if kw.get("is_backward"):
+                if args.canonical_strides:
+                    example_inputs = [_channels_last_if_ambiguous(t) for t in example_inputs]
                 return compile_fx_inner(gm, example_inputs, **kw)
             boxed = kw.get("boxed_forward_device_index")
             if boxed is not None and args.device == "cuda":  # what a CUDA-graphed forward would have set
@@ -205,7 +226,7 @@ def _spawn(kind: str, mode: str, cache: str, args: argparse.Namespace) -> dict[s
     cmd = [sys.executable, __file__, "_child", kind, mode, "--arch", args.arch, "--size", str(args.size),
            "--batch", str(args.batch), "--local", str(args.local), "--steps", str(args.steps),
            "--device", args.device, "--mode", args.mode, *(["--channels-last"] if args.channels_last else []),
-           *(["--bf16"] if args.bf16 else [])]
+           *(["--bf16"] if args.bf16 else []), *(["--canonical-strides"] if args.canonical_strides else [])]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
     if out.returncode != 0 or not lines:
@@ -299,6 +320,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--local", type=int, default=6, help="local views per image (default 6, as the CIFAR-10 recipe)")
     p.add_argument("--steps", type=int, default=5, help="timed steady steps after the first three")
     p.add_argument("--channels-last", action="store_true", help="backbone and views in channels_last")
+    p.add_argument("--canonical-strides", action="store_true",
+                   help="backward-helper: give the helper's saved tensors whose size-1 dimensions allow both stride "
+                        "orders channels_last's strides before its backward compiles")
     p.add_argument("--bf16", action="store_true", help="the backbone under bf16 autocast, as the GPU recipes")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--mode", choices=("default", "reduce-overhead"), default="default",

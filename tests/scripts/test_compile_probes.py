@@ -89,6 +89,25 @@ def test_a_failing_child_stops_the_probe_with_its_error(probes: Any, monkeypatch
         probes._spawn("views", "static", "/tmp/x", _args(probes))
 
 
+def test_only_tensors_contiguous_in_both_orders_get_channels_last_strides(probes: Any) -> None:
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    fix = probes._channels_last_if_ambiguous
+    both = torch.zeros(1, 64, 1, 1)  # contiguous in either order: size-1 dimensions
+    assert fix(both).stride() == (64, 1, 64, 64) and fix(both).shape == both.shape
+    plain = torch.zeros(2, 3, 4, 5)
+    assert fix(plain) is plain, "an unambiguous contiguous tensor keeps its strides"
+    cl = torch.zeros(1, 8, 2, 2).contiguous(memory_format=torch.channels_last)
+    assert fix(cl) is cl
+    vec = torch.zeros(64)
+    assert fix(vec) is vec and fix(3) == 3
+    with FakeTensorMode() as mode:
+        fake = torch.empty(1, 32, 1, 1)
+    out = fix(fake)
+    assert out.fake_mode is mode and out.stride() == (32, 1, 32, 32), "a fake input stays fake in its own mode"
+
+
 @pytest.mark.slow
 def test_backward_helper_probe_runs_and_the_helpers_eager_forward_matches_the_run(tmp_path: Path) -> None:
     out = tmp_path / "probe.md"

@@ -150,6 +150,39 @@ def _channels_last_if_ambiguous(t: Any) -> Any:
         return torch.empty_strided(t.shape, cl, dtype=t.dtype, device=t.device, requires_grad=t.requires_grad)
 
 
+def _report_lowered_strides(gm: Any, example_inputs: Any, kw: dict[str, Any]) -> None:
+    """Lower a copy of the forward graph with inductor, stop before its kernels are generated, and report the
+    strides its outputs got, as inductor's compiled forward reports them: AOTAutograd gives the backward's saved
+    tensors those strides, and they are part of the backward's cache key."""
+    import copy
+
+    import torch
+    from torch._inductor.compile_fx import compile_fx_inner
+    from torch._inductor.graph import GraphLowering
+
+    lowered: list[Any] = []
+    original = GraphLowering.compile_to_module
+
+    def stop(self: Any) -> Any:
+        lowered.append(self)
+        raise RuntimeError("lowered only")
+
+    GraphLowering.compile_to_module = stop
+    try:
+        compile_fx_inner(copy.deepcopy(gm), example_inputs, **kw)
+    except Exception:  # noqa: BLE001 - the stop above, however inductor wraps it
+        if not lowered:
+            raise
+    finally:
+        GraphLowering.compile_to_module = original
+    context = torch._guards.TracingContext.try_get()
+    if context is None or context.output_strides is None:
+        return
+    for out in lowered[0].graph_outputs:
+        has = hasattr(out, "has_tensor_output") and out.has_tensor_output()
+        context.output_strides.append(tuple(int(x) for x in out.get_layout().stride) if has else None)
+
+
 def _backward(loss: Any) -> str:
     """`loss.backward()`; an error's first line instead of raising, so the probe still reports the cache key
     (a helper's backward can fail after its compile wrote the entry, e.g. under CUDA graphs without a recorded
@@ -195,6 +228,8 @@ def _child_backward(role: str, args: argparse.Namespace) -> dict[str, Any]:
             boxed = kw.get("boxed_forward_device_index")
             if boxed is not None and args.device == "cuda":  # what a CUDA-graphed forward would have set
                 boxed.set(torch.cuda.current_device())
+            if args.lowered_strides:
+                _report_lowered_strides(gm, example_inputs, kw)
             return MockFXGraphCacheOutput(lambda inputs: gm(*inputs))  # the forward runs the traced graph
 
         patches = torch._inductor.list_mode_options(args.mode) if args.mode != "default" else {}
@@ -226,7 +261,8 @@ def _spawn(kind: str, mode: str, cache: str, args: argparse.Namespace) -> dict[s
     cmd = [sys.executable, __file__, "_child", kind, mode, "--arch", args.arch, "--size", str(args.size),
            "--batch", str(args.batch), "--local", str(args.local), "--steps", str(args.steps),
            "--device", args.device, "--mode", args.mode, *(["--channels-last"] if args.channels_last else []),
-           *(["--bf16"] if args.bf16 else []), *(["--canonical-strides"] if args.canonical_strides else [])]
+           *(["--bf16"] if args.bf16 else []), *(["--canonical-strides"] if args.canonical_strides else []),
+           *(["--lowered-strides"] if args.lowered_strides else [])]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
     if out.returncode != 0 or not lines:
@@ -323,6 +359,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--canonical-strides", action="store_true",
                    help="backward-helper: give the helper's saved tensors whose size-1 dimensions allow both stride "
                         "orders channels_last's strides before its backward compiles")
+    p.add_argument("--lowered-strides", action="store_true",
+                   help="backward-helper: the helper lowers its forward with inductor (no kernels) to learn the "
+                        "strides of the tensors it saves for the backward")
     p.add_argument("--bf16", action="store_true", help="the backbone under bf16 autocast, as the GPU recipes")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--mode", choices=("default", "reduce-overhead"), default="default",

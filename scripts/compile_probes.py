@@ -183,6 +183,28 @@ def _report_lowered_strides(gm: Any, example_inputs: Any, kw: dict[str, Any]) ->
         context.output_strides.append(tuple(int(x) for x in out.get_layout().stride) if has else None)
 
 
+class CompiledNotRun(Exception):
+    """Raised by a `--compile-only` helper's forward in place of running it."""
+
+
+def _stop_before_running(inputs: Any) -> Any:
+    raise CompiledNotRun
+
+
+def _call_until_compiled(fn: Any, *inputs: Any) -> str:
+    """Call `fn`, whose forward raises `CompiledNotRun` once the call's graphs are compiled; other errors are
+    returned as `_backward` returns them."""
+    try:
+        fn(*inputs)
+    except CompiledNotRun:
+        return ""
+    except Exception as err:  # noqa: BLE001 - reported in the table
+        if isinstance(err.__cause__, CompiledNotRun) or "CompiledNotRun" in repr(err):
+            return ""
+        return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:300]
+    return "the forward ran: it was not the helper's"
+
+
 def _backward(loss: Any) -> str:
     """`loss.backward()`; an error's first line instead of raising, so the probe still reports the cache key
     (a helper's backward can fail after its compile wrote the entry, e.g. under CUDA graphs without a recorded
@@ -230,6 +252,8 @@ def _child_backward(role: str, args: argparse.Namespace) -> dict[str, Any]:
                 boxed.set(torch.cuda.current_device())
             if args.lowered_strides:
                 _report_lowered_strides(gm, example_inputs, kw)
+            if args.compile_only:
+                return MockFXGraphCacheOutput(_stop_before_running)
             return MockFXGraphCacheOutput(lambda inputs: gm(*inputs))  # the forward runs the traced graph
 
         patches = torch._inductor.list_mode_options(args.mode) if args.mode != "default" else {}
@@ -237,12 +261,18 @@ def _child_backward(role: str, args: argparse.Namespace) -> dict[str, Any]:
         def backend(gm: Any, example_inputs: Any) -> Any:
             return compile_fx(gm, example_inputs, inner_compile=inner, config_patches=patches)
 
-        with functorch_config.patch(enable_autograd_cache=False):  # no cache entry with an uncompiled forward
+        # no cache entry with an uncompiled forward; --compile-only: the backward compiled with the forward call
+        patch = {"enable_autograd_cache": False, "force_non_lazy_backward_lowering": args.compile_only}
+        with functorch_config.patch(**patch):
             fn = torch.compile(both, backend=backend, **{k: v for k, v in _compile_kw(args).items() if k != "mode"})
             t0 = _now(args)
-            loss = fn(g, loc)
-            t1 = _now(args)
-            error = _backward(loss)
+            if args.compile_only:  # nothing runs: the call stops once both graphs are compiled
+                error, loss = _call_until_compiled(fn, g, loc), torch.tensor(float("nan"))
+                t1 = _now(args)
+            else:
+                loss = fn(g, loc)
+                t1 = _now(args)
+                error = _backward(loss)
     else:
         fn = torch.compile(both, **_compile_kw(args))
         t0 = _now(args)
@@ -262,7 +292,8 @@ def _spawn(kind: str, mode: str, cache: str, args: argparse.Namespace) -> dict[s
            "--batch", str(args.batch), "--local", str(args.local), "--steps", str(args.steps),
            "--device", args.device, "--mode", args.mode, *(["--channels-last"] if args.channels_last else []),
            *(["--bf16"] if args.bf16 else []), *(["--canonical-strides"] if args.canonical_strides else []),
-           *(["--lowered-strides"] if args.lowered_strides else [])]
+           *(["--lowered-strides"] if args.lowered_strides else []),
+           *(["--compile-only"] if args.compile_only else [])]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
     if out.returncode != 0 or not lines:
@@ -331,6 +362,9 @@ def backward_helper(args: argparse.Namespace) -> str:
         lines.append(f"| {r['role']} | {r['forward_s']:.1f} | {r['backward_s']:.1f} | "
                      f"{r['fxgraph_cache_hit']} / {r['fxgraph_cache_miss']} | {r['loss']:.5f} |")
     lines.append("")
+    if args.compile_only:
+        lines += ["The helper ran with `--compile-only`: its forward column is the whole call's compile (the backward "
+                  "compiled with the forward), and nothing ran, so it has no loss.", ""]
     for r in (helper, run):
         if r.get("error"):
             lines += [f"The {r['role']}'s backward raised after its compile: {r['error']}", ""]
@@ -362,6 +396,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lowered-strides", action="store_true",
                    help="backward-helper: the helper lowers its forward with inductor (no kernels) to learn the "
                         "strides of the tensors it saves for the backward")
+    p.add_argument("--compile-only", action="store_true",
+                   help="backward-helper: the helper compiles the backward with its forward call and runs nothing "
+                        "(no activations on the device)")
     p.add_argument("--bf16", action="store_true", help="the backbone under bf16 autocast, as the GPU recipes")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--mode", choices=("default", "reduce-overhead"), default="default",

@@ -168,8 +168,9 @@ def _report_lowered_strides(gm: Any, example_inputs: Any, kw: dict[str, Any]) ->
         raise RuntimeError("lowered only")
 
     GraphLowering.compile_to_module = stop
-    try:
-        compile_fx_inner(copy.deepcopy(gm), example_inputs, **kw)
+    cached = None
+    try:  # a forward already in the cache (the run wrote it first) comes back compiled, with its strides
+        cached = compile_fx_inner(copy.deepcopy(gm), example_inputs, **kw)
     except Exception:  # noqa: BLE001 - the stop above, however inductor wraps it
         if not lowered:
             raise
@@ -177,6 +178,10 @@ def _report_lowered_strides(gm: Any, example_inputs: Any, kw: dict[str, Any]) ->
         GraphLowering.compile_to_module = original
     context = torch._guards.TracingContext.try_get()
     if context is None or context.output_strides is None:
+        return
+    if not lowered:
+        strides = getattr(cached, "output_strides", None) or []
+        context.output_strides.extend(None if st is None else tuple(int(x) for x in st) for st in strides)
         return
     for out in lowered[0].graph_outputs:
         has = hasattr(out, "has_tensor_output") and out.has_tensor_output()

@@ -8,12 +8,15 @@ shortcuts suggest themselves, and each is probed here on a timm ResNet in fresh 
   traced and lowered once, but its kernels carry index arithmetic in symbols; whether that is cheaper to build
   is what the probe measures.
 * `backward-helper`: a helper process compiles only the backward graph into the shared cache (its forward runs
-  the traced graph eagerly), so that the run, compiling its forward meanwhile, would load its backward from the
-  cache. The probe reports whether the run's backward finds the helper's entry, and if not, the first line of
-  inductor's cache key where the two differ.
+  the traced graph uncompiled), so that the run, compiling its forward meanwhile, would load its backward from
+  the cache. The backward's cache key holds the strides of the tensors the forward saves, which inductor's
+  compiled forward decides: `--lowered-strides` has the helper lower its forward (no kernels) to learn them,
+  `--compile-only` has it compile the backward with the forward call and run nothing. The probe reports whether
+  the run's backward finds the helper's entry, and if not, the first lines of inductor's cache key where the two
+  differ.
 
     python scripts/compile_probes.py views --out /tmp/views.md
-    python scripts/compile_probes.py backward-helper --out /tmp/backward-helper.md
+    python scripts/compile_probes.py backward-helper --channels-last --lowered-strides --compile-only
 
 Each mode runs in its own process with its own cache folder, one after another, so the numbers are cold compiles.
 """
@@ -133,8 +136,8 @@ def _child_views(mode: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def _channels_last_if_ambiguous(t: Any) -> Any:
     """A 4-D tensor that is both contiguous and channels_last-contiguous (its size-1 dimensions let either
-    stride order describe it) with channels_last's strides, the order a channels_last graph's compiled forward
-    gave such a tensor in the CPU probe; anything else as it is."""
+    stride order describe it) with channels_last's strides, anything else as it is: the guess `--canonical-strides`
+    tests, that a channels_last graph's compiled forward gives every such tensor that order."""
     import torch
 
     if not isinstance(t, torch.Tensor) or t.dim() != 4 or not t.is_contiguous():
@@ -211,9 +214,9 @@ def _call_until_compiled(fn: Any, *inputs: Any) -> str:
 
 
 def _backward(loss: Any) -> str:
-    """`loss.backward()`; an error's first line instead of raising, so the probe still reports the cache key
-    (a helper's backward can fail after its compile wrote the entry, e.g. under CUDA graphs without a recorded
-    forward)."""
+    """`loss.backward()`; an error's first line instead of raising, so the probe still reports the cache key: a
+    helper's backward can fail after its compile wrote the entry (its uncompiled forward saved tensors with other
+    strides than the compiled backward expects)."""
     try:
         loss.backward()
     except Exception as err:  # noqa: BLE001 - reported in the table, the run is what counts
@@ -393,7 +396,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--size", type=int, default=96, help="global view side; local views are half of it")
     p.add_argument("--batch", type=int, default=4, help="images; 2 global and --local local views each")
     p.add_argument("--local", type=int, default=6, help="local views per image (default 6, as the CIFAR-10 recipe)")
-    p.add_argument("--steps", type=int, default=5, help="timed steady steps after the first three")
+    p.add_argument("--steps", type=int, default=5, help="timed steady steps, after the first step and two more")
     p.add_argument("--channels-last", action="store_true", help="backbone and views in channels_last")
     p.add_argument("--canonical-strides", action="store_true",
                    help="backward-helper: give the helper's saved tensors whose size-1 dimensions allow both stride "

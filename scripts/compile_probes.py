@@ -224,6 +224,45 @@ def _backward(loss: Any) -> str:
     return ""
 
 
+def _backbone_pair(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    """The timm backbone on both view batches, as one call returning a scalar."""
+    net, g, loc = _net_and_views(args)
+
+    def both(g: Any, loc: Any) -> Any:
+        with _autocast(args):
+            return net(g).float().square().mean() + net(loc).float().square().mean()
+
+    return both, g, loc
+
+
+def _recipe_student(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    """The project's student call (`scfs.methods.networks.student_forward`: backbone, DINO head and stage heads on
+    both view batches) of `--recipe`, on its views' shapes, memory format and precision, as one call returning a
+    scalar of all its outputs with a gradient."""
+    import torch
+    import torch.utils._pytree as pytree
+
+    from scfs.bench.compile import compose
+    from scfs.methods.networks import student_forward
+    from scfs.train import build
+    from scfs.training.plain_step import autocast_for, random_views
+
+    cfg = compose(args.recipe, args.device, args.tiny, "model", False, [])
+    torch.manual_seed(int(cfg.seed))
+    _, model = build(cfg)
+    model = model.to(args.device).train()
+    g, loc = random_views(cfg, args.device, model.channels_last)
+    cast = autocast_for(str(cfg.trainer.precision), args.device)
+
+    def call(g: torch.Tensor, loc: torch.Tensor) -> torch.Tensor:
+        with cast:
+            out = student_forward(model.student, g, loc, model.stages, model._local_heads)
+        grads = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
+        return sum(t.float().square().mean() for t in grads)
+
+    return call, g, loc
+
+
 def _child_backward(role: str, args: argparse.Namespace) -> dict[str, Any]:
     """`helper`: compile only the backward into the cache; `run`: compile as torch.compile does by default."""
     import torch
@@ -240,11 +279,7 @@ def _child_backward(role: str, args: argparse.Namespace) -> dict[str, Any]:
         return key, lines
 
     codecache.compiled_fx_graph_hash = recording_hash
-    net, g, loc = _net_and_views(args)
-
-    def both(g: torch.Tensor, loc: torch.Tensor) -> torch.Tensor:
-        with _autocast(args):
-            return net(g).float().square().mean() + net(loc).float().square().mean()
+    both, g, loc = _recipe_student(args) if args.recipe else _backbone_pair(args)
 
     if role == "helper":
         from torch._inductor.compile_fx import compile_fx, compile_fx_inner
@@ -301,7 +336,8 @@ def _spawn(kind: str, mode: str, cache: str, args: argparse.Namespace) -> dict[s
            "--device", args.device, "--mode", args.mode, *(["--channels-last"] if args.channels_last else []),
            *(["--bf16"] if args.bf16 else []), *(["--canonical-strides"] if args.canonical_strides else []),
            *(["--lowered-strides"] if args.lowered_strides else []),
-           *(["--compile-only"] if args.compile_only else [])]
+           *(["--compile-only"] if args.compile_only else []),
+           *(["--recipe", args.recipe] if args.recipe else []), *(["--tiny"] if args.tiny else [])]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
     if out.returncode != 0 or not lines:
@@ -329,6 +365,11 @@ def _device_name(device: str) -> str:
 def _setup(args: argparse.Namespace) -> str:
     import torch
 
+    if args.recipe:
+        return (f"commit `{_commit()}`, the student call of `{args.recipe}`{' (tiny)' if args.tiny else ''} on its "
+                f"views, memory format and precision, compile mode {args.mode}, {_device_name(args.device)}, "
+                f"torch {torch.__version__}, {os.cpu_count()} cores; each row a fresh process with an empty cache "
+                "folder")
     return (f"commit `{_commit()}`, timm `{args.arch}`, global views {2 * args.batch}x3x{args.size}x{args.size}, "
             f"local views {args.local * args.batch}x3x{args.size // 2}x{args.size // 2}"
             f"{', channels_last' if args.channels_last else ''}{', bf16 autocast' if args.bf16 else ''}, "
@@ -407,6 +448,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--compile-only", action="store_true",
                    help="backward-helper: the helper compiles the backward with its forward call and runs nothing "
                         "(no activations on the device)")
+    p.add_argument("--recipe", help="backward-helper: the project's student call of this recipe (cifar10, imagenet, "
+                                     "default) instead of a bare timm backbone")
+    p.add_argument("--tiny", action="store_true", help="with --recipe: the compile benchmark's tiny network")
     p.add_argument("--bf16", action="store_true", help="the backbone under bf16 autocast, as the GPU recipes")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--mode", choices=("default", "reduce-overhead"), default="default",

@@ -33,6 +33,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `--recipe` imports scfs; a machine may run the script without scfs installed
+    sys.path.insert(0, str(ROOT))
+
 VIEW_MODES = ("one-graph", "static", "dynamic")
 SHOWN = 4  # differing lines of the backward's cache key shown in the table's note
 

@@ -124,13 +124,14 @@ def test_backward_helper_probe_runs_and_the_helpers_eager_forward_matches_the_ru
 
 @pytest.mark.slow
 def test_a_helper_with_lowered_strides_writes_the_backward_the_run_loads(tmp_path: Path) -> None:
-    """The road a second `compile_parallel` helper would take: it lowers its forward (no kernels), compiles the
-    backward with the forward call and runs nothing; the run's backward must then be a cache hit. A torch release
-    that changes what the backward's cache key holds fails here first."""
+    """The road a second `compile_parallel` helper would take, on the project's own student call (the tiny
+    default): the helper lowers its forward (no kernels), compiles the backward with the forward call and runs
+    nothing; the run's backward must then be a cache hit. A torch release that changes what the backward's cache
+    key holds fails here first."""
     out = tmp_path / "probe.md"
-    done = subprocess.run([sys.executable, str(SCRIPT), "backward-helper", "--arch", "resnet10t", "--size", "32",
-                           "--batch", "1", "--local", "2", "--channels-last", "--lowered-strides", "--compile-only",
-                           "--out", str(out)], capture_output=True, text=True, check=False, timeout=900)
+    done = subprocess.run([sys.executable, str(SCRIPT), "backward-helper", "--recipe", "default", "--tiny",
+                           "--lowered-strides", "--compile-only", "--out", str(out)],
+                          capture_output=True, text=True, check=False, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
     text = out.read_text()
     assert "The run's backward graph has the helper's cache key." in text, text

@@ -57,6 +57,20 @@ def _net_and_views(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     return net.to(args.device), g.to(args.device), loc.to(args.device)
 
 
+def _backbone_calls(net: Any, args: argparse.Namespace) -> tuple[Any, Any]:
+    """The backbone as the probes call it: on both view batches in one call, and on one batch; each returns a
+    scalar of its features."""
+
+    def one(x: Any) -> Any:
+        with _autocast(args):
+            return net(x).float().square().mean()
+
+    def both(g: Any, loc: Any) -> Any:
+        return one(g) + one(loc)
+
+    return both, one
+
+
 def _compile_kw(args: argparse.Namespace) -> dict[str, Any]:
     return {"dynamic": False, **({"mode": args.mode} if args.mode != "default" else {})}
 
@@ -101,14 +115,7 @@ def _child_views(mode: str, args: argparse.Namespace) -> dict[str, Any]:
 
     net, g, loc = _net_and_views(args)
     reasons = _recompile_reasons()
-
-    def both(g: torch.Tensor, loc: torch.Tensor) -> torch.Tensor:
-        with _autocast(args):
-            return net(g).float().square().mean() + net(loc).float().square().mean()
-
-    def one(x: torch.Tensor) -> torch.Tensor:
-        with _autocast(args):
-            return net(x).float().square().mean()
+    both, one = _backbone_calls(net, args)
 
     if mode == "one-graph":
         fn = torch.compile(both, **_compile_kw(args))
@@ -195,6 +202,11 @@ def _report_lowered_strides(gm: Any, example_inputs: Any, kw: dict[str, Any]) ->
         context.output_strides.append(tuple(int(x) for x in out.get_layout().stride) if has else None)
 
 
+def _first_line(err: Exception) -> str:
+    """An error as the table reports it: its type and the first line of its message."""
+    return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:300]
+
+
 class CompiledNotRun(Exception):
     """Raised by a `--compile-only` helper's forward in place of running it."""
 
@@ -213,7 +225,7 @@ def _call_until_compiled(fn: Any, *inputs: Any) -> str:
     except Exception as err:  # noqa: BLE001 - reported in the table
         if isinstance(err.__cause__, CompiledNotRun) or "CompiledNotRun" in repr(err):
             return ""
-        return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:300]
+        return _first_line(err)
     return "the forward ran: it was not the helper's"
 
 
@@ -224,19 +236,14 @@ def _backward(loss: Any) -> str:
     try:
         loss.backward()
     except Exception as err:  # noqa: BLE001 - reported in the table, the run is what counts
-        return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:300]
+        return _first_line(err)
     return ""
 
 
 def _backbone_pair(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     """The timm backbone on both view batches, as one call returning a scalar."""
     net, g, loc = _net_and_views(args)
-
-    def both(g: Any, loc: Any) -> Any:
-        with _autocast(args):
-            return net(g).float().square().mean() + net(loc).float().square().mean()
-
-    return both, g, loc
+    return _backbone_calls(net, args)[0], g, loc
 
 
 def _recipe_student(args: argparse.Namespace) -> tuple[Any, Any, Any]:
@@ -335,19 +342,27 @@ def _child_backward(role: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def _spawn(kind: str, mode: str, cache: str, args: argparse.Namespace) -> dict[str, Any]:
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
-    cmd = [sys.executable, __file__, "_child", kind, mode, "--arch", args.arch, "--size", str(args.size),
-           "--batch", str(args.batch), "--local", str(args.local), "--steps", str(args.steps),
-           "--device", args.device, "--mode", args.mode, *(["--channels-last"] if args.channels_last else []),
-           *(["--bf16"] if args.bf16 else []), *(["--canonical-strides"] if args.canonical_strides else []),
-           *(["--lowered-strides"] if args.lowered_strides else []),
-           *(["--compile-only"] if args.compile_only else []),
-           *(["--recipe", args.recipe] if args.recipe else []), *(["--tiny"] if args.tiny else [])]
+    cmd = [sys.executable, __file__, "_child", kind, mode, *_child_options(args.argv)]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
     if out.returncode != 0 or not lines:
         raise SystemExit(f"compile_probes: the {kind} child '{mode}' failed (exit {out.returncode}):\n"
                          f"{out.stderr[-3000:]}")
     return json.loads(lines[-1])
+
+
+def _child_options(argv: list[str]) -> list[str]:
+    """The probe's command line as its children take it: the options without the probe's name and `--out`."""
+    opts, skip = [], False
+    for a in argv[1:]:
+        if skip or a.startswith("--out="):
+            skip = False
+            continue
+        if a == "--out":
+            skip = True
+            continue
+        opts.append(a)
+    return opts
 
 
 def _commit() -> str:

@@ -80,6 +80,11 @@ def test_backward_helper_names_the_first_differing_key_line(probes: Any, monkeyp
         assert "get_decomp_fn" not in text, "a line whose hash matches is not a difference"
 
 
+def test_a_child_takes_the_probes_options_but_not_its_name_or_output(probes: Any) -> None:
+    argv = ["backward-helper", "--recipe", "cifar10", "--out", "x.md", "--compile-only", "--out=y.md", "--tiny"]
+    assert probes._child_options(argv) == ["--recipe", "cifar10", "--compile-only", "--tiny"]
+
+
 def test_a_failing_child_stops_the_probe_with_its_error(probes: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     def run(*a: Any, **k: Any) -> Any:
         return subprocess.CompletedProcess(a, 1, stdout="", stderr="Traceback: boom")

@@ -177,6 +177,7 @@ def validate_config(cfg: DictConfig) -> None:
            "null or a file path", required=False)
     _check(cfg, "compile_background", lambda v: isinstance(v, bool), "true or false", required=False)
     _check(cfg, "compile_parallel", lambda v: isinstance(v, bool), "true or false", required=False)
+    _check(cfg, "compile_parallel_backward", lambda v: isinstance(v, bool), "true or false", required=False)
     backend = _get(cfg, "compile_backend", "inductor")
     no_group = "has no process group, so its graphs (plain BatchNorm) are not the run's; set sync_bn=false"
     _refuse_conflicts(cfg, "compile_background", [
@@ -195,6 +196,9 @@ def validate_config(cfg: DictConfig) -> None:
          f"compile_scope={_get(cfg, 'compile_scope')}: the helper compiles the teacher's call and the losses of the "
          "model scope; set compile_scope=model"),
         (_get(cfg, "sync_bn", False), f"sync_bn=true: the helper process {no_group}")])
+    _refuse_conflicts(cfg, "compile_parallel_backward", [
+        (not _get(cfg, "compile_parallel", False), "compile_parallel=false: the backward's helper works beside "
+                                                   "compile_parallel's; set compile_parallel=true")])
     inductor = _get(cfg, "compile_inductor", None)
     if inductor is not None:
         from scfs import inductor_options

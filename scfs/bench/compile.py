@@ -25,6 +25,9 @@ share the seed, so a cache that changed the numbers would show). Rows:
 * `parallel-warm`: `compile_parallel=true` again on the `parallel` row's cache folder (a second run): every entry
   is there, so the run should not wait for the helper (it waits only for a part the helper has begun), start as
   fast as the `warm` row, and stop the helper after its first steps (as a run does with a helper behind it).
+* `parallel-backward`, `parallel-backward-warm`, `parallel-backward-lean`: the `parallel`, `parallel-warm` and
+  `parallel-lean` rows with `compile_parallel_backward=true`: a second helper compiles the student's backward graph
+  while the run compiles the student's forward (`scfs.training.backward_helper`).
 * `lean`: an empty cache with inductor's options that spend compile time on step time turned off (`LEAN`: no
   launch-config benchmarks of pointwise kernels, no loop reordering after fusion; `compile_inductor`): what they
   cost the first compile, and what dropping them costs the step.
@@ -71,9 +74,12 @@ from scfs.bench.records import provenance, save_record, source_commit
 from scfs.names import CONF_DIR
 
 ROWS = ("eager", "cold", "warm", "carried", "blocks", "blocks-carried", "cudagraphs", "background", "parallel",
-        "parallel-warm", "lean", "parallel-lean", "heuristics")
+        "parallel-warm", "lean", "parallel-lean", "parallel-backward", "parallel-backward-warm",
+        "parallel-backward-lean", "heuristics")
 # the `lean` row's inductor options (`compile_inductor`): the defaults that spend compile time to win step time
 LEAN = ("compile_inductor=lean",)
+# the `parallel-backward*` rows: a second helper compiles the student's backward graph
+BACKWARD = ("compile_parallel_backward=true",)
 # the `heuristics` row: cuDNN's heuristics pick the convolution algorithms instead of its benchmarks
 HEURISTICS = ("trainer.benchmark=false",)
 # torch's compile timers shown in the record's second table: (label, timer name). Inclusive and nested (a label's
@@ -173,30 +179,50 @@ def measure(cfg: Any, device: str, first: int, steady: int, artifacts_in: str | 
 
 
 def helper_process(model: Any, cfg: Any, device: str) -> Any:
-    """`compile_parallel`'s helper child for a row: started, the method's `compile_gate` waiting for its parts, stopped
-    after the row. Yields the gate (it keeps the first step's timeline: `PartGate`), a dict that holds the
-    helper's status (its cache counts, its peak GPU memory) once the row ends ({} when it had not ended), and
+    """`compile_parallel`'s helper children for a row (with `compile_parallel_backward`, the backward's helper too):
+    started, the method's `compile_gate` waiting for their parts, stopped after the row. Yields the gate (it keeps
+    the first step's timeline: `HelperGates`), a dict that holds the helpers' statuses (their cache counts, their
+    peak GPU memory; the backward's under `backward_helper`) once the row ends ({} for one that had not ended), and
     `stop_if_behind()` for the end of the first steps (`stop_helper_if_behind`, as the run does)."""
     import contextlib
 
     from scfs.training import background_compile as bgc
 
+    backward = bool(cfg.get("compile_parallel_backward", False))
+
     @contextlib.contextmanager
     def run() -> Any:
         with tempfile.TemporaryDirectory(prefix="scfs-helper-") as tmp:
-            status_path = Path(tmp) / "status.json"
-            proc = None  # the gate's clock starts before the helper does
-            gate = bgc.PartGate(status_path, lambda: proc is not None and proc.poll() is not None, 900.0,
-                                status_path.with_suffix(".log"))
-            proc = bgc.start_child(cfg, int(cfg.batch_size), status_path, device, steps=1, helper=True)
+            status_path, backward_path = Path(tmp) / "status.json", Path(tmp) / "backward.json"
+            procs: dict[str, Any] = {}  # the gates' clocks start before the helpers do
+
+            def ended(key: str) -> Callable[[], bool]:
+                return lambda: key in procs and procs[key].poll() is not None
+
+            parts = bgc.PartGate(status_path, ended("parts"), 900.0, status_path.with_suffix(".log"))
+            back = bgc.PartGate(backward_path, ended("backward"), 900.0, backward_path.with_suffix(".log"),
+                                parts=(bgc.BACKWARD_PART,)) if backward else None
+            gate = bgc.HelperGates(parts, back)
+            if backward:
+                procs["backward"] = bgc.start_child(cfg, int(cfg.batch_size), backward_path, device, steps=0,
+                                                    backward=True)
+            procs["parts"] = bgc.start_child(cfg, int(cfg.batch_size), status_path, device, steps=1, helper=True)
             model.compile_gate = gate
+
+            def stop_if_behind() -> bool:
+                stopped = bgc.stop_helper_if_behind(procs["parts"], parts)
+                return (bgc.stop_helper_if_behind(procs["backward"], back) if back is not None else False) or stopped
+
             status: dict[str, Any] = {}
             try:
-                yield gate, status, lambda: bgc.stop_helper_if_behind(proc, gate)
+                yield gate, status, stop_if_behind
             finally:
                 model.compile_gate = None
-                bgc.stop_child(proc)
+                for proc in procs.values():
+                    bgc.stop_child(proc)
                 status.update(bgc.read_status(status_path) or {})
+                if backward:
+                    status["backward_helper"] = bgc.read_status(backward_path) or {}
 
     return run()
 
@@ -412,6 +438,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "lean": dict(cache_dir=d / "lean", scope="model", extra=LEAN),
                     "parallel-lean": dict(cache_dir=d / "parallel-lean", scope="model", parallel=True, extra=LEAN),
                     "parallel-warm": dict(cache_dir=d / "parallel", scope="model", parallel=True),
+                    "parallel-backward": dict(cache_dir=d / "parallel-backward", scope="model", parallel=True,
+                                              extra=BACKWARD),
+                    "parallel-backward-warm": dict(cache_dir=d / "parallel-backward", scope="model", parallel=True,
+                                                   extra=BACKWARD),
+                    "parallel-backward-lean": dict(cache_dir=d / "parallel-backward-lean", scope="model",
+                                                   parallel=True, extra=(*BACKWARD, *LEAN)),
                     "heuristics": dict(cache_dir=d / "heuristics", scope="model", extra=HEURISTICS),
                 }
                 for name in rows:
@@ -483,6 +515,14 @@ def parallel_lines(rows: list[dict[str, Any]]) -> list[str]:
             if par.get("helper", {}).get("peak_GiB") is not None:
                 out[-1] += (f" The helper's peak GPU memory: {par['helper']['peak_GiB']} GiB (the run's: "
                             f"{r.get('peak_GiB', '–')} GiB).")
+            back = par.get("helper", {}).get("backward_helper")
+            if back is not None:  # compile_parallel_backward: the second helper
+                out[-1] += (" The backward's helper: " + (
+                    f"its compile took {back['backward_s']} s, inductor cache {back.get('fx_cache', '–')}"
+                    + (f", peak GPU memory {back['peak_GiB']} GiB" if back.get("peak_GiB") is not None else "")
+                    if back.get("ok") else f"no entry ({back.get('error', 'it had not ended')})") + ".")
+            if par.get("student_compiled") is False:
+                out[-1] += " The run's student forward came from the cache, so it did not wait for its backward."
             if par.get("built_here"):
                 out[-1] += (f" Built by the run itself (the helper had not begun or written them when asked): "
                             f"{', '.join(par['built_here'])}.")

@@ -140,6 +140,11 @@ def targets(records_dir: Path) -> list[Target]:
                                   ("lean", "first compile, empty cache, `compile_inductor=lean`", COMPILE_S),
                                   ("parallel-lean", "first compile, empty cache, `compile_parallel=true` and "
                                                     "`compile_inductor=lean`", COMPILE_S),
+                                  ("parallel-backward", "first compile, empty cache, `compile_parallel=true` and "
+                                                        "`compile_parallel_backward=true`", COMPILE_S),
+                                  ("parallel-backward-lean", "first compile, empty cache, `compile_parallel=true`, "
+                                                             "`compile_parallel_backward=true` and "
+                                                             "`compile_inductor=lean`", COMPILE_S),
                                   ("carried", "first compile with a carried `compile_artifacts` file", COMPILE_S),
                                   ("warm", "second run, cache warm", SECOND_RUN_S)):
         for recipe, title in RECIPES.items():

@@ -137,8 +137,9 @@ class SelfDistillation(L.LightningModule):
         self._loss_fn: Any = step_losses
         self._temp: torch.Tensor | None = None  # compiled loss: the teacher temperature as a 0-d device tensor
         self._loss_prepared = False
-        # compile_parallel: called with "teacher" and "loss" before those calls while another process compiles them
-        # (`scfs.training.background_compile.ParallelCompile`): waits for its cache entries; None otherwise
+        # compile_parallel: called with "student", "teacher", "loss" before those calls and "student_backward" before
+        # the backward while other processes compile them (`scfs.training.background_compile.ParallelCompile`):
+        # waits for their cache entries; None otherwise
         self.compile_gate: Callable[[str], None] | None = None
         self.compile_mode = compile_mode
         self.compile_scope = compile_scope
@@ -364,7 +365,14 @@ class SelfDistillation(L.LightningModule):
         with record_function("scfs/ema"):
             ema_update(self.teacher, self.student, self.teacher_momentum(self.global_step + 1))
 
+    def before_backward(self) -> None:
+        """Asks `compile_gate` for the student's backward graph (`compile_parallel_backward`: a helper process may be
+        compiling it) before the step's backward builds it."""
+        if self.compile_gate is not None:
+            self.compile_gate("student_backward")
+
     def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        self.before_backward()
         with record_function("scfs/backward"):  # a named part of the step in profiles, like those of training_step
             super().backward(loss, *args, **kwargs)
 
@@ -419,7 +427,8 @@ class SelfDistillation(L.LightningModule):
         `(loss, logs, student outputs)`. One copy for `training_step` and for the step driven without Lightning
         (`scfs.training.plain_step`), so a child compiling beside a run builds the run's graphs.
 
-        `compile_gate(part)` is asked before the teacher's call and the losses (`compile_parallel`).
+        `compile_gate(part)` is asked before the student's call, the teacher's and the losses (`compile_parallel`),
+        and before the backward (`before_backward`).
         `eager_student`: the student's call of `compile_parallel`'s helper, which compiles only the rest: eager
         (`force_eager`), and cut off (`helper_student_outputs`) so the helper holds no student activations;
         `done("teacher")` is told once the teacher's call has run. `g`: the two global views of `b` images stacked,
@@ -428,6 +437,8 @@ class SelfDistillation(L.LightningModule):
         casts = contextlib.nullcontext() if self.compile_nets else cached_weight_casts(g.device.type)
         eager = torch.compiler.set_stance("force_eager") if eager_student else contextlib.nullcontext()
         unsaved = discard_saved_tensors() if eager_student else contextlib.nullcontext()
+        if self.compile_gate is not None:
+            self.compile_gate("student")
         with record_function("scfs/student"), casts, eager, unsaved:
             st = self._student_fn(self.student, g, loc, self.stages, self._local_heads)
         if eager_student:

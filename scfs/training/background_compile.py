@@ -52,6 +52,11 @@ log = logging.getLogger("scfs.train")
 
 STATUS_FILE = "background_compile.json"
 PARTS = ("teacher", "loss")  # what a `compile_parallel` helper compiles, in the order the step calls them
+# `compile_parallel_backward`: the second helper's part, its status file, and the method's gate before the student's
+# call (`HelperGates`: whether the run compiled the student's forward, and so will compile its backward)
+BACKWARD_PART = "student_backward"
+BACKWARD_STATUS_FILE = "background_compile_backward.json"
+STUDENT = "student"
 CHECK_EVERY = 10  # steps between the checks for the child's end (each one small collective under DDP)
 
 
@@ -61,13 +66,15 @@ def child_config(cfg: DictConfig, batch_size: int) -> DictConfig:
     c = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     c.batch_size, c.global_batch_size = int(batch_size), None
     c.compile, c.compile_background, c.compile_parallel, c.compile_artifacts = True, False, False, None
+    c.compile_parallel_backward = False
     return c
 
 
-def child_command(cfg_path: Path, status_path: Path, device: str, steps: int = 2, helper: bool = False) -> list[str]:
+def child_command(cfg_path: Path, status_path: Path, device: str, steps: int = 2, helper: bool = False,
+                  backward: bool = False) -> list[str]:
     """The child's command line (this module as a script), with this process's `key_settings`."""
     return [sys.executable, "-m", "scfs.training.background_compile", str(cfg_path), str(status_path), "--device",
-            device, "--steps", str(steps), *(["--helper"] if helper else []),
+            device, "--steps", str(steps), *(["--helper"] if helper else []), *(["--backward"] if backward else []),
             "--settings", json.dumps(key_settings())]
 
 
@@ -115,16 +122,17 @@ def child_env() -> dict[str, str]:
 
 
 def start_child(cfg: DictConfig, batch_size: int, status_path: Path, device: str, steps: int = 2,
-                helper: bool = False, command: list[str] | None = None) -> subprocess.Popen:
+                helper: bool = False, command: list[str] | None = None, backward: bool = False) -> subprocess.Popen:
     """The child on `device`, its status files of an earlier run removed first: the run's config beside its status
     file (`.yaml`), its output there too (`.log`). `command` replaces its command line (`child_command`)."""
-    for path in (status_path, *(f(status_path, part) for part in PARTS for f in (part_path, started_path))):
+    for path in (status_path, *(f(status_path, part) for part in (*PARTS, BACKWARD_PART)
+                                for f in (part_path, started_path))):
         path.unlink(missing_ok=True)
     cfg_path = status_path.with_suffix(".yaml")
     OmegaConf.save(child_config(cfg, batch_size), cfg_path)
     with open(status_path.with_suffix(".log"), "w") as logf:  # the child keeps its own handle
-        return subprocess.Popen(command or child_command(cfg_path, status_path, device, steps, helper), stdout=logf,
-                                stderr=subprocess.STDOUT, env=child_env())
+        return subprocess.Popen(command or child_command(cfg_path, status_path, device, steps, helper, backward),
+                                stdout=logf, stderr=subprocess.STDOUT, env=child_env())
 
 
 def stop_child(proc: subprocess.Popen | None, grace_s: float = 0.0) -> None:
@@ -166,18 +174,28 @@ def started_path(status_path: Path, part: str) -> Path:
     return status_path.with_suffix(f".{part}-started")
 
 
-def part_marker(path_of: Callable[[Path, str], Path], status_path: Path) -> Callable[[str], None]:
-    """`marker(part)` writes the file `path_of(status_path, part)` (`part_path`, `started_path`)."""
-    return lambda part: write_status(path_of(status_path, part), {"ok": True})
+def part_marker(path_of: Callable[[Path, str], Path], status_path: Path,
+                parts: tuple[str, ...] = PARTS) -> Callable[[str], None]:
+    """`marker(part)` writes the file `path_of(status_path, part)` (`part_path`, `started_path`) for each of `parts`
+    (the method's gate asks for other parts too)."""
+
+    def marker(part: str) -> None:
+        if part in parts:
+            write_status(path_of(status_path, part), {"ok": True})
+
+    return marker
 
 
 def compile_in_child(cfg_path: Path, status_path: Path, device: str, steps: int,
-                     helper: bool = False) -> dict[str, Any]:
+                     helper: bool = False, backward: bool = False) -> dict[str, Any]:
     """Build the run's method from `cfg_path`, compiled, and run `steps` steps on `device`: every graph of the
     step lands in the cache folder this process inherited (TORCHINDUCTOR_CACHE_DIR). Writes the status file (with
     the `key_settings` it compiled under).
     `helper` (`compile_parallel`): the student's call eager, so this process compiles only the teacher's call and
-    the losses, and says when each is done (`part_path`) while the run compiles the student's."""
+    the losses, and says when each is done (`part_path`) while the run compiles the student's.
+    `backward` (`compile_parallel_backward`): no step at all; this process compiles the backward graph of the
+    student's call only (`scfs.training.backward_helper`), and says when it begins and when it is written
+    (`BACKWARD_PART`)."""
     t0 = time.perf_counter()
     try:
         from scfs.training.build import build
@@ -188,19 +206,12 @@ def compile_in_child(cfg_path: Path, status_path: Path, device: str, steps: int,
         torch.manual_seed(int(cfg.seed))
         _, model = build(cfg)
         model = model.to(device).train()
-        if model.batch_aug is not None and model.compile_views and not helper:
-            make_views(model, cfg, device, steps)
-        # a helper's two files per part: begun (at the method's gate, before the part's call) and compiled
-        done = part_marker(part_path, status_path) if helper else None
-        if helper:
-            model.compile_gate = part_marker(started_path, status_path)
-        step = make_step(model, cfg, device, model.configure_optimizers(), eager_student=helper, done=done)
-        for i in range(steps):
-            loss = step(i)
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        status = {"ok": True, "seconds": round(time.perf_counter() - t0, 1), "steps": steps,
-                  "loss": float(loss), **cache_counts(), "settings": key_settings()}
+        if backward:
+            status = _compile_backward_only(model, cfg, device, status_path)
+        else:
+            status = _run_steps(model, cfg, device, steps, helper, status_path)
+        status = {"ok": True, "seconds": round(time.perf_counter() - t0, 1), **status, **cache_counts(),
+                  "settings": key_settings()}
         if device.startswith("cuda"):  # what the child took of the run's GPU
             status["peak_GiB"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
     except Exception as err:  # reported to the run, which then compiles in-process
@@ -212,6 +223,36 @@ def compile_in_child(cfg_path: Path, status_path: Path, device: str, steps: int,
     return status
 
 
+def _run_steps(model: Any, cfg: DictConfig, device: str, steps: int, helper: bool,
+               status_path: Path) -> dict[str, Any]:
+    """`compile_in_child`'s steps (the whole step, or a `compile_parallel` helper's parts); their status."""
+    if model.batch_aug is not None and model.compile_views and not helper:
+        make_views(model, cfg, device, steps)
+    # a helper's two files per part: begun (at the method's gate, before the part's call) and compiled
+    done = part_marker(part_path, status_path) if helper else None
+    if helper:
+        model.compile_gate = part_marker(started_path, status_path)
+    step = make_step(model, cfg, device, model.configure_optimizers(), eager_student=helper, done=done)
+    for i in range(steps):
+        loss = step(i)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    return {"steps": steps, "loss": float(loss)}
+
+
+def _compile_backward_only(model: Any, cfg: DictConfig, device: str, status_path: Path) -> dict[str, Any]:
+    """`compile_in_child` with `backward`: the student's backward graph into the cache, begun and written files
+    around it; the seconds it took."""
+    from scfs.training.backward_helper import compile_student_backward
+
+    parts = (BACKWARD_PART,)
+    part_marker(started_path, status_path, parts)(BACKWARD_PART)
+    t0 = time.perf_counter()
+    compile_student_backward(model, cfg, device)
+    part_marker(part_path, status_path, parts)(BACKWARD_PART)
+    return {"steps": 0, "backward_s": round(time.perf_counter() - t0, 1)}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("config", type=Path)
@@ -221,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
                    "checks the built step runs)")
     p.add_argument("--helper", action="store_true", help="compile the teacher's call and the losses only "
                    "(compile_parallel)")
+    p.add_argument("--backward", action="store_true", help="compile the student's backward graph only "
+                   "(compile_parallel_backward)")
     p.add_argument("--settings", default=None, help="the run's process-wide settings that are part of the cache "
                    "keys, as JSON (key_settings)")
     args = p.parse_args(argv)
@@ -229,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     with contextlib.suppress(OSError):
         os.nice(5)  # the training process keeps the host first: its eager steps are host-bound too
-    return 0 if compile_in_child(args.config, args.status, args.device, args.steps, args.helper)["ok"] else 1
+    status = compile_in_child(args.config, args.status, args.device, args.steps, args.helper, args.backward)
+    return 0 if status["ok"] else 1
 
 
 def wait_for_part(status_path: Path, part: str, ended: Callable[[], Any], wait_s: float, log_path: Path) -> float:
@@ -255,8 +299,10 @@ class PartGate:
     helper when asked, or it ended or timed out first). A part written long before it was asked for says the
     helper could take more of the compile; a long wait says it has too much."""
 
-    def __init__(self, status_path: Path, ended: Callable[[], Any], wait_s: float, log_path: Path) -> None:
+    def __init__(self, status_path: Path, ended: Callable[[], Any], wait_s: float, log_path: Path,
+                 parts: tuple[str, ...] = PARTS) -> None:
         self.status_path, self.ended, self.wait_s, self.log_path = status_path, ended, float(wait_s), log_path
+        self.parts = parts  # the helper's parts, whose files the timeline reads
         self.t0, self.t0_wall = time.monotonic(), time.time()
         self.waited_s: dict[str, float] = {}
         self.asked_s: dict[str, float] = {}
@@ -270,10 +316,17 @@ class PartGate:
         if not part_path(self.status_path, part).exists():
             self.built_here.append(part)
 
+    def pass_by(self, part: str) -> None:
+        """Asked for `part` when this process needs none of the helper's: no wait, and the part counts as built
+        here (so the helper is stopped after the first step)."""
+        if part not in self.asked_s:
+            self.asked_s[part], self.waited_s[part] = round(time.monotonic() - self.t0, 2), 0.0
+            self.built_here.append(part)
+
     def _file_times(self, path_of: Callable[[Path, str], Path]) -> dict[str, float]:
         """Per part whose file exists, its time in seconds since the gate was made."""
         times = {}
-        for part in PARTS:
+        for part in self.parts:
             with contextlib.suppress(OSError):
                 times[part] = round(path_of(self.status_path, part).stat().st_mtime - self.t0_wall, 2)
         return times
@@ -284,6 +337,47 @@ class PartGate:
         return {"waited_s": dict(self.waited_s), "asked_s": dict(self.asked_s),
                 "started_s": self._file_times(started_path), "ready_s": self._file_times(part_path),
                 "built_here": list(self.built_here)}
+
+
+class HelperGates:
+    """`compile_gate` of a run beside `compile_parallel`'s helpers: `parts`, the gate of the helper that compiles
+    the teacher's call and the losses, and `backward` (`compile_parallel_backward`), that of the helper compiling
+    the student's backward graph, or None.
+
+    The method asks for `STUDENT` before the student's call, then for the teacher's call and the losses, then for
+    `BACKWARD_PART` before the backward. The run waits for the student's backward only when it compiled the
+    student's forward itself (an inductor cache miss during the student's call): a forward that came from the cache
+    brought its backward along (AOTAutograd's entry holds both), and the helper, which has to lower the forward
+    before its backward, would only hold the run up."""
+
+    def __init__(self, parts: PartGate, backward: PartGate | None = None) -> None:
+        self.parts, self.backward = parts, backward
+        self._before_student: tuple[int, ...] | None = None
+        self.student_compiled: bool | None = None  # None until known (after the student's call)
+
+    def __call__(self, part: str) -> None:
+        if part == STUDENT:
+            if self._before_student is None:
+                self._before_student = cache_counters()
+            return
+        if self.student_compiled is None and self._before_student is not None:
+            self.student_compiled = cache_deltas(self._before_student)[1] > 0
+        if part != BACKWARD_PART:
+            self.parts(part)
+        elif self.backward is not None:
+            if self.student_compiled is False:
+                self.backward.pass_by(part)
+            else:
+                self.backward(part)
+
+    def timeline(self) -> dict[str, Any]:
+        """Both gates' `PartGate.timeline`, merged (each part keyed by its name), and `student_compiled`."""
+        out = self.parts.timeline()
+        if self.backward is not None:
+            for key, value in self.backward.timeline().items():
+                out[key] = [*out[key], *value] if isinstance(value, list) else {**out[key], **value}
+            out["student_compiled"] = self.student_compiled
+        return out
 
 
 def stop_helper_if_behind(proc: subprocess.Popen | None, gate: PartGate) -> bool:
@@ -302,6 +396,20 @@ def stop_helper_if_behind(proc: subprocess.Popen | None, gate: PartGate) -> bool
 
 
 # ---- the training process ---------------------------------------------------------------------------------------
+def poll_status(status_path: Path, proc: subprocess.Popen | None) -> dict[str, Any] | None:
+    """A child's status once it ended, else None. On the rank that started it (`proc`), an exit without a status
+    (killed, crashed) is written as a failed status, so that the other ranks, which only see the file, learn of it
+    too."""
+    status = read_status(status_path)
+    if status is not None:
+        return status
+    if proc is not None and proc.poll() is not None:
+        status = {"ok": False, "error": f"the process ended with status {proc.returncode} and no status file"}
+        write_status(status_path, status)
+        return status
+    return None
+
+
 def warn_cache_missed(option: str, whose: str, report: dict[str, Any]) -> None:
     """One line when the child's cache entries were not this run's: its compile then bought nothing."""
     log.warning("%s: %s cache entries were not this run's (inductor cache %s): this process compiled under other "
@@ -336,13 +444,20 @@ class ChildCompile(L.Callback):
         return child_command(self.status_path.with_suffix(".yaml"), self.status_path, device, self.steps,
                              self.helper)
 
+    def _node_path(self, trainer: L.Trainer, name: str) -> Path:
+        """A status file of this node: one per node in a shared run folder of a multi-node run."""
+        return self.run_dir / (f"node{trainer.node_rank}-{name}" if trainer.num_nodes > 1 else name)
+
+    @staticmethod
+    def _device(trainer: L.Trainer) -> str:
+        dev = trainer.strategy.root_device
+        return f"cuda:{dev.index or 0}" if dev.type == "cuda" else str(dev.type)
+
     def _start_child(self, trainer: L.Trainer) -> None:
         """On each node's local rank 0: the child, with the run's config; then every rank past a barrier."""
-        if trainer.num_nodes > 1:
-            self.status_path = self.run_dir / f"node{trainer.node_rank}-{STATUS_FILE}"
+        self.status_path = self._node_path(trainer, STATUS_FILE)
         if trainer.local_rank == 0:
-            dev = trainer.strategy.root_device
-            device = f"cuda:{dev.index or 0}" if dev.type == "cuda" else str(dev.type)
+            device = self._device(trainer)
             self.proc = start_child(self.cfg, self.batch_size, self.status_path, device,
                                     command=self.command(device))
             log.info(self.started_message, self.proc.pid,
@@ -350,18 +465,8 @@ class ChildCompile(L.Callback):
         trainer.strategy.barrier("background_compile")  # the status file of an earlier run is gone on every rank
 
     def _poll_child(self) -> dict[str, Any] | None:
-        """The child's status once it ended, else None. On the rank that started it, an exit without a status
-        (killed, crashed) is written as a failed status, so that the other ranks, which only see the file, learn
-        of it too."""
-        status = read_status(self.status_path)
-        if status is not None:
-            return status
-        if self.proc is not None and self.proc.poll() is not None:
-            status = {"ok": False, "error": f"the process ended with status {self.proc.returncode} and no status "
-                                            "file"}
-            write_status(self.status_path, status)
-            return status
-        return None
+        """The child's status once it ended, else None (`poll_status`)."""
+        return poll_status(self.status_path, self.proc)
 
     summary_key = "compile_background"  # the run's summary.json entry (`summary_entry`)
 
@@ -444,38 +549,79 @@ class ParallelCompile(ChildCompile):
     largest: both view sizes, forward and backward). Before the teacher's call and before the losses the method asks
     `compile_gate`, which waits for the helper's cache entry of that part (or its end), so this process builds them
     from the cache instead of compiling them after the student's; a part the helper has not begun yet is not
-    waited for (`wait_for_part`). `wait_s` bounds each wait."""
+    waited for (`wait_for_part`). `wait_s` bounds each wait.
+
+    `backward` (`compile_parallel_backward=true`): a second helper compiles the student's backward graph
+    (`scfs.training.backward_helper`) while this process compiles the student's forward; the method asks the gate
+    again before its first backward (`HelperGates`)."""
 
     helper = True
-    summary_key = "compile_parallel"  # the first step, its waits for the helper and its cache hits
+    summary_key = "compile_parallel"  # the first step, its waits for the helpers and its cache hits
     started_message = ("compile_parallel: process %d compiles the teacher's call and the losses into %s (log: %s) "
                        "while this one compiles the student's")
 
     def __init__(self, cfg: DictConfig, run_dir: Path, batch_size: int, steps: int = 1,
-                 wait_s: float = 900.0) -> None:
+                 wait_s: float = 900.0, backward: bool = False) -> None:
         # one step writes both parts; a second would only take GPU time from the run
         super().__init__(cfg, run_dir, batch_size, steps)
         self.wait_s = float(wait_s)
+        self.backward = bool(backward)
+        self.backward_status_path = self.run_dir / BACKWARD_STATUS_FILE
+        self.backward_proc: subprocess.Popen | None = None
         self._first_t: float | None = None
-        self._gate: PartGate | None = None
+        self._gate: PartGate | HelperGates | None = None
+
+    def backward_command(self, device: str) -> list[str]:
+        """The backward helper's command line (`child_command` with `backward`)."""
+        return child_command(self.backward_status_path.with_suffix(".yaml"), self.backward_status_path, device, 0,
+                             backward=True)
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.t0 = time.monotonic()
-        self._gate = PartGate(self.status_path, self._poll_child, self.wait_s, self.log_path)  # its clock first
+        self.status_path = self._node_path(trainer, STATUS_FILE)
+        self.backward_status_path = self._node_path(trainer, BACKWARD_STATUS_FILE)
+        # the gates' clocks first, then the helpers
+        parts = PartGate(self.status_path, self._poll_child, self.wait_s, self.log_path)
+        backward = PartGate(self.backward_status_path, self._poll_backward, self.wait_s,
+                            self.backward_status_path.with_suffix(".log"), parts=(BACKWARD_PART,)) \
+            if self.backward else None
+        self._gate = HelperGates(parts, backward)
+        if self.backward and trainer.local_rank == 0:
+            device = self._device(trainer)
+            self.backward_proc = start_child(self.cfg, self.batch_size, self.backward_status_path, device,
+                                             command=self.backward_command(device))
+            log.info("compile_parallel_backward: process %d compiles the student's backward graph (log: %s)",
+                     self.backward_proc.pid, self.backward_status_path.with_suffix(".log"))
         self._start_child(trainer)
         self.report = {"waited_s": {}}
         self._first_t, self._counters = time.monotonic(), cache_counters()
         pl_module.compile_gate = self.wait_for
 
+    def _poll_backward(self) -> dict[str, Any] | None:
+        """The backward helper's status once it ended, else None (`poll_status`)."""
+        return poll_status(self.backward_status_path, self.backward_proc)
+
     def summary_entry(self) -> dict[str, Any]:
-        """The first step's report and the helper's status once it ended (its cache counts, seconds, peak GPU
+        """The first step's report and each helper's status once it ended (its cache counts, seconds, peak GPU
         memory)."""
-        status = read_status(self.status_path)
-        return self.report if status is None else {**self.report, "helper": status}
+        out = dict(self.report)
+        for key, path in (("helper", self.status_path), ("backward_helper", self.backward_status_path)):
+            status = read_status(path)
+            if status is not None:
+                out[key] = status
+        return out
 
     def wait_for(self, part: str) -> None:
         """Until the helper has compiled `part`, it has ended, or `wait_s` passed (then this process compiles it)."""
         self._gate(part)
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        stop_child(self.backward_proc)
+        super().teardown(trainer, pl_module, stage)
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        stop_child(self.backward_proc)
+        super().on_exception(trainer, pl_module, exception)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
@@ -484,11 +630,14 @@ class ParallelCompile(ChildCompile):
         pl_module.compile_gate = None
         deltas = cache_deltas(self._counters)
         self.report.update(first_step_s=round(time.monotonic() - self._first_t, 1), **cache_counts(deltas=deltas))
-        if self._gate is not None:
-            self.report.update(self._gate.timeline())
-            self.report["helper_stopped"] = stop_helper_if_behind(self.proc, self._gate)
+        gates = self._gate if isinstance(self._gate, HelperGates) else HelperGates(self._gate) if self._gate else None
+        if gates is not None:
+            self.report.update(gates.timeline())
+            self.report["helper_stopped"] = stop_helper_if_behind(self.proc, gates.parts)
+            if gates.backward is not None:
+                self.report["backward_helper_stopped"] = stop_helper_if_behind(self.backward_proc, gates.backward)
         self._first_t = None
-        log.info("compile_parallel: the first step took %.1f s, %s s of it waiting for the helper (inductor cache "
+        log.info("compile_parallel: the first step took %.1f s, %s s of it waiting for the helpers (inductor cache "
                  "%s)%s",
                  self.report["first_step_s"], self.report["waited_s"], self.report["fx_cache"],
                  f"; built here without the helper's entry: {', '.join(self.report['built_here'])}"

@@ -57,6 +57,7 @@ def make_step(model: Any, cfg: Any, device: str, opt: torch.optim.Optimizer, eag
     def step(i: int) -> torch.Tensor:
         with cast:
             loss, _, _ = model.views_to_loss(g, loc, b, n_local, 0.04, i == 0, eager_student=eager_student, done=done)
+        model.before_backward()
         loss.backward()
         if done is not None:
             done("loss")

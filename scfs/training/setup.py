@@ -164,7 +164,8 @@ def make_callbacks(cfg: DictConfig, dm: Any, run_dir: Path) -> tuple[list[Any], 
     elif cfg.get("compile", False) and cfg.get("compile_parallel", False):
         from scfs.training.background_compile import ParallelCompile
 
-        callbacks.append(ParallelCompile(cfg, run_dir, batch_size=dm.batch_size))
+        callbacks.append(ParallelCompile(cfg, run_dir, batch_size=dm.batch_size,
+                                         backward=bool(cfg.get("compile_parallel_backward", False))))
     if cfg.get("compile", False) and cfg.get("compile_artifacts"):
         from scfs.training.compile_artifacts import CompileArtifacts
 

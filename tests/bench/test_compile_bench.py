@@ -210,8 +210,8 @@ def test_the_background_row_switches_when_the_status_appears_not_when_the_child_
     from scfs.training.plain_step import make_step
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    monkeypatch.setattr(bgc, "child_command", lambda cfg_path, status_path, device, steps=2, helper=False: [
-        sys.executable, "-c", STAND_IN, str(status_path)])
+    monkeypatch.setattr(bgc, "child_command", lambda cfg_path, status_path, device, steps=2, helper=False,
+                        backward=False: [sys.executable, "-c", STAND_IN, str(status_path)])
     cfg = bench.compose("default", "cpu", True, "model", True, ["compile_background=true"])
     torch.manual_seed(0)
     _, model = build(cfg)
@@ -251,7 +251,7 @@ def test_the_parallel_row_waits_for_the_helpers_parts(monkeypatch, eager_backend
              "    write_status(part_path(Path(sys.argv[1]), part), {'ok': True})\n"
              "write_status(Path(sys.argv[1]), {'ok': True, 'peak_GiB': 1.5})\n")
 
-    def command(cfg_path, status_path, device, steps=2, helper=False):
+    def command(cfg_path, status_path, device, steps=2, helper=False, backward=False):
         for part in bgc.PARTS:  # begun as it starts, so that the step (faster than its imports) waits for it
             bgc.write_status(bgc.started_path(status_path, part), {"ok": True})
         return [sys.executable, "-c", write, str(status_path)]

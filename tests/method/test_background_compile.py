@@ -352,7 +352,7 @@ def test_a_run_stops_a_helper_that_never_began_after_its_first_step(tmp_path, sh
     """A helper that is still starting when the run has built everything (a warm cache, or a slow helper) would
     only take the GPU and the host from the next steps: stopped at the end of the first step."""
     bg, calls = _parallel_run(monkeypatch, tmp_path, shapes_root, "import time; time.sleep(600)")
-    assert calls == ["teacher", "loss"] and bg.report["built_here"] == ["teacher", "loss"], bg.report
+    assert calls == ASKED and bg.report["built_here"] == ["teacher", "loss"], bg.report
     assert bg.report["helper_stopped"] and max(bg.report["waited_s"].values()) < 1
     helper = json.loads((tmp_path / "summary.json").read_text())["compile_parallel"]["helper"]
     assert helper["stopped"] and "the run built teacher, loss without it" in helper["error"]
@@ -417,6 +417,10 @@ def test_a_forward_under_discard_saved_tensors_keeps_none_for_its_backward():
     assert packed  # outside it the same forward saves its tensors
 
 
+# what the method asks its `compile_gate` on the first step, in the step's order
+ASKED = ["student", "teacher", "loss", "student_backward"]
+
+
 def _parallel_run(monkeypatch, tmp_path, shapes_root, command, extra=(), begun=False):
     """A run with compile_parallel=true and the helper's command replaced (`begun`: both parts' begun files written
     as the helper starts, so that the first step, faster than a stand-in's imports, waits for them)."""
@@ -450,7 +454,8 @@ def test_the_run_waits_for_each_part_on_its_first_step_only(tmp_path, shapes_roo
              "time.sleep(600)")
     # begun as it starts, so the first step waits for both parts whatever the stand-in's imports take
     bg, calls = _parallel_run(monkeypatch, tmp_path, shapes_root, write, begun=True)
-    assert calls == ["teacher", "loss"]  # asked before the teacher's call and the losses, on the first step only
+    # asked before the student's call, the teacher's, the losses and the backward, on the first step only
+    assert calls == ASKED
     assert set(bg.report["waited_s"]) == {"teacher", "loss"} and bg.report["first_step_s"] > 0
     # the timeline: asked for in the step's order, written by the helper 0.3 s apart, all within the first step
     asked, ready = bg.report["asked_s"], bg.report["ready_s"]
@@ -464,7 +469,7 @@ def test_the_run_waits_for_each_part_on_its_first_step_only(tmp_path, shapes_roo
 def test_a_failed_helper_does_not_hold_the_run(tmp_path, shapes_root, monkeypatch, eager_backend):
     # a helper that has begun both parts (the run waits for them) and dies without writing them
     bg, calls = _parallel_run(monkeypatch, tmp_path, shapes_root, "import sys; sys.exit(3)", begun=True)
-    assert calls == ["teacher", "loss"] and max(bg.report["waited_s"].values()) < 60
+    assert calls == ASKED and max(bg.report["waited_s"].values()) < 60
     assert not json.loads((tmp_path / bgc.STATUS_FILE).read_text())["ok"]  # said for the other ranks too
     helper = json.loads((tmp_path / "summary.json").read_text())["compile_parallel"]["helper"]
     assert not helper["ok"] and "ended with status 3" in helper["error"]  # the summary says how the helper ended
@@ -477,7 +482,7 @@ def _parallel_hits(tmp_path, monkeypatch, shapes_root, extra):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
     bg, calls = _parallel_run(monkeypatch, tmp_path / "run", shapes_root, None, extra=extra)
     torch._dynamo.reset()
-    assert calls == ["teacher", "loss"], bg.report
+    assert calls == ASKED, bg.report
     hits, misses = (int(v) for v in bg.report["fx_cache"].replace(" miss", "").split(" hit / "))
     # the teacher's forward and the losses' forward and backward from the helper; the student's two compiled here
     assert hits >= 3 and misses >= 2, bg.report

@@ -1,0 +1,143 @@
+"""Compiling only the student's backward graph, for a helper process beside the run (`compile_parallel_backward`).
+
+With `compile_parallel` the run still compiles the student's call itself, one graph after the other: its forward
+at the first step, its backward at the first backward (docs/RESULTS.md "Compile time"). A second helper process
+compiles that backward graph meanwhile into the shared on-disk cache, and the run's first backward loads it.
+
+The backward graph's cache key holds the shapes and strides of the tensors the forward saves for it, and inductor's
+*compiled* forward decides those strides: a forward run uncompiled, or a guess, gives keys the run never looks up.
+So the helper traces the student's call as the run does (dynamo and AOTAutograd, the run's compile mode) under a
+backend that
+
+* lowers the forward graph with inductor and stops before its kernels are generated, then reports the strides its
+  outputs got, as a compiled forward reports them (`report_lowered_strides`);
+* compiles the backward graph as inductor does, at once with the forward call
+  (functorch's `force_non_lazy_backward_lowering`), so its entry lands under the key the run's backward asks for;
+* stops the call instead of running it (`CompiledNotRun`), so the helper holds no activation.
+
+This rests on torch internals (inductor's `compile_fx_inner`, `GraphLowering.compile_to_module`,
+`MockFXGraphCacheOutput`, `TracingContext.output_strides`). The slow test
+`test_the_runs_student_backward_loads_the_backward_helpers_entry` checks on every torch the project installs that
+the run's backward finds the helper's entry, and `scripts/compile_probes.py backward-helper` does so on a GPU's
+settings. A helper that fails leaves the run as it is without one: it compiles its backward itself.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+import torch
+
+
+class CompiledNotRun(Exception):
+    """Raised by the helper's forward in place of running it, once the call's graphs are compiled."""
+
+
+def stop_before_running(inputs: Any) -> NoReturn:
+    """The helper's forward: the call ends here, before any kernel runs."""
+    raise CompiledNotRun
+
+
+def report_lowered_strides(gm: Any, example_inputs: Any, kw: dict[str, Any]) -> None:
+    """Lower a copy of the forward graph with inductor, stop before its kernels are generated, and report the
+    strides its outputs got as inductor's compiled forward reports them (`TracingContext.output_strides`):
+    AOTAutograd gives the backward's saved tensors those strides, and they are part of the backward's cache key.
+    A forward already in the cache (the run wrote it first) comes back compiled, with its strides."""
+    from torch._inductor.compile_fx import compile_fx_inner
+    from torch._inductor.graph import GraphLowering
+
+    lowered: list[Any] = []
+    original = GraphLowering.compile_to_module
+
+    def stop(self: Any) -> Any:
+        lowered.append(self)
+        raise RuntimeError("lowered only")
+
+    GraphLowering.compile_to_module = stop
+    cached = None
+    try:
+        cached = compile_fx_inner(copy.deepcopy(gm), example_inputs, **kw)
+    except Exception:  # noqa: BLE001 - the stop above, however inductor wraps it
+        if not lowered:
+            raise
+    finally:
+        GraphLowering.compile_to_module = original
+    context = torch._guards.TracingContext.try_get()
+    if context is None or context.output_strides is None:
+        return
+    if not lowered:
+        strides = getattr(cached, "output_strides", None) or []
+        context.output_strides.extend(None if st is None else tuple(int(x) for x in st) for st in strides)
+        return
+    for out in lowered[0].graph_outputs:
+        has = hasattr(out, "has_tensor_output") and out.has_tensor_output()
+        context.output_strides.append(tuple(int(x) for x in out.get_layout().stride) if has else None)
+
+
+def mark_forward_device(kw: dict[str, Any], device: str) -> None:
+    """Set what a compiled CUDA forward sets before its backward compiles: the forward's device index, which the
+    backward's compile options (and so its cache key) carry."""
+    boxed = kw.get("boxed_forward_device_index")
+    if boxed is not None and str(device).startswith("cuda"):
+        boxed.set(torch.cuda.current_device())
+
+
+def inductor_patches(mode: str | None) -> dict[str, Any]:
+    """The inductor options `torch.compile(mode=mode)` passes to inductor (e.g. CUDA graphs for reduce-overhead):
+    part of both graphs' cache keys, so the helper compiles under the run's."""
+    return dict(torch._TorchCompileInductorWrapper(mode, None, False).config)
+
+
+def backward_only_backend(mode: str | None, device: str) -> Callable[[Any, Any], Any]:
+    """A dynamo backend that compiles only the backward graph of a call, as `torch.compile(mode=mode)` would, and
+    stops the call before it runs (module docstring)."""
+    from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+    from torch._inductor.output_code import MockFXGraphCacheOutput
+
+    def inner(gm: Any, example_inputs: Any, **kw: Any) -> Any:
+        if kw.get("is_backward"):
+            return compile_fx_inner(gm, example_inputs, **kw)
+        mark_forward_device(kw, device)
+        report_lowered_strides(gm, example_inputs, kw)
+        return MockFXGraphCacheOutput(stop_before_running)
+
+    patches = inductor_patches(mode)
+
+    def backend(gm: Any, example_inputs: Any) -> Any:
+        return compile_fx(gm, example_inputs, inner_compile=inner, config_patches=patches)
+
+    return backend
+
+
+def call_until_compiled(fn: Callable[..., Any], *inputs: Any) -> None:
+    """Call `fn`, a call compiled with `backward_only_backend`, under the options that make its backward compile
+    with the forward call and keep AOTAutograd's cache out (an entry with this backend's forward must never reach
+    the run). Returns once both graphs are compiled; raises what else went wrong."""
+    import torch._functorch.config as functorch_config
+
+    try:
+        with functorch_config.patch(enable_autograd_cache=False, force_non_lazy_backward_lowering=True):
+            fn(*inputs)
+    except CompiledNotRun:
+        return
+    except Exception as err:
+        if isinstance(err.__cause__, CompiledNotRun) or "CompiledNotRun" in repr(err):
+            return
+        raise
+    raise RuntimeError("the call ran: it was not compiled with backward_only_backend")
+
+
+def compile_student_backward(model: Any, cfg: Any, device: str) -> None:
+    """Compile the backward graph of `model`'s step-time student call (`student_forward`) on random views of the
+    run's sizes (`random_views`), under the run's autocast and compile mode, into this process's cache folder."""
+    from scfs.methods.networks import student_forward
+    from scfs.training.plain_step import autocast_for, random_views
+
+    g, loc = random_views(cfg, device, model.channels_last)
+    cast = autocast_for(str(cfg.trainer.precision), "cuda" if str(device).startswith("cuda") else "cpu")
+    mode = None if model.compile_mode == "default" else model.compile_mode
+    fn = torch.compile(student_forward, backend=backward_only_backend(mode, device), dynamic=False)
+    with cast:
+        call_until_compiled(fn, model.student, g, loc, model.stages, model._local_heads)

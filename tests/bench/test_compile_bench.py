@@ -275,6 +275,42 @@ def test_the_parallel_row_waits_for_the_helpers_parts(monkeypatch, eager_backend
     assert "Built by the run itself" not in md and "The helper's peak GPU memory: 1.5 GiB (the run's: – GiB)." in md
 
 
+def test_the_parallel_backward_row_starts_both_helpers_and_reports_the_backwards(monkeypatch, eager_backend):
+    """`compile_parallel_backward=true` in a row: a second stand-in helper begins the student's backward at once and
+    writes it after a while; the gate (told by the cache counters that the student's call compiled) waits for it
+    before the backward, and the record says what the backward's helper did."""
+    import scfs.training.background_compile as bgc
+
+    write = ("import sys, time; from pathlib import Path\n"
+             "from scfs.training.background_compile import BACKWARD_PART, PARTS, part_path, write_status\n"
+             "p, backward = Path(sys.argv[1]), sys.argv[2] == 'backward'\n"
+             "time.sleep(1.0)\n"
+             "for part in (BACKWARD_PART,) if backward else PARTS:\n"
+             "    write_status(part_path(p, part), {'ok': True})\n"
+             "write_status(p, {'ok': True, 'backward_s': 0.9, 'fx_cache': '0 hit / 2 miss'} if backward else "
+             "{'ok': True})\n")
+
+    def command(cfg_path, status_path, device, steps=2, helper=False, backward=False):
+        for part in (bgc.BACKWARD_PART,) if backward else bgc.PARTS:  # begun as it starts
+            bgc.write_status(bgc.started_path(status_path, part), {"ok": True})
+        return [sys.executable, "-c", write, str(status_path), "backward" if backward else "parts"]
+
+    monkeypatch.setattr(bgc, "child_command", command)
+    monkeypatch.setattr(bgc, "cache_deltas", lambda since=None: (0, 2, 0, 0))  # the student's call compiled
+    cfg = bench.compose("default", "cpu", True, "model", True, ["compile_parallel=true",
+                                                                 "compile_parallel_backward=true"])
+    row = bench.measure(cfg, "cpu", 1, 1, None, None)
+    par = row["parallel"]
+    assert set(par["waited_s"]) == set(par["ready_s"]) == {"teacher", "loss", bgc.BACKWARD_PART}, par
+    assert par["student_compiled"] is True and par["built_here"] == [] and par["helper_stopped"] is False
+    assert par["helper"]["backward_helper"] == {"ok": True, "backward_s": 0.9, "fx_cache": "0 hit / 2 miss"}
+    md = bench.markdown({"machine": "m", "torch": "t", "date": "d", "commit": "c", "command": "x", "first_steps": 1,
+                         "table": [{**row, "recipe": "default", "setting": "parallel-backward",
+                                    "process_cpu_s": 1.0}]})
+    assert "The backward's helper: its compile took 0.9 s, inductor cache 0 hit / 2 miss." in md
+    assert f"{bgc.BACKWARD_PART}: asked at {par['asked_s'][bgc.BACKWARD_PART]} s" in md
+
+
 def test_a_table_row_gives_each_timed_column_as_the_median_over_the_repeats():
     rows = [{"first_s": 92.85, "lost_s": 92.8, "process_cpu_s": 240.2, "step_ms": 32.25, "loss": 1.0, "phases": "a"},
             {"first_s": 88.19, "lost_s": 88.1, "process_cpu_s": 227.3, "step_ms": 32.16, "loss": 2.0, "phases": "b"},

@@ -504,3 +504,98 @@ def test_the_helpers_entries_are_the_runs_teacher_and_losses_on_the_gpu(tmp_path
     _parallel_hits(tmp_path, monkeypatch, shapes_root,
                    [*TINY_RESNET18, "trainer.accelerator=gpu", "trainer.devices=1", "trainer.precision=bf16-mixed",
                     "compile_mode=reduce-overhead", "++backbone.channels_last=true"])
+
+
+# ---- compile_parallel_backward: a second helper compiles the student's backward graph --------------------------
+def test_the_backward_helper_is_refused_without_compile_parallel_in_one_line():
+    with pytest.raises(ConfigError, match="compile_parallel_backward=true is invalid with compile_parallel=false") \
+            as err:
+        validate_config(compose_cfg(["compile=true", "compile_parallel_backward=true"]))
+    assert "\n" not in str(err.value)
+    validate_config(compose_cfg(["compile=true", "compile_parallel=true", "compile_parallel_backward=true"]))
+
+
+@pytest.mark.parametrize("student_misses", [2, 0], ids=["student-compiled", "student-from-cache"])
+def test_the_run_waits_for_the_students_backward_only_when_it_compiled_the_students_forward(
+        tmp_path, monkeypatch, student_misses):
+    """A student forward the run compiled (a cache miss during its call) means its backward compiles at the first
+    backward: the run waits for the helper's entry. One from the cache brought its backward along: no wait, even for
+    a helper that has begun, and the part counts as built here (the helper is stopped after the first step)."""
+    monkeypatch.setattr(bgc, "cache_deltas", lambda since=None: (0, student_misses, 0, 0))
+    parts = bgc.PartGate(tmp_path / "s.json", lambda: False, 60.0, tmp_path / "s.log")
+    back_status = tmp_path / "b.json"
+    back = bgc.PartGate(back_status, lambda: False, 60.0, tmp_path / "b.log", parts=(bgc.BACKWARD_PART,))
+    gates = bgc.HelperGates(parts, back)
+    bgc.write_status(bgc.started_path(back_status, bgc.BACKWARD_PART), {"ok": True})
+    _write_later(bgc.part_path(back_status, bgc.BACKWARD_PART), 0.5)
+    for part in ASKED:
+        gates(part)
+    timeline = gates.timeline()
+    assert list(timeline["asked_s"]) == ["teacher", "loss", bgc.BACKWARD_PART]  # "student" only marks the counters
+    assert timeline["student_compiled"] is (student_misses > 0)
+    waited = timeline["waited_s"][bgc.BACKWARD_PART]
+    if student_misses:
+        assert 0.4 <= waited < 10 and timeline["built_here"] == ["teacher", "loss"], timeline
+        assert set(timeline["started_s"]) == set(timeline["ready_s"]) == {bgc.BACKWARD_PART}
+    else:
+        assert waited == 0.0 and timeline["built_here"] == ["teacher", "loss", bgc.BACKWARD_PART], timeline
+    without = bgc.HelperGates(bgc.PartGate(tmp_path / "o.json", lambda: False, 60.0, tmp_path / "o.log"))
+    for part in ASKED:
+        without(part)
+    assert list(without.timeline()["asked_s"]) == ["teacher", "loss"] and "student_compiled" not in without.timeline()
+
+
+def _backward_run(monkeypatch, tmp_path, shapes_root, backward_command, student_misses=None):
+    """`_parallel_run` with compile_parallel_backward=true: the parts' helper a stand-in that never begins, the
+    backward's `python -c <backward_command> <its status path>`, begun as it starts; a `.go` file beside its status
+    says the run has asked for its part. `student_misses`: the cache misses the gates see during the student's call
+    (the eager backend compiles nothing)."""
+    if student_misses is not None:
+        monkeypatch.setattr(bgc, "cache_deltas", lambda since=None: (0, student_misses, 0, 0))
+
+    class Backward(bgc.ParallelCompile):
+        def backward_command(self, device):
+            return [sys.executable, "-c", backward_command, str(self.backward_status_path)]
+
+        def on_fit_start(self, trainer, pl_module):
+            super().on_fit_start(trainer, pl_module)
+            bgc.write_status(bgc.started_path(self.backward_status_path, bgc.BACKWARD_PART), {"ok": True})
+
+        def wait_for(self, part):
+            if part == bgc.BACKWARD_PART:  # the stand-in may go on: the run is at its backward
+                bgc.write_status(self.backward_status_path.with_suffix(".go"), {"ok": True})
+            super().wait_for(part)
+
+    monkeypatch.setattr(bgc, "ParallelCompile", Backward)
+    return _parallel_run(monkeypatch, tmp_path, shapes_root, "import time; time.sleep(600)",
+                         extra=["compile_parallel_backward=true"])
+
+
+def test_a_run_waits_for_the_backward_helpers_entry_and_keeps_its_status(tmp_path, shapes_root, monkeypatch,
+                                                                         eager_backend):
+    write = ("import sys, time; from pathlib import Path\n"
+             "from scfs.training.background_compile import BACKWARD_PART, part_path, write_status\n"
+             "p = Path(sys.argv[1])\n"
+             "while not p.with_suffix('.go').exists(): time.sleep(0.05)\n"
+             "time.sleep(0.5)\n"
+             "write_status(part_path(p, BACKWARD_PART), {'ok': True})\n"
+             "write_status(p, {'ok': True, 'steps': 0, 'backward_s': 0.9})\n")
+    bg, calls = _backward_run(monkeypatch, tmp_path, shapes_root, write, student_misses=3)
+    assert calls == ASKED and bg.report["student_compiled"] is True
+    assert bg.report["waited_s"][bgc.BACKWARD_PART] >= 0.4 and bgc.BACKWARD_PART not in bg.report["built_here"]
+    assert bg.report["backward_helper_stopped"] is False and bg.report["helper_stopped"] is True
+    entry = json.loads((tmp_path / "summary.json").read_text())["compile_parallel"]
+    assert entry["backward_helper"] == {"ok": True, "steps": 0, "backward_s": 0.9}
+    assert (tmp_path / bgc.BACKWARD_STATUS_FILE).with_suffix(".yaml").is_file()  # the config it was given
+
+
+def test_a_run_whose_student_came_from_the_cache_stops_the_backward_helper(tmp_path, shapes_root, monkeypatch,
+                                                                           eager_backend):
+    """Nothing compiled during the student's call (dynamo's eager backend stands in for a warm cache): the run does
+    not wait for the backward's helper, which has begun, and stops it after the first step; the summary says so."""
+    bg, calls = _backward_run(monkeypatch, tmp_path, shapes_root, "import time; time.sleep(600)")
+    assert calls == ASKED and bg.report["student_compiled"] is False
+    assert bg.report["waited_s"][bgc.BACKWARD_PART] == 0.0 and bgc.BACKWARD_PART in bg.report["built_here"]
+    assert bg.report["backward_helper_stopped"] and bg.backward_proc.poll() is not None
+    back = json.loads((tmp_path / "summary.json").read_text())["compile_parallel"]["backward_helper"]
+    assert back["stopped"] and "student_backward" in back["error"]

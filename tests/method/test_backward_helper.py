@@ -1,0 +1,88 @@
+"""`compile_parallel_backward`: a helper process compiles the student's backward graph, the run's backward loads it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers import compose_cfg
+
+import scfs.training.background_compile as bgc
+from scfs.training import backward_helper as bh
+
+
+def test_the_helper_compiles_under_the_runs_compile_mode():
+    assert bh.inductor_patches(None) == {}
+    assert bh.inductor_patches("reduce-overhead")["triton.cudagraphs"] is True  # CUDA graphs: in the cache key
+
+
+def test_a_call_that_ran_or_failed_is_not_taken_for_a_compiled_one():
+    with pytest.raises(RuntimeError, match="the call ran"):
+        bh.call_until_compiled(lambda x: x + 1, 1)
+    with pytest.raises(ZeroDivisionError):
+        bh.call_until_compiled(lambda x: x / 0, 1)
+    bh.call_until_compiled(bh.stop_before_running, [])  # stopped before running: compiled
+
+
+def test_a_failing_backward_helper_says_so_and_writes_no_entry_file(tmp_path, monkeypatch):
+    """The run waits for a begun part until it is written or the helper ended: a failure must end the helper with
+    a failed status (read by every rank) and never write the part's file."""
+    from omegaconf import OmegaConf
+
+    def boom(model, cfg, device):
+        raise RuntimeError("lowering failed")
+
+    monkeypatch.setattr(bh, "compile_student_backward", boom)
+    cfg = bgc.child_config(compose_cfg(["compile=true", "compile_parallel=true", "compile_parallel_backward=true"]),
+                           batch_size=8)
+    assert not cfg.compile_parallel_backward  # the child starts no helper of its own
+    OmegaConf.save(cfg, tmp_path / "c.yaml")
+    status_path = tmp_path / "b.json"
+    status = bgc.compile_in_child(tmp_path / "c.yaml", status_path, "cpu", steps=0, backward=True)
+    assert not status["ok"] and status["error"] == "RuntimeError: lowering failed"
+    assert json.loads(status_path.read_text()) == status
+    assert bgc.started_path(status_path, bgc.BACKWARD_PART).exists()
+    assert not bgc.part_path(status_path, bgc.BACKWARD_PART).exists()
+
+
+def test_the_backward_helpers_command_line_says_backward(tmp_path):
+    cmd = bgc.child_command(tmp_path / "c.yaml", tmp_path / "b.json", "cuda:0", 0, backward=True)
+    assert "--backward" in cmd and "--helper" not in cmd
+    assert "--backward" not in bgc.child_command(tmp_path / "c.yaml", tmp_path / "s.json", "cpu", 1, helper=True)
+
+
+@pytest.mark.slow
+def test_the_runs_student_backward_loads_the_backward_helpers_entry(tmp_path, monkeypatch):
+    """What the option rests on, with inductor (C++ on the CPU) on the tiny default: the helper process, run first on
+    an empty cache folder, compiles the student's backward graph without running the call; the run's own step in
+    this process then compiles everything before its backward (misses only), and its backward finds exactly one
+    entry, the student's backward (the losses' backward, which no helper compiled here, misses). 2-4 minutes on 2
+    shared cores."""
+    import torch._dynamo
+
+    from scfs.train import build
+    from scfs.training.plain_step import cache_counters, make_step
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
+    cfg = compose_cfg(["compile=true", "compile_parallel=true", "compile_parallel_backward=true"])
+    status_path = tmp_path / "b.json"
+    proc = bgc.start_child(cfg, int(cfg.batch_size), status_path, "cpu", steps=0, backward=True)
+    assert proc.wait(timeout=1500) == 0, status_path.with_suffix(".log").read_text()[-3000:]
+    status = json.loads(status_path.read_text())
+    assert status["ok"] and status["steps"] == 0 and status["backward_s"] > 0, status
+    assert bgc.part_path(status_path, bgc.BACKWARD_PART).exists()
+
+    torch._dynamo.reset()
+    torch.manual_seed(int(cfg.seed))
+    _, model = build(cfg)
+    model.train()
+    step = make_step(model, cfg, "cpu", model.configure_optimizers())
+    marks = []
+    model.compile_gate = lambda part: marks.append((part, cache_counters()))
+    start = cache_counters()
+    step(0)
+    end = cache_counters()
+    torch._dynamo.reset()
+    before = dict(marks)["student_backward"]
+    assert before[0] - start[0] == 0 and before[1] - start[1] >= 3, (start, before)  # student, teacher, losses
+    assert (end[0] - before[0], end[1] - before[1]) == (1, 1), (before, end)  # its entry, the losses' backward

@@ -11,9 +11,9 @@ shortcuts suggest themselves, and each is probed here on a timm ResNet in fresh 
   the traced graph uncompiled), so that the run, compiling its forward meanwhile, would load its backward from
   the cache. The backward's cache key holds the strides of the tensors the forward saves, which inductor's
   compiled forward decides: `--lowered-strides` has the helper lower its forward (no kernels) to learn them,
-  `--compile-only` has it compile the backward with the forward call and run nothing. The probe reports whether
-  the run's backward finds the helper's entry, and if not, the first lines of inductor's cache key where the two
-  differ.
+  `--compile-only` has it compile the backward with the forward call and run nothing (both together are what
+  `compile_parallel_backward`'s helper does: `scfs.training.backward_helper`). The probe reports whether the run's
+  backward finds the helper's entry, and if not, the first lines of inductor's cache key where the two differ.
 
     python scripts/compile_probes.py views --out /tmp/views.md
     python scripts/compile_probes.py backward-helper --channels-last --lowered-strides --compile-only
@@ -164,69 +164,20 @@ def _channels_last_if_ambiguous(t: Any) -> Any:
         return torch.empty_strided(t.shape, cl, dtype=t.dtype, device=t.device, requires_grad=t.requires_grad)
 
 
-def _report_lowered_strides(gm: Any, example_inputs: Any, kw: dict[str, Any]) -> None:
-    """Lower a copy of the forward graph with inductor, stop before its kernels are generated, and report the
-    strides its outputs got, as inductor's compiled forward reports them: AOTAutograd gives the backward's saved
-    tensors those strides, and they are part of the backward's cache key."""
-    import copy
-
-    import torch
-    from torch._inductor.compile_fx import compile_fx_inner
-    from torch._inductor.graph import GraphLowering
-
-    lowered: list[Any] = []
-    original = GraphLowering.compile_to_module
-
-    def stop(self: Any) -> Any:
-        lowered.append(self)
-        raise RuntimeError("lowered only")
-
-    GraphLowering.compile_to_module = stop
-    cached = None
-    try:  # a forward already in the cache (the run wrote it first) comes back compiled, with its strides
-        cached = compile_fx_inner(copy.deepcopy(gm), example_inputs, **kw)
-    except Exception:  # noqa: BLE001 - the stop above, however inductor wraps it
-        if not lowered:
-            raise
-    finally:
-        GraphLowering.compile_to_module = original
-    context = torch._guards.TracingContext.try_get()
-    if context is None or context.output_strides is None:
-        return
-    if not lowered:
-        strides = getattr(cached, "output_strides", None) or []
-        context.output_strides.extend(None if st is None else tuple(int(x) for x in st) for st in strides)
-        return
-    for out in lowered[0].graph_outputs:
-        has = hasattr(out, "has_tensor_output") and out.has_tensor_output()
-        context.output_strides.append(tuple(int(x) for x in out.get_layout().stride) if has else None)
-
-
 def _first_line(err: Exception) -> str:
     """An error as the table reports it: its type and the first line of its message."""
     return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:300]
 
 
-class CompiledNotRun(Exception):
-    """Raised by a `--compile-only` helper's forward in place of running it."""
-
-
-def _stop_before_running(inputs: Any) -> Any:
-    raise CompiledNotRun
-
-
 def _call_until_compiled(fn: Any, *inputs: Any) -> str:
-    """Call `fn`, whose forward raises `CompiledNotRun` once the call's graphs are compiled; other errors are
-    returned as `_backward` returns them."""
+    """`backward_helper.call_until_compiled`, an error's first line returned as `_backward` returns it."""
+    from scfs.training.backward_helper import call_until_compiled
+
     try:
-        fn(*inputs)
-    except CompiledNotRun:
-        return ""
+        call_until_compiled(fn, *inputs)
     except Exception as err:  # noqa: BLE001 - reported in the table
-        if isinstance(err.__cause__, CompiledNotRun) or "CompiledNotRun" in repr(err):
-            return ""
         return _first_line(err)
-    return "the forward ran: it was not the helper's"
+    return ""
 
 
 def _backward(loss: Any) -> str:
@@ -296,21 +247,21 @@ def _child_backward(role: str, args: argparse.Namespace) -> dict[str, Any]:
         from torch._inductor.compile_fx import compile_fx, compile_fx_inner
         from torch._inductor.output_code import MockFXGraphCacheOutput
 
+        from scfs.training import backward_helper as bh
+
         def inner(gm: Any, example_inputs: Any, **kw: Any) -> Any:
             if kw.get("is_backward"):
                 if args.canonical_strides:
                     example_inputs = [_channels_last_if_ambiguous(t) for t in example_inputs]
                 return compile_fx_inner(gm, example_inputs, **kw)
-            boxed = kw.get("boxed_forward_device_index")
-            if boxed is not None and args.device == "cuda":  # what a CUDA-graphed forward would have set
-                boxed.set(torch.cuda.current_device())
+            bh.mark_forward_device(kw, args.device)
             if args.lowered_strides:
-                _report_lowered_strides(gm, example_inputs, kw)
+                bh.report_lowered_strides(gm, example_inputs, kw)
             if args.compile_only:
-                return MockFXGraphCacheOutput(_stop_before_running)
+                return MockFXGraphCacheOutput(bh.stop_before_running)
             return MockFXGraphCacheOutput(lambda inputs: gm(*inputs))  # the forward runs the traced graph
 
-        patches = torch._inductor.list_mode_options(args.mode) if args.mode != "default" else {}
+        patches = bh.inductor_patches(None if args.mode == "default" else args.mode)
 
         def backend(gm: Any, example_inputs: Any) -> Any:
             return compile_fx(gm, example_inputs, inner_compile=inner, config_patches=patches)

@@ -475,19 +475,27 @@ def test_a_failed_helper_does_not_hold_the_run(tmp_path, shapes_root, monkeypatc
     assert not helper["ok"] and "ended with status 3" in helper["error"]  # the summary says how the helper ended
 
 
-def _parallel_hits(tmp_path, monkeypatch, shapes_root, extra):
+def _parallel_hits(tmp_path, monkeypatch, shapes_root, extra, backward=False):
+    """A run with compile_parallel=true and the real helper on an empty cache folder; `backward`: with
+    compile_parallel_backward=true and its real helper too."""
     import torch._dynamo
 
     torch._dynamo.reset()
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
+    extra = [*extra, "compile_parallel_backward=true"] if backward else extra
     bg, calls = _parallel_run(monkeypatch, tmp_path / "run", shapes_root, None, extra=extra)
     torch._dynamo.reset()
     assert calls == ASKED, bg.report
     hits, misses = (int(v) for v in bg.report["fx_cache"].replace(" miss", "").split(" hit / "))
-    # the teacher's forward and the losses' forward and backward from the helper; the student's two compiled here
-    assert hits >= 3 and misses >= 2, bg.report
+    # the teacher's forward and the losses' forward and backward from the helper; the student's two compiled here,
+    # or with the backward's helper its forward here and its backward from that helper
+    assert hits >= 3 + backward and misses >= 2 - backward, bg.report
     aot_hits = int(bg.report["aot_cache"].split(" hit")[0])
     assert aot_hits >= 2, bg.report
+    if backward:  # the run compiled its student's forward, so it waited for the backward's entry and used it
+        assert bg.report["student_compiled"] and bgc.BACKWARD_PART not in bg.report["built_here"], bg.report
+        status = json.loads((tmp_path / "run" / bgc.BACKWARD_STATUS_FILE).read_text())
+        assert status["ok"], status
 
 
 @pytest.mark.slow
@@ -507,6 +515,25 @@ def test_the_helpers_entries_are_the_runs_teacher_and_losses_on_the_gpu(tmp_path
 
 
 # ---- compile_parallel_backward: a second helper compiles the student's backward graph --------------------------
+@pytest.mark.slow
+def test_the_backward_helpers_entry_is_the_runs_student_backward(tmp_path, shapes_root, monkeypatch):
+    """With inductor (C++ on the CPU) and both helpers: the run's first step compiles only the student's forward; the
+    teacher's call and the losses come from the first helper, the student's backward from the second.
+    5-15 minutes on 2 shared cores."""
+    _parallel_hits(tmp_path, monkeypatch, shapes_root, [], backward=True)
+
+
+@pytest.mark.gpu
+def test_the_backward_helpers_entry_is_the_runs_student_backward_on_the_gpu(tmp_path, shapes_root, monkeypatch):
+    """The same with what the GPU recipes ship (bf16 autocast, channels_last, CUDA graphs): the backward's cache
+    key then also holds the forward's device index and the CUDA-graph flag."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    _parallel_hits(tmp_path, monkeypatch, shapes_root,
+                   [*TINY_RESNET18, "trainer.accelerator=gpu", "trainer.devices=1", "trainer.precision=bf16-mixed",
+                    "compile_mode=reduce-overhead", "++backbone.channels_last=true"], backward=True)
+
+
 def test_the_backward_helper_is_refused_without_compile_parallel_in_one_line():
     with pytest.raises(ConfigError, match="compile_parallel_backward=true is invalid with compile_parallel=false") \
             as err:

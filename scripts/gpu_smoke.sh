@@ -155,9 +155,12 @@ run search-check "python -m scfs.search.check --quick" "" &
 # traced whole on CUDA, with this machine's torch)
 run pytest-gpu "python -m pytest -m gpu" \
   "-q -p no:cacheprovider tests/method/test_compile_backend.py tests/data/test_batch_aug.py tests/method/test_compile.py" &
-# the child's and the helper's cache entries are the run's: two cold compiles each, beside a loaded GPU and host,
-# so a row of its own with a longer limit
-LIMIT=450 run pytest-gpu-background "python -m pytest -m gpu" "-q -p no:cacheprovider tests/method/test_background_compile.py" &
+# the child's and the helpers' cache entries are the run's: two or three cold compiles each, beside a loaded GPU
+# and host, so rows of their own with a longer limit
+LIMIT=450 run pytest-gpu-background "python -m pytest -m gpu" \
+  "-q -p no:cacheprovider tests/method/test_background_compile.py -k 'not backward_helper'" &
+LIMIT=450 run pytest-gpu-backward-helper "python -m pytest -m gpu" \
+  "-q -p no:cacheprovider tests/method/test_background_compile.py -k backward_helper" &
 V="python -m scfs.train +experiment=cifar10_vit"  # the ViT rows: compiled as written, DINO eager, ViT-S/16 eager
 run cifar10-vit "$V" "$SHORT name=smoke-vit" &
 run cifar10-vit-dino "$V method=dino" "$E $SHORT name=smoke-vit-dino" &

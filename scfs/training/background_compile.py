@@ -569,7 +569,7 @@ class ParallelCompile(ChildCompile):
         self.backward_status_path = self.run_dir / BACKWARD_STATUS_FILE
         self.backward_proc: subprocess.Popen | None = None
         self._first_t: float | None = None
-        self._gate: PartGate | HelperGates | None = None
+        self._gate: HelperGates | None = None
 
     def backward_command(self, device: str) -> list[str]:
         """The backward helper's command line (`child_command` with `backward`)."""
@@ -630,12 +630,12 @@ class ParallelCompile(ChildCompile):
         pl_module.compile_gate = None
         deltas = cache_deltas(self._counters)
         self.report.update(first_step_s=round(time.monotonic() - self._first_t, 1), **cache_counts(deltas=deltas))
-        gates = self._gate if isinstance(self._gate, HelperGates) else HelperGates(self._gate) if self._gate else None
-        if gates is not None:
-            self.report.update(gates.timeline())
-            self.report["helper_stopped"] = stop_helper_if_behind(self.proc, gates.parts)
-            if gates.backward is not None:
-                self.report["backward_helper_stopped"] = stop_helper_if_behind(self.backward_proc, gates.backward)
+        if self._gate is not None:
+            self.report.update(self._gate.timeline())
+            self.report["helper_stopped"] = stop_helper_if_behind(self.proc, self._gate.parts)
+            if self._gate.backward is not None:
+                self.report["backward_helper_stopped"] = stop_helper_if_behind(self.backward_proc,
+                                                                               self._gate.backward)
         self._first_t = None
         log.info("compile_parallel: the first step took %.1f s, %s s of it waiting for the helpers (inductor cache "
                  "%s)%s",

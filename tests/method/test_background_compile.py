@@ -101,14 +101,14 @@ def test_a_compiled_step_that_missed_the_childs_entries_says_so(tmp_path, monkey
     bg._switch_t, bg._counters = time.monotonic(), (0, 0, 0, 0)
     par = bgc.ParallelCompile(cfg, tmp_path, 8)
     par.report, par._first_t, par._counters = {"waited_s": {}}, time.monotonic(), (0, 0, 0, 0)
-    par._gate = bgc.PartGate(tmp_path / "s.json", lambda: True, 1.0, tmp_path / "s.log")
+    par._gate = bgc.HelperGates(bgc.PartGate(tmp_path / "s.json", lambda: True, 1.0, tmp_path / "s.log"))
     for part in bgc.PARTS:  # both parts written by the helper before the run asked: the run used its entries
         bgc.write_status(bgc.part_path(tmp_path / "s.json", part), {"ok": True})
         par._gate(part)
     # a run that built both parts itself (the helper never began them) used none of its entries: nothing to say
     idle = bgc.ParallelCompile(cfg, tmp_path / "idle", 8)
     idle.report, idle._first_t, idle._counters = {"waited_s": {}}, time.monotonic(), (0, 0, 0, 0)
-    idle._gate = bgc.PartGate(tmp_path / "idle.json", lambda: True, 1.0, tmp_path / "idle.log")
+    idle._gate = bgc.HelperGates(bgc.PartGate(tmp_path / "idle.json", lambda: True, 1.0, tmp_path / "idle.log"))
     for part in bgc.PARTS:
         idle._gate(part)
     with caplog.at_level(logging.WARNING, logger="scfs.train"):

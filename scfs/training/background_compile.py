@@ -605,7 +605,9 @@ class ParallelCompile(ChildCompile):
         """The first step's report and each helper's status once it ended (its cache counts, seconds, peak GPU
         memory)."""
         out = dict(self.report)
-        for key, path in (("helper", self.status_path), ("backward_helper", self.backward_status_path)):
+        helpers = [("helper", self.status_path)] + ([("backward_helper", self.backward_status_path)]
+                                                     if self.backward else [])
+        for key, path in helpers:
             status = read_status(path)
             if status is not None:
                 out[key] = status

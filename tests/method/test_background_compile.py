@@ -626,3 +626,18 @@ def test_a_run_whose_student_came_from_the_cache_stops_the_backward_helper(tmp_p
     assert bg.report["backward_helper_stopped"] and bg.backward_proc.poll() is not None
     back = json.loads((tmp_path / "summary.json").read_text())["compile_parallel"]["backward_helper"]
     assert back["stopped"] and "student_backward" in back["error"]
+
+
+def test_each_node_of_a_multi_node_run_gates_on_its_own_helpers_files(tmp_path):
+    """In a shared run folder each node's helpers write their own files (`node<r>-...`), and the gates of that node's
+    ranks read those, not another node's."""
+    from types import SimpleNamespace
+
+    strategy = SimpleNamespace(barrier=lambda name=None: None, root_device=torch.device("cpu"))
+    trainer = SimpleNamespace(num_nodes=2, node_rank=1, local_rank=1, strategy=strategy)  # no helper started here
+    par = bgc.ParallelCompile(compose_cfg(["compile=true", "compile_parallel=true"]), tmp_path, 8, backward=True)
+    module = SimpleNamespace(compile_gate=None)
+    par.on_fit_start(trainer, module)
+    assert par.proc is None and par.backward_proc is None and module.compile_gate == par.wait_for
+    assert par._gate.parts.status_path == tmp_path / f"node1-{bgc.STATUS_FILE}"
+    assert par._gate.backward.status_path == tmp_path / f"node1-{bgc.BACKWARD_STATUS_FILE}"

@@ -518,7 +518,7 @@ def parallel_lines(rows: list[dict[str, Any]]) -> list[str]:
             back = par.get("helper", {}).get("backward_helper")
             if back is not None:  # compile_parallel_backward: the second helper
                 out[-1] += (" The backward's helper: " + (
-                    f"its compile took {back['backward_s']} s, inductor cache {back.get('fx_cache', '–')}"
+                    f"its compile took {back.get('backward_s', '–')} s, inductor cache {back.get('fx_cache', '–')}"
                     + (f", peak GPU memory {back['peak_GiB']} GiB" if back.get("peak_GiB") is not None else "")
                     if back.get("ok") else f"no entry ({back.get('error', 'it had not ended')})") + ".")
             if par.get("student_compiled") is False:

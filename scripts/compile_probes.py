@@ -10,7 +10,8 @@ shortcuts suggest themselves, and each is probed here on a timm ResNet in fresh 
 * `backward-helper`: a helper process compiles only the backward graph into the shared cache (its forward runs
   the traced graph uncompiled), so that the run, compiling its forward meanwhile, would load its backward from
   the cache. The backward's cache key holds the strides of the tensors the forward saves, which inductor's
-  compiled forward decides: `--lowered-strides` has the helper lower its forward (no kernels) to learn them,
+  compiled forward decides: `--lowered-strides` has the helper lower its forward (no kernels) to learn them (and
+  whether the compiled forward would turn CUDA graphs off, a flag the key holds too),
   `--compile-only` has it compile the backward with the forward call and run nothing (both together are what
   `compile_parallel_backward`'s helper does: `scfs.training.backward_helper`). The probe reports whether the run's
   backward finds the helper's entry, and if not, the first lines of inductor's cache key where the two differ.
@@ -246,6 +247,7 @@ def _child_backward(role: str, args: argparse.Namespace) -> dict[str, Any]:
     if role == "helper":
         from torch._inductor.compile_fx import compile_fx, compile_fx_inner
         from torch._inductor.output_code import MockFXGraphCacheOutput
+        from torch._inductor.utils import BoxedBool
 
         from scfs.training import backward_helper as bh
 
@@ -255,8 +257,11 @@ def _child_backward(role: str, args: argparse.Namespace) -> dict[str, Any]:
                     example_inputs = [_channels_last_if_ambiguous(t) for t in example_inputs]
                 return compile_fx_inner(gm, example_inputs, **kw)
             bh.mark_forward_device(kw, args.device)
-            if args.lowered_strides:
-                bh.report_lowered_strides(gm, example_inputs, kw)
+            if args.lowered_strides:  # the strides, and CUDA graphs off where the compiled forward turns them off
+                lowered = bh.lower_forward(gm, example_inputs, kw)
+                if kw.get("cudagraphs") and lowered is not None and bh.forward_disables_cudagraphs(lowered,
+                                                                                                   example_inputs):
+                    BoxedBool.disable(kw["cudagraphs"])
             if args.compile_only:
                 return MockFXGraphCacheOutput(bh.stop_before_running)
             return MockFXGraphCacheOutput(lambda inputs: gm(*inputs))  # the forward runs the traced graph

@@ -10,7 +10,8 @@ So the helper traces the student's call as the run does (dynamo and AOTAutograd,
 backend that
 
 * lowers the forward graph with inductor and stops before its kernels are generated, then reports the strides its
-  outputs got, as a compiled forward reports them (`report_lowered_strides`);
+  outputs got, as a compiled forward reports them (`lower_forward`), and turns CUDA graphs off where the compiled
+  forward would (`forward_disables_cudagraphs`: the flag is in the backward's key too);
 * compiles the backward graph as inductor does, at once with the forward call
   (functorch's `force_non_lazy_backward_lowering`), so its entry lands under the key the run's backward asks for;
 * stops the call instead of running it (`CompiledNotRun`), so the helper holds no activation.
@@ -40,11 +41,12 @@ def stop_before_running(inputs: Any) -> NoReturn:
     raise CompiledNotRun
 
 
-def report_lowered_strides(gm: Any, example_inputs: Any, kw: dict[str, Any]) -> None:
+def lower_forward(gm: Any, example_inputs: Any, kw: dict[str, Any]) -> Any:
     """Lower a copy of the forward graph with inductor, stop before its kernels are generated, and report the
     strides its outputs got as inductor's compiled forward reports them (`TracingContext.output_strides`):
     AOTAutograd gives the backward's saved tensors those strides, and they are part of the backward's cache key.
-    A forward already in the cache (the run wrote it first) comes back compiled, with its strides."""
+    Returns inductor's lowered graph (`GraphLowering`). A forward already in the cache (the run wrote it first)
+    comes back compiled instead, with its strides, and None is returned."""
     from torch._inductor.compile_fx import compile_fx_inner
     from torch._inductor.graph import GraphLowering
 
@@ -65,15 +67,51 @@ def report_lowered_strides(gm: Any, example_inputs: Any, kw: dict[str, Any]) -> 
     finally:
         GraphLowering.compile_to_module = original
     context = torch._guards.TracingContext.try_get()
-    if context is None or context.output_strides is None:
-        return
     if not lowered:
-        strides = getattr(cached, "output_strides", None) or []
-        context.output_strides.extend(None if st is None else tuple(int(x) for x in st) for st in strides)
-        return
-    for out in lowered[0].graph_outputs:
-        has = hasattr(out, "has_tensor_output") and out.has_tensor_output()
-        context.output_strides.append(tuple(int(x) for x in out.get_layout().stride) if has else None)
+        if context is not None and context.output_strides is not None:
+            strides = getattr(cached, "output_strides", None) or []
+            context.output_strides.extend(None if st is None else tuple(int(x) for x in st) for st in strides)
+        return None
+    if context is not None and context.output_strides is not None:
+        for out in lowered[0].graph_outputs:
+            has = hasattr(out, "has_tensor_output") and out.has_tensor_output()
+            context.output_strides.append(tuple(int(x) for x in out.get_layout().stride) if has else None)
+    return lowered[0]
+
+
+def forward_disables_cudagraphs(lowered: Any, example_inputs: Any) -> bool:
+    """Whether inductor's compiled forward would turn CUDA graphs off for this call, by the checks it makes after
+    the lowering (`fx_codegen_and_compile`, `CompiledFxGraph`): a reason found while lowering, an op CUDA graphs
+    cannot capture, nodes on the CPU or on several devices, inputs that are not tensors or whose memory overlaps.
+    The forward then switches off the CUDA-graph flag it shares with its backward, and the flag is part of the
+    backward's cache key, so the helper must switch it off too. A check this torch lacks counts as passed."""
+    from torch._inductor import config
+
+    if lowered.disable_cudagraphs_reason:
+        return True
+    if not config.graph_partition:
+        try:
+            from torch._inductor.utils import get_first_incompatible_cudagraph_node
+        except ImportError:
+            pass
+        else:
+            if get_first_incompatible_cudagraph_node(lowered.module) is not None:
+                return True
+    try:
+        from torch._inductor.cudagraph_utils import check_lowering_disable_cudagraph
+    except ImportError:
+        pass
+    else:
+        if check_lowering_disable_cudagraph(lowered.device_node_mapping):
+            return True
+    try:
+        from torch._inductor.output_code import complex_memory_overlap
+    except ImportError:
+        pass
+    else:
+        if any(complex_memory_overlap(t) for t in example_inputs if isinstance(t, torch.Tensor)):
+            return True
+    return not all(isinstance(t, (torch.Tensor, torch.SymInt, torch.Generator)) for t in example_inputs)
 
 
 def mark_forward_device(kw: dict[str, Any], device: str) -> None:
@@ -95,12 +133,16 @@ def backward_only_backend(mode: str | None, device: str) -> Callable[[Any, Any],
     stops the call before it runs (module docstring)."""
     from torch._inductor.compile_fx import compile_fx, compile_fx_inner
     from torch._inductor.output_code import MockFXGraphCacheOutput
+    from torch._inductor.utils import BoxedBool
 
     def inner(gm: Any, example_inputs: Any, **kw: Any) -> Any:
         if kw.get("is_backward"):
             return compile_fx_inner(gm, example_inputs, **kw)
         mark_forward_device(kw, device)
-        report_lowered_strides(gm, example_inputs, kw)
+        lowered = lower_forward(gm, example_inputs, kw)
+        flag = kw.get("cudagraphs")
+        if flag and lowered is not None and forward_disables_cudagraphs(lowered, example_inputs):
+            BoxedBool.disable(flag)
         return MockFXGraphCacheOutput(stop_before_running)
 
     patches = inductor_patches(mode)

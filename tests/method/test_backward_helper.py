@@ -52,19 +52,23 @@ def test_the_backward_helpers_command_line_says_backward(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_runs_student_backward_loads_the_backward_helpers_entry(tmp_path, monkeypatch):
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_the_runs_student_backward_loads_the_backward_helpers_entry(tmp_path, monkeypatch, mode):
     """What the option rests on, with inductor (C++ on the CPU) on the tiny default: the helper process, run first on
     an empty cache folder, compiles the student's backward graph without running the call; the run's own step in
     this process then compiles everything before its backward (misses only), and its backward finds exactly one
-    entry, the student's backward (the losses' backward, which no helper compiled here, misses). 2-4 minutes on 2
-    shared cores."""
+    entry, the student's backward (the losses' backward, which no helper compiled here, misses).
+    `reduce-overhead` on the CPU: the run's forward turns CUDA graphs off (CPU nodes), which the backward's key
+    records, so the helper must turn them off too (`forward_disables_cudagraphs`). 2-4 minutes each on 2 shared
+    cores."""
     import torch._dynamo
 
     from scfs.train import build
     from scfs.training.plain_step import cache_counters, make_step
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
-    cfg = compose_cfg(["compile=true", "compile_parallel=true", "compile_parallel_backward=true"])
+    cfg = compose_cfg(["compile=true", "compile_parallel=true", "compile_parallel_backward=true",
+                       f"compile_mode={mode}"])
     status_path = tmp_path / "b.json"
     proc = bgc.start_child(cfg, int(cfg.batch_size), status_path, "cpu", steps=0, backward=True)
     assert proc.wait(timeout=1500) == 0, status_path.with_suffix(".log").read_text()[-3000:]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from helpers import compose_cfg
 
 import scfs.training.background_compile as bgc
@@ -90,3 +91,23 @@ def test_the_runs_student_backward_loads_the_backward_helpers_entry(tmp_path, mo
     before = dict(marks)["student_backward"]
     assert before[0] - start[0] == 0 and before[1] - start[1] >= 3, (start, before)  # student, teacher, losses
     assert (end[0] - before[0], end[1] - before[1]) == (1, 1), (before, end)  # its entry, the losses' backward
+
+
+def test_the_helper_turns_cuda_graphs_off_where_the_compiled_forward_would():
+    """The checks inductor's compiled forward makes after its lowering, on a lowered graph's fields: CUDA graphs stay
+    on for one CUDA device and tensor inputs; a reason found while lowering, a CPU node or a non-tensor input turns
+    them off."""
+    from types import SimpleNamespace
+
+    gm = torch.fx.symbolic_trace(lambda x: x * 2)
+    node = next(iter(gm.graph.nodes))
+    cuda = {torch.device("cuda", 0): node}
+    x = torch.zeros(4)
+
+    def lowered(reason=None, devices=cuda):
+        return SimpleNamespace(disable_cudagraphs_reason=reason, module=gm, device_node_mapping=devices)
+
+    assert not bh.forward_disables_cudagraphs(lowered(), [x])
+    assert bh.forward_disables_cudagraphs(lowered(reason="incompatible op"), [x])
+    assert bh.forward_disables_cudagraphs(lowered(devices={torch.device("cpu"): node}), [x])
+    assert bh.forward_disables_cudagraphs(lowered(), [x, 3.0])

@@ -247,7 +247,6 @@ def _child_backward(role: str, args: argparse.Namespace) -> dict[str, Any]:
     if role == "helper":
         from torch._inductor.compile_fx import compile_fx, compile_fx_inner
         from torch._inductor.output_code import MockFXGraphCacheOutput
-        from torch._inductor.utils import BoxedBool
 
         from scfs.training import backward_helper as bh
 
@@ -258,10 +257,7 @@ def _child_backward(role: str, args: argparse.Namespace) -> dict[str, Any]:
                 return compile_fx_inner(gm, example_inputs, **kw)
             bh.mark_forward_device(kw, args.device)
             if args.lowered_strides:  # the strides, and CUDA graphs off where the compiled forward turns them off
-                lowered = bh.lower_forward(gm, example_inputs, kw)
-                if kw.get("cudagraphs") and lowered is not None and bh.forward_disables_cudagraphs(lowered,
-                                                                                                   example_inputs):
-                    BoxedBool.disable(kw["cudagraphs"])
+                bh.lower_forward(gm, example_inputs, kw)
             if args.compile_only:
                 return MockFXGraphCacheOutput(bh.stop_before_running)
             return MockFXGraphCacheOutput(lambda inputs: gm(*inputs))  # the forward runs the traced graph

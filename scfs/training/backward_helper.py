@@ -10,8 +10,8 @@ So the helper traces the student's call as the run does (dynamo and AOTAutograd,
 backend that
 
 * lowers the forward graph with inductor and stops before its kernels are generated, then reports the strides its
-  outputs got, as a compiled forward reports them (`lower_forward`), and turns CUDA graphs off where the compiled
-  forward would (`forward_disables_cudagraphs`: the flag is in the backward's key too);
+  outputs got, as a compiled forward reports them, and turns CUDA graphs off where the compiled forward would
+  (`lower_forward`; the flag is in the backward's key too);
 * compiles the backward graph as inductor does, at once with the forward call
   (functorch's `force_non_lazy_backward_lowering`), so its entry lands under the key the run's backward asks for;
 * stops the call instead of running it (`CompiledNotRun`), so the helper holds no activation.
@@ -42,11 +42,12 @@ def stop_before_running(inputs: Any) -> NoReturn:
 
 
 def lower_forward(gm: Any, example_inputs: Any, kw: dict[str, Any]) -> Any:
-    """Lower a copy of the forward graph with inductor, stop before its kernels are generated, and report the
-    strides its outputs got as inductor's compiled forward reports them (`TracingContext.output_strides`):
-    AOTAutograd gives the backward's saved tensors those strides, and they are part of the backward's cache key.
-    Returns inductor's lowered graph (`GraphLowering`). A forward already in the cache (the run wrote it first)
-    comes back compiled instead, with its strides, and None is returned."""
+    """Lower a copy of the forward graph with inductor, stop before its kernels are generated, and leave what the
+    backward's compile reads as inductor's compiled forward would: the strides its outputs got
+    (`TracingContext.output_strides`; AOTAutograd gives the backward's saved tensors those strides) and the CUDA-graph
+    flag it shares with the backward (`kw["cudagraphs"]`, off where `forward_disables_cudagraphs`); both are part of
+    the backward's cache key. Returns inductor's lowered graph (`GraphLowering`). A forward already in the cache (the
+    run wrote it first) comes back compiled instead, which sets both itself, and None is returned."""
     from torch._inductor.compile_fx import compile_fx_inner
     from torch._inductor.graph import GraphLowering
 
@@ -76,6 +77,11 @@ def lower_forward(gm: Any, example_inputs: Any, kw: dict[str, Any]) -> Any:
         for out in lowered[0].graph_outputs:
             has = hasattr(out, "has_tensor_output") and out.has_tensor_output()
             context.output_strides.append(tuple(int(x) for x in out.get_layout().stride) if has else None)
+    flag = kw.get("cudagraphs")
+    if flag and forward_disables_cudagraphs(lowered[0], example_inputs):
+        from torch._inductor.utils import BoxedBool
+
+        BoxedBool.disable(flag)
     return lowered[0]
 
 
@@ -133,16 +139,12 @@ def backward_only_backend(mode: str | None, device: str) -> Callable[[Any, Any],
     stops the call before it runs (module docstring)."""
     from torch._inductor.compile_fx import compile_fx, compile_fx_inner
     from torch._inductor.output_code import MockFXGraphCacheOutput
-    from torch._inductor.utils import BoxedBool
 
     def inner(gm: Any, example_inputs: Any, **kw: Any) -> Any:
         if kw.get("is_backward"):
             return compile_fx_inner(gm, example_inputs, **kw)
         mark_forward_device(kw, device)
-        lowered = lower_forward(gm, example_inputs, kw)
-        flag = kw.get("cudagraphs")
-        if flag and lowered is not None and forward_disables_cudagraphs(lowered, example_inputs):
-            BoxedBool.disable(flag)
+        lower_forward(gm, example_inputs, kw)
         return MockFXGraphCacheOutput(stop_before_running)
 
     patches = inductor_patches(mode)

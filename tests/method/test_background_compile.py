@@ -18,6 +18,9 @@ from scfs.config import ConfigError, validate_config
 from scfs.methods.base import step_losses, student_forward
 from scfs.train import build, run
 
+# what the method asks its `compile_gate` on the first step (`compile_parallel`), in the step's order
+ASKED = ["student", "teacher", "loss", "student_backward"]
+
 
 @pytest.mark.parametrize("overrides, match", [
     (["compile=false"], "compile_background=true is invalid with compile=false"),
@@ -415,10 +418,6 @@ def test_a_forward_under_discard_saved_tensors_keeps_none_for_its_backward():
         assert y.requires_grad and not packed
         torch.tanh(torch.randn(8, 64) @ w)
     assert packed  # outside it the same forward saves its tensors
-
-
-# what the method asks its `compile_gate` on the first step, in the step's order
-ASKED = ["student", "teacher", "loss", "student_backward"]
 
 
 def _parallel_run(monkeypatch, tmp_path, shapes_root, command, extra=(), begun=False):

@@ -199,10 +199,8 @@ def helper_process(model: Any, cfg: Any, device: str) -> Any:
             def ended(key: str) -> Callable[[], bool]:
                 return lambda: key in procs and procs[key].poll() is not None
 
-            parts = bgc.PartGate(status_path, ended("parts"), 900.0, status_path.with_suffix(".log"))
-            back = bgc.PartGate(backward_path, ended("backward"), 900.0, backward_path.with_suffix(".log"),
-                                parts=(bgc.BACKWARD_PART,)) if backward else None
-            gate = bgc.HelperGates(parts, back)
+            gate = bgc.HelperGates.for_helpers(status_path, ended("parts"), backward_path if backward else None,
+                                               ended("backward"), 900.0)
             if backward:
                 procs["backward"] = bgc.start_child(cfg, int(cfg.batch_size), backward_path, device, steps=0,
                                                     backward=True)
@@ -210,8 +208,7 @@ def helper_process(model: Any, cfg: Any, device: str) -> Any:
             model.compile_gate = gate
 
             def stop_if_behind() -> bool:
-                stopped = bgc.stop_helper_if_behind(procs["parts"], parts)
-                return (bgc.stop_helper_if_behind(procs["backward"], back) if back is not None else False) or stopped
+                return any(gate.stop_behind(procs["parts"], procs.get("backward")))
 
             status: dict[str, Any] = {}
             try:

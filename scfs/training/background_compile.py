@@ -355,6 +355,23 @@ class HelperGates:
         self._before_student: tuple[int, ...] | None = None
         self.student_compiled: bool | None = None  # None until known (after the student's call)
 
+    @classmethod
+    def for_helpers(cls, status_path: Path, ended: Callable[[], Any], backward_path: Path | None,
+                    backward_ended: Callable[[], Any], wait_s: float) -> HelperGates:
+        """The gates of the helpers writing beside `status_path` and, unless None, `backward_path` (each helper's
+        log beside its status file); `ended()` / `backward_ended()` say whether that helper ended."""
+        parts = PartGate(status_path, ended, wait_s, status_path.with_suffix(".log"))
+        backward = None if backward_path is None else PartGate(
+            backward_path, backward_ended, wait_s, backward_path.with_suffix(".log"), parts=(BACKWARD_PART,))
+        return cls(parts, backward)
+
+    def stop_behind(self, proc: subprocess.Popen | None,
+                    backward_proc: subprocess.Popen | None) -> tuple[bool, bool | None]:
+        """After the run's first step, `stop_helper_if_behind` for each helper: whether the parts' helper and the
+        backward's helper (None without one) were stopped."""
+        stopped = stop_helper_if_behind(proc, self.parts)
+        return stopped, None if self.backward is None else stop_helper_if_behind(backward_proc, self.backward)
+
     def __call__(self, part: str) -> None:
         if part == STUDENT:
             if self._before_student is None:
@@ -581,11 +598,9 @@ class ParallelCompile(ChildCompile):
         self.status_path = self._node_path(trainer, STATUS_FILE)
         self.backward_status_path = self._node_path(trainer, BACKWARD_STATUS_FILE)
         # the gates' clocks first, then the helpers
-        parts = PartGate(self.status_path, self._poll_child, self.wait_s, self.log_path)
-        backward = PartGate(self.backward_status_path, self._poll_backward, self.wait_s,
-                            self.backward_status_path.with_suffix(".log"), parts=(BACKWARD_PART,)) \
-            if self.backward else None
-        self._gate = HelperGates(parts, backward)
+        self._gate = HelperGates.for_helpers(self.status_path, self._poll_child,
+                                             self.backward_status_path if self.backward else None,
+                                             self._poll_backward, self.wait_s)
         if self.backward and trainer.local_rank == 0:
             device = self._device(trainer)
             self.backward_proc = start_child(self.cfg, self.batch_size, self.backward_status_path, device,
@@ -634,10 +649,10 @@ class ParallelCompile(ChildCompile):
         self.report.update(first_step_s=round(time.monotonic() - self._first_t, 1), **cache_counts(deltas=deltas))
         if self._gate is not None:
             self.report.update(self._gate.timeline())
-            self.report["helper_stopped"] = stop_helper_if_behind(self.proc, self._gate.parts)
-            if self._gate.backward is not None:
-                self.report["backward_helper_stopped"] = stop_helper_if_behind(self.backward_proc,
-                                                                               self._gate.backward)
+            stopped, backward_stopped = self._gate.stop_behind(self.proc, self.backward_proc)
+            self.report["helper_stopped"] = stopped
+            if backward_stopped is not None:
+                self.report["backward_helper_stopped"] = backward_stopped
         self._first_t = None
         log.info("compile_parallel: the first step took %.1f s, %s s of it waiting for the helpers (inductor cache "
                  "%s)%s",

@@ -82,8 +82,8 @@ COMPILE_BACKENDS = ("inductor", "cudagraphs")  # how compile=true compiles (`Sel
 
 def _refuse_conflicts(cfg: DictConfig, option: str, conflicts: list[tuple[Any, str]]) -> None:
     """With `option=true`: the first of `conflicts` (a condition, and what conflicts and how to fix it) that holds,
-    as one line."""
-    if not _get(cfg, option, False):
+    as one line. An `auto` option is not refused: it resolves to off where it does not apply."""
+    if _get(cfg, option, False) is not True:
         return
     for bad, msg in conflicts:
         if bad:
@@ -176,8 +176,10 @@ def validate_config(cfg: DictConfig) -> None:
     _check(cfg, "compile_artifacts", lambda v: v is None or (isinstance(v, str) and v.strip() != ""),
            "null or a file path", required=False)
     _check(cfg, "compile_background", lambda v: isinstance(v, bool), "true or false", required=False)
-    _check(cfg, "compile_parallel", lambda v: isinstance(v, bool), "true or false", required=False)
-    _check(cfg, "compile_parallel_backward", lambda v: isinstance(v, bool), "true or false", required=False)
+    _check(cfg, "compile_parallel", lambda v: isinstance(v, bool) or v == "auto", "true, false or auto",
+           required=False)
+    _check(cfg, "compile_parallel_backward", lambda v: isinstance(v, bool) or v == "auto", "true, false or auto",
+           required=False)
     backend = _get(cfg, "compile_backend", "inductor")
     no_group = "has no process group, so its graphs (plain BatchNorm) are not the run's; set sync_bn=false"
     _refuse_conflicts(cfg, "compile_background", [
@@ -197,8 +199,9 @@ def validate_config(cfg: DictConfig) -> None:
          "model scope; set compile_scope=model"),
         (_get(cfg, "sync_bn", False), f"sync_bn=true: the helper process {no_group}")])
     _refuse_conflicts(cfg, "compile_parallel_backward", [
-        (not _get(cfg, "compile_parallel", False), "compile_parallel=false: the backward's helper works beside "
-                                                   "compile_parallel's; set compile_parallel=true")])
+        (_get(cfg, "compile_parallel", False) is False,
+         "compile_parallel=false: the backward's helper works beside compile_parallel's; set compile_parallel=true "
+         "or auto")])
     inductor = _get(cfg, "compile_inductor", None)
     if inductor is not None:
         from scfs import inductor_options

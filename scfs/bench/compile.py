@@ -146,6 +146,7 @@ def measure(cfg: Any, device: str, first: int, steady: int, artifacts_in: str | 
     import torch
 
     from scfs.train import build
+    from scfs.training.background_compile import parallel_helpers
     from scfs.training.plain_step import make_step
 
     loaded = None
@@ -160,7 +161,7 @@ def measure(cfg: Any, device: str, first: int, steady: int, artifacts_in: str | 
     step = make_step(model, cfg, device, model.configure_optimizers())
     if cfg.get("compile_background", False):
         row = {**measure_background(model, cfg, device, step, first, steady), "loaded_artifacts": loaded}
-    elif cfg.get("compile_parallel", False):
+    elif parallel_helpers(cfg, device.startswith("cuda"))[0]:
         with helper_process(model, cfg, device) as (gate, helper_status, stop_if_behind):
             stopped: list[bool] = []  # as the run's callback does after its first step
             row = measure_steps(model, device, step, first, steady, loaded,
@@ -188,7 +189,7 @@ def helper_process(model: Any, cfg: Any, device: str) -> Any:
 
     from scfs.training import background_compile as bgc
 
-    backward = bool(cfg.get("compile_parallel_backward", False))
+    backward = bgc.parallel_helpers(cfg, device.startswith("cuda"))[1]
 
     @contextlib.contextmanager
     def run() -> Any:
@@ -369,6 +370,11 @@ def run_row(args: argparse.Namespace, recipe: str, row: str, cache_dir: Path, sc
     row_ov += ["compile_background=true"] if background else []
     row_ov += ["compile_parallel=true"] if parallel else []
     row_ov += list(extra)
+    # each row says whether it starts the helpers, where nothing else does: the recipes' `auto` would start them
+    # on a GPU machine
+    given = [*(args.override or []), *row_ov]
+    row_ov += [f"{key}=false" for key in ("compile_parallel", "compile_parallel_backward")
+               if not any(o.startswith(f"{key}=") for o in given)]
     for o in [*(args.override or []), *row_ov]:
         cmd += ["--override", o]
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir)}

@@ -60,6 +60,42 @@ STUDENT = "student"
 CHECK_EVERY = 10  # steps between the checks for the child's end (each one small collective under DDP)
 
 
+AUTO_MIN_CORES = 8  # `auto` starts the helpers only with this many CPU cores: they compile beside the run
+
+
+def cpu_cores() -> int:
+    """The CPU cores this process may run on (its affinity where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def auto_parallel_off_reason(cfg: DictConfig, cuda: bool, cores: int) -> str | None:
+    """Why `compile_parallel=auto` leaves the helpers off for `cfg` (None: it turns them on). They pay off where
+    the run compiles its step with inductor as one model-scope graph per call, on a CUDA GPU whose host has cores to
+    spare for two more compiling processes; elsewhere `auto` keeps today's single-process compile."""
+    backend = cfg.get("compile_backend", "inductor")
+    reasons = [(not cfg.get("compile", False), "compile=false"),
+               (backend != "inductor", f"compile_backend={backend}"),
+               (cfg.get("compile_scope", "model") != "model", f"compile_scope={cfg.get('compile_scope')}"),
+               (bool(cfg.get("compile_background", False)), "compile_background=true"),
+               (bool(cfg.get("sync_bn", False)), "sync_bn=true"),
+               (not cuda, "no CUDA device"),
+               (cores < AUTO_MIN_CORES, f"{cores} CPU cores (it needs {AUTO_MIN_CORES})")]
+    return next((why for off, why in reasons if off), None)
+
+
+def parallel_helpers(cfg: DictConfig, cuda: bool, cores: int | None = None) -> tuple[bool, bool]:
+    """Whether a run of `cfg` starts `compile_parallel`'s helper and `compile_parallel_backward`'s, `auto`
+    resolved: `compile_parallel=auto` is on where `auto_parallel_off_reason` finds nothing against it, and
+    `compile_parallel_backward=auto` follows `compile_parallel`. `cores` defaults to this process's CPUs."""
+    parallel = cfg.get("compile_parallel", False)
+    if parallel == "auto":
+        parallel = auto_parallel_off_reason(cfg, cuda, cpu_cores() if cores is None else cores) is None
+    if parallel is not True or not cfg.get("compile", False):
+        return False, False
+    backward = cfg.get("compile_parallel_backward", False)
+    return True, backward is True or backward == "auto"
+
+
 # ---- the child process ------------------------------------------------------------------------------------------
 def child_config(cfg: DictConfig, batch_size: int) -> DictConfig:
     """The run's config as the child builds it: resolved, this process's batch size, compiled from the start."""

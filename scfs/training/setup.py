@@ -130,6 +130,20 @@ def eval_device(cfg: DictConfig) -> Any:
 
 
 # ---- callbacks and Trainer ---------------------------------------------------------------------------------------
+def parallel_compile_callbacks(cfg: DictConfig, run_dir: Path, batch_size: int) -> list[Any]:
+    """`compile_parallel`'s callback, `auto` resolved for this machine (`parallel_helpers`); an `auto` left off
+    says why in one line."""
+    from scfs.training.background_compile import ParallelCompile, auto_parallel_off_reason, cpu_cores, parallel_helpers
+
+    cuda = eval_device(cfg).type == "cuda"
+    parallel, backward = parallel_helpers(cfg, cuda)
+    if not parallel:
+        log.info("compile_parallel=auto: off here (%s); the run compiles its step alone",
+                 auto_parallel_off_reason(cfg, cuda, cpu_cores()))
+        return []
+    return [ParallelCompile(cfg, run_dir, batch_size=batch_size, backward=backward)]
+
+
 def make_callbacks(cfg: DictConfig, dm: Any, run_dir: Path) -> tuple[list[Any], Any, Any]:
     """The run's callbacks, with its `LastCheckpoint` (the newest resume point, named in failure messages) and
     its `WallClockBudget` (None without `chunk_minutes`; the summary says whether it stopped the run)."""
@@ -161,11 +175,8 @@ def make_callbacks(cfg: DictConfig, dm: Any, run_dir: Path) -> tuple[list[Any], 
         from scfs.training.background_compile import BackgroundCompile
 
         callbacks.append(BackgroundCompile(cfg, run_dir, batch_size=dm.batch_size))
-    elif cfg.get("compile", False) and cfg.get("compile_parallel", False):
-        from scfs.training.background_compile import ParallelCompile
-
-        callbacks.append(ParallelCompile(cfg, run_dir, batch_size=dm.batch_size,
-                                         backward=bool(cfg.get("compile_parallel_backward", False))))
+    elif cfg.get("compile", False) and cfg.get("compile_parallel", False) is not False:
+        callbacks += parallel_compile_callbacks(cfg, run_dir, dm.batch_size)
     if cfg.get("compile", False) and cfg.get("compile_artifacts"):
         from scfs.training.compile_artifacts import CompileArtifacts
 

@@ -320,3 +320,30 @@ def test_a_table_row_gives_each_timed_column_as_the_median_over_the_repeats():
     assert two["first_s_all"] == [92.85, 88.19] and two["phases"] == "b"  # the lower median's own phases
     three = bench.median_row(rows)
     assert (three["first_s"], three["lost_s"], three["step_ms"], three["phases"]) == (90.0, 89.0, 32.25, "c")
+
+
+@pytest.mark.parametrize("parallel, extra, user, expected", [
+    (False, (), [], ["compile_parallel=false", "compile_parallel_backward=false"]),
+    (True, (), [], ["compile_parallel=true", "compile_parallel_backward=false"]),
+    (True, bench.BACKWARD, [], ["compile_parallel=true", "compile_parallel_backward=true"]),
+    (False, (), ["compile_parallel=auto"], ["compile_parallel=auto", "compile_parallel_backward=false"]),
+], ids=["cold", "parallel", "parallel-backward", "user-says"])
+def test_each_row_says_whether_it_starts_the_helpers(monkeypatch, tmp_path, parallel, extra, user, expected):
+    """The recipes ship `compile_parallel=auto`, which starts the helpers on a GPU machine: every row names both keys
+    (unless the row or the user does), so a `cold` row stays one process and a `parallel` row starts only the helper
+    it is named for."""
+    import argparse
+    import subprocess
+
+    seen: list[list[str]] = []
+
+    def fake_run(cmd, **kw):
+        seen.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0, stdout=json.dumps({"first_s": 1.0}) + "\n", stderr="")
+
+    monkeypatch.setattr(bench.subprocess, "run", fake_run)
+    args = argparse.Namespace(device="cpu", first=1, steady=1, tiny=True, override=user)
+    bench.run_row(args, "cifar10", "row", tmp_path, "model", parallel=parallel, extra=extra)
+    (cmd,) = seen
+    given = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--override"]
+    assert [o for o in given if o.startswith("compile_parallel")] == expected

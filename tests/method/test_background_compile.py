@@ -640,3 +640,71 @@ def test_each_node_of_a_multi_node_run_gates_on_its_own_helpers_files(tmp_path):
     assert par.proc is None and par.backward_proc is None and module.compile_gate == par.wait_for
     assert par._gate.parts.status_path == tmp_path / f"node1-{bgc.STATUS_FILE}"
     assert par._gate.backward.status_path == tmp_path / f"node1-{bgc.BACKWARD_STATUS_FILE}"
+
+
+# ---- compile_parallel=auto (the GPU recipes): the helpers where they apply, off by themselves elsewhere ------------
+@pytest.mark.parametrize("overrides, cuda, cores, expected", [
+    ([], True, 16, (True, True)),
+    (["compile_parallel_backward=false"], True, 16, (True, False)),
+    ([], False, 16, (False, False)),
+    ([], True, bgc.AUTO_MIN_CORES - 1, (False, False)),
+    (["compile=false"], True, 16, (False, False)),
+    (["compile_scope=blocks"], True, 16, (False, False)),
+    (["compile_background=true"], True, 16, (False, False)),
+    (["sync_bn=true"], True, 16, (False, False)),
+    (["compile_backend=cudagraphs", "compile_mode=default"], True, 16, (False, False)),
+    (["compile_parallel=true"], False, 2, (True, True)),
+    (["compile_parallel=false"], True, 16, (False, False)),
+], ids=["gpu", "gpu-no-backward", "no-cuda", "few-cores", "eager", "blocks", "background", "sync-bn", "cudagraphs",
+        "true-anywhere", "false"])
+def test_auto_starts_the_helpers_only_where_they_apply(overrides, cuda, cores, expected):
+    cfg = compose_cfg(["compile=true", "compile_parallel=auto", "compile_parallel_backward=auto", *overrides])
+    validate_config(cfg)  # auto is never refused: it resolves to off where it does not apply
+    assert bgc.parallel_helpers(cfg, cuda, cores) == expected
+    if not any(o.startswith("compile_parallel=") for o in overrides):  # auto's own verdict
+        assert (bgc.auto_parallel_off_reason(cfg, cuda, cores) is None) == expected[0]
+
+
+def test_auto_values_are_checked_and_an_explicit_true_still_refused_in_one_line():
+    validate_config(compose_cfg(["compile=true", "compile_parallel=auto", "compile_parallel_backward=true"]))
+    for key in ("compile_parallel", "compile_parallel_backward"):
+        with pytest.raises(ConfigError, match=f"{key}='maybe' is invalid: expected true, false or auto"):
+            validate_config(compose_cfg(["compile=true", f"{key}=maybe"]))
+    with pytest.raises(ConfigError, match="compile_parallel_backward=true is invalid with compile_parallel=false.*"
+                                          "set compile_parallel=true or auto"):
+        validate_config(compose_cfg(["compile=true", "compile_parallel=false", "compile_parallel_backward=true"]))
+
+
+@pytest.mark.parametrize("recipe", ["cifar10", "imagenet"])
+def test_the_gpu_recipes_ship_auto_and_stay_eager_or_single_process_where_it_does_not_apply(recipe):
+    from helpers import CONF
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        recipe_ov = [f"+experiment={recipe}", "data=shapes"]  # data the test machine has
+        cfg = compose(config_name="config", overrides=recipe_ov)
+        eager = compose(config_name="config", overrides=[*recipe_ov, "compile=false"])
+        ddp = compose(config_name="config", overrides=[*recipe_ov, "trainer=ddp", "sync_bn=true"])
+    assert (cfg.compile_parallel, cfg.compile_parallel_backward) == ("auto", "auto")
+    assert bgc.parallel_helpers(cfg, cuda=True, cores=16) == (True, True)
+    validate_config(eager)  # "compile=false for eager", as the recipes say, needs no third key
+    for other in (eager, ddp):
+        assert bgc.parallel_helpers(other, cuda=True, cores=16) == (False, False)
+
+
+def test_the_run_resolves_auto_for_its_machine_and_says_why_it_left_the_helpers_off(tmp_path, monkeypatch, caplog):
+    from scfs.training import setup
+
+    cfg = compose_cfg(["compile=true", "compile_parallel=auto", "compile_parallel_backward=auto"])
+    caplog.set_level(logging.INFO, logger="scfs.train")
+    monkeypatch.setattr(setup, "eval_device", lambda cfg: torch.device("cpu"))
+    assert setup.parallel_compile_callbacks(cfg, tmp_path, 8) == []
+    assert any(r.getMessage() == "compile_parallel=auto: off here (no CUDA device); the run compiles its step alone"
+               for r in caplog.records), [r.getMessage() for r in caplog.records]
+    monkeypatch.setattr(setup, "eval_device", lambda cfg: torch.device("cuda", 0))
+    monkeypatch.setattr(bgc, "cpu_cores", lambda: 16)
+    (cb,) = setup.parallel_compile_callbacks(cfg, tmp_path, 8)
+    assert isinstance(cb, bgc.ParallelCompile) and cb.backward and cb.batch_size == 8
+    monkeypatch.setattr(bgc, "cpu_cores", lambda: 4)
+    assert setup.parallel_compile_callbacks(cfg, tmp_path, 8) == []
+    assert "compile_parallel=auto: off here (4 CPU cores (it needs 8))" in caplog.text

@@ -9,7 +9,9 @@ loss against its uniform level, the checkpoint and the W&B run folder.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,14 +52,14 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     t0 = time.time()
     resume = prepare_resume(cfg)
     run_dir = make_run_dir(cfg, run_dir)
-    with hold_run_folder(run_dir):
+    with hold_run_folder(run_dir), early_compile_helpers(cfg, run_dir) as early:
         dm, model = build_for_training(cfg, resume)
         summary = start_summary(cfg, run_dir)
         bank, query = dm.knn_loaders()
         if cfg.eval.knn_at_start:
             summary["knn_init"] = teacher_knn(model, bank, query, list(cfg.eval.knn_k), cfg)
         logger = start_logger(cfg, run_dir)
-        callbacks, last, budget = make_callbacks(cfg, dm, run_dir)
+        callbacks, last, budget = make_callbacks(cfg, dm, run_dir, early)
         trainer = make_trainer(cfg, run_dir, logger, callbacks)
         fit(cfg, trainer, model, dm, resume, last, budget)
         if trainer.is_global_zero:
@@ -68,6 +70,21 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
                 CompileArtifacts(str(cfg.compile_artifacts)).save()
         finish_logger(logger)
         return summary
+
+
+@contextlib.contextmanager
+def early_compile_helpers(cfg: DictConfig, run_dir: Path) -> Iterator[Any]:
+    """`compile_parallel`'s helpers started now, before the run's imports of torch and Lightning and its set-up,
+    so that their own start-up runs beside it (`scfs.training.compile_helpers.start_early_helpers`; None where
+    the run starts none early); stopped when the run ends, however it ends."""
+    from scfs.training.compile_helpers import start_early_helpers
+
+    early = start_early_helpers(cfg, run_dir)
+    try:
+        yield early
+    finally:
+        if early is not None:
+            early.stop()
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")

@@ -131,7 +131,7 @@ def run_cudnn_benchmark(cfg: Any, device: str) -> bool:
 
 
 def measure(cfg: Any, device: str, first: int, steady: int, artifacts_in: str | None,
-            artifacts_out: str | None) -> dict[str, Any]:
+            artifacts_out: str | None, early: Any = None) -> dict[str, Any]:
     """One row, in this process: build, load `artifacts_in`, time the first and the steady steps, save
     `artifacts_out`.
 
@@ -146,7 +146,7 @@ def measure(cfg: Any, device: str, first: int, steady: int, artifacts_in: str | 
     import torch
 
     from scfs.train import build
-    from scfs.training.background_compile import parallel_helpers
+    from scfs.training.compile_helpers import parallel_helpers
     from scfs.training.plain_step import make_step
 
     loaded = None
@@ -162,7 +162,7 @@ def measure(cfg: Any, device: str, first: int, steady: int, artifacts_in: str | 
     if cfg.get("compile_background", False):
         row = {**measure_background(model, cfg, device, step, first, steady), "loaded_artifacts": loaded}
     elif parallel_helpers(cfg, device.startswith("cuda"))[0]:
-        with helper_process(model, cfg, device) as (gate, helper_status, stop_if_behind):
+        with helper_process(model, cfg, device, early) as (gate, helper_status, stop_if_behind):
             stopped: list[bool] = []  # as the run's callback does after its first step
             row = measure_steps(model, device, step, first, steady, loaded,
                                 after_first=lambda: stopped.append(stop_if_behind()))
@@ -179,22 +179,27 @@ def measure(cfg: Any, device: str, first: int, steady: int, artifacts_in: str | 
     return row
 
 
-def helper_process(model: Any, cfg: Any, device: str) -> Any:
+def helper_process(model: Any, cfg: Any, device: str, early: Any = None) -> Any:
     """`compile_parallel`'s helper children for a row (with `compile_parallel_backward`, the backward's helper too):
-    started, the method's `compile_gate` waiting for their parts, stopped after the row. Yields the gate (it keeps
-    the first step's timeline: `HelperGates`), a dict that holds the helpers' statuses (their cache counts, their
-    peak GPU memory; the backward's under `backward_helper`) once the row ends ({} for one that had not ended), and
-    `stop_if_behind()` for the end of the first steps (`stop_helper_if_behind`, as the run does)."""
+    started (or, `early`, the ones `child` started at the process's start as `scfs.train` does, given the go),
+    the method's `compile_gate` waiting for their parts, stopped after the row. Yields the gate (it keeps the first
+    step's timeline: `HelperGates`), a dict that holds the helpers' statuses (their cache counts, their peak GPU
+    memory; the backward's under `backward_helper`; `early_s`, the seconds from their start to the go) once the
+    row ends ({} for one that had not ended), and `stop_if_behind()` for the end of the first steps
+    (`stop_helper_if_behind`, as the run does)."""
     import contextlib
 
     from scfs.training import background_compile as bgc
+    from scfs.training.compile_helpers import parallel_helpers
 
-    backward = bgc.parallel_helpers(cfg, device.startswith("cuda"))[1]
+    backward = parallel_helpers(cfg, device.startswith("cuda"))[1]
 
     @contextlib.contextmanager
     def run() -> Any:
         with tempfile.TemporaryDirectory(prefix="scfs-helper-") as tmp:
             status_path, backward_path = Path(tmp) / "status.json", Path(tmp) / "backward.json"
+            if early is not None:
+                status_path, backward_path = early.paths["parts"], early.paths.get("backward", backward_path)
             procs: dict[str, Any] = {}  # the gates' clocks start before the helpers do
 
             def ended(key: str) -> Callable[[], bool]:
@@ -202,10 +207,16 @@ def helper_process(model: Any, cfg: Any, device: str) -> Any:
 
             gate = bgc.HelperGates.for_helpers(status_path, ended("parts"), backward_path if backward else None,
                                                ended("backward"), 900.0)
-            if backward:
-                procs["backward"] = bgc.start_child(cfg, int(cfg.batch_size), backward_path, device, steps=0,
-                                                    backward=True)
-            procs["parts"] = bgc.start_child(cfg, int(cfg.batch_size), status_path, device, steps=1, helper=True)
+            early_s = None
+            if early is not None:
+                early_s = round(early.go(cfg, int(cfg.batch_size), bgc.key_settings()), 2)
+                procs.update(early.procs)
+            else:
+                if backward:
+                    procs["backward"] = bgc.start_child(cfg, int(cfg.batch_size), backward_path, device, steps=0,
+                                                        backward=True)
+                procs["parts"] = bgc.start_child(cfg, int(cfg.batch_size), status_path, device, steps=1,
+                                                 helper=True)
             model.compile_gate = gate
 
             def stop_if_behind() -> bool:
@@ -221,6 +232,8 @@ def helper_process(model: Any, cfg: Any, device: str) -> Any:
                 status.update(bgc.read_status(status_path) or {})
                 if backward:
                     status["backward_helper"] = bgc.read_status(backward_path) or {}
+                if early_s is not None:
+                    status["early_s"] = early_s
 
     return run()
 
@@ -337,11 +350,20 @@ def compile_phase_seconds() -> dict[str, float]:
 def child(args: argparse.Namespace) -> int:
     """`--child`: one row in this (fresh) process; its JSON as the last line of stdout."""
     cfg = compose(args.recipe[0], args.device, args.tiny, args.scope, not args.eager, list(args.override or []))
-    if args.device == "cpu":
-        import torch
+    with tempfile.TemporaryDirectory(prefix="scfs-early-") as tmp:
+        from scfs.training.compile_helpers import start_early_helpers
 
-        torch.set_num_threads(int(os.environ.get("SCFS_THREADS", torch.get_num_threads())))
-    row = measure(cfg, args.device, args.first, args.steady, args.artifacts_in, args.artifacts_out)
+        # a GPU row's helpers start here, before this process imports torch, as `scfs.train` starts a run's
+        early = start_early_helpers(cfg, Path(tmp), int(cfg.batch_size)) if args.device.startswith("cuda") else None
+        try:
+            if args.device == "cpu":
+                import torch
+
+                torch.set_num_threads(int(os.environ.get("SCFS_THREADS", torch.get_num_threads())))
+            row = measure(cfg, args.device, args.first, args.steady, args.artifacts_in, args.artifacts_out, early)
+        finally:
+            if early is not None:
+                early.stop()
     print(json.dumps(row), flush=True)
     return 0
 
@@ -518,6 +540,8 @@ def parallel_lines(rows: list[dict[str, Any]]) -> list[str]:
             if par.get("helper", {}).get("peak_GiB") is not None:
                 out[-1] += (f" The helper's peak GPU memory: {par['helper']['peak_GiB']} GiB (the run's: "
                             f"{r.get('peak_GiB', '–')} GiB).")
+            if par.get("helper", {}).get("early_s") is not None:
+                out[-1] += " " + early_sentence(par["helper"])
             back = par.get("helper", {}).get("backward_helper")
             if back is not None:  # compile_parallel_backward: the second helper
                 out[-1] += (" The backward's helper: " + (
@@ -532,6 +556,16 @@ def parallel_lines(rows: list[dict[str, Any]]) -> list[str]:
             if par.get("helper_stopped"):
                 out[-1] += " The helper, behind the run, was stopped after the first steps."
     return out
+
+
+def early_sentence(helper: dict[str, Any]) -> str:
+    """What the helpers started at the process's start did before the go (`helper_process` with `early`)."""
+    ready = [f"{name} {h['early']['ready_s']} s" for name, h in (("the first", helper),
+                                                                  ("the backward's", helper.get("backward_helper")))
+             if h and (h.get("early") or {}).get("ready_s") is not None]
+    return (f"The helpers were started at the process's start, {helper['early_s']} s before the first step (as "
+            "`scfs.train` starts them, before its set-up)" + (f"; their model was built after {', '.join(ready)}"
+                                                              if ready else "") + ".")
 
 
 def background_table(rows: list[dict[str, Any]]) -> list[str]:

@@ -46,71 +46,35 @@ import lightning as L
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from scfs.training.compile_helpers import (
+    BACKWARD_PART,
+    BACKWARD_STATUS_FILE,
+    PARTS,
+    SPAWNED_AT_ENV,
+    STATUS_FILE,
+    STUDENT,
+    EarlyHelpers,
+    go_path,
+    helper_command,
+    launch,
+    part_path,
+    read_status,
+    started_path,
+    stop_child,
+    write_status,
+)
 from scfs.training.plain_step import cache_counters, cache_counts, cache_deltas, make_step, make_views
 
 log = logging.getLogger("scfs.train")
 
-STATUS_FILE = "background_compile.json"
-PARTS = ("teacher", "loss")  # what a `compile_parallel` helper compiles, in the order the step calls them
-# `compile_parallel_backward`: the second helper's part, its status file, and the method's gate before the student's
-# call (`HelperGates`: whether the run compiled the student's forward, and so will compile its backward)
-BACKWARD_PART = "student_backward"
-BACKWARD_STATUS_FILE = "background_compile_backward.json"
-STUDENT = "student"
 CHECK_EVERY = 10  # steps between the checks for the child's end (each one small collective under DDP)
 
 
-AUTO_MIN_CORES = 8  # `auto` starts the helpers only with this many CPU cores: they compile beside the run
-
-
-def cpu_cores() -> int:
-    """The CPU cores this process may run on (its affinity where the OS has one)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-def auto_parallel_off_reason(cfg: DictConfig, cuda: bool, cores: int) -> str | None:
-    """Why `compile_parallel=auto` leaves the helpers off for `cfg` (None: it turns them on). They pay off where
-    the run compiles its step with inductor as one model-scope graph per call, on a CUDA GPU whose host has cores to
-    spare for two more compiling processes; elsewhere `auto` keeps today's single-process compile."""
-    backend = cfg.get("compile_backend", "inductor")
-    reasons = [(not cfg.get("compile", False), "compile=false"),
-               (backend != "inductor", f"compile_backend={backend}"),
-               (cfg.get("compile_scope", "model") != "model", f"compile_scope={cfg.get('compile_scope')}"),
-               (bool(cfg.get("compile_background", False)), "compile_background=true"),
-               (bool(cfg.get("sync_bn", False)), "sync_bn=true"),
-               (not cuda, "no CUDA device"),
-               (cores < AUTO_MIN_CORES, f"{cores} CPU cores (it needs {AUTO_MIN_CORES})")]
-    return next((why for off, why in reasons if off), None)
-
-
-def parallel_helpers(cfg: DictConfig, cuda: bool, cores: int | None = None) -> tuple[bool, bool]:
-    """Whether a run of `cfg` starts `compile_parallel`'s helper and `compile_parallel_backward`'s, `auto`
-    resolved: `compile_parallel=auto` is on where `auto_parallel_off_reason` finds nothing against it, and
-    `compile_parallel_backward=auto` follows `compile_parallel`. `cores` defaults to this process's CPUs."""
-    parallel = cfg.get("compile_parallel", False)
-    if parallel == "auto":
-        parallel = auto_parallel_off_reason(cfg, cuda, cpu_cores() if cores is None else cores) is None
-    if parallel is not True or not cfg.get("compile", False):
-        return False, False
-    backward = cfg.get("compile_parallel_backward", False)
-    return True, backward is True or backward == "auto"
-
-
 # ---- the child process ------------------------------------------------------------------------------------------
-def child_config(cfg: DictConfig, batch_size: int) -> DictConfig:
-    """The run's config as the child builds it: resolved, this process's batch size, compiled from the start."""
-    c = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
-    c.batch_size, c.global_batch_size = int(batch_size), None
-    c.compile, c.compile_background, c.compile_parallel, c.compile_artifacts = True, False, False, None
-    c.compile_parallel_backward = False
-    return c
-
-
 def child_command(cfg_path: Path, status_path: Path, device: str, steps: int = 2, helper: bool = False,
                   backward: bool = False) -> list[str]:
     """The child's command line (this module as a script), with this process's `key_settings`."""
-    return [sys.executable, "-m", "scfs.training.background_compile", str(cfg_path), str(status_path), "--device",
-            device, "--steps", str(steps), *(["--helper"] if helper else []), *(["--backward"] if backward else []),
+    return [*helper_command(cfg_path, status_path, device, steps, helper, backward),
             "--settings", json.dumps(key_settings())]
 
 
@@ -147,67 +111,12 @@ def apply_key_settings(settings: dict[str, Any]) -> None:
                                            warn_only=bool(settings.get("deterministic_warn_only", False)))
 
 
-def child_env() -> dict[str, str]:
-    """The child's environment: this process's (the compile cache folder, the device settings), this package
-    importable from wherever the run was started, output unbuffered into its log."""
-    import scfs
-
-    root = str(Path(scfs.__file__).resolve().parents[1])
-    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
-    return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
-
-
 def start_child(cfg: DictConfig, batch_size: int, status_path: Path, device: str, steps: int = 2,
                 helper: bool = False, command: list[str] | None = None, backward: bool = False) -> subprocess.Popen:
-    """The child on `device`, its status files of an earlier run removed first: the run's config beside its status
-    file (`.yaml`), its output there too (`.log`). `command` replaces its command line (`child_command`)."""
-    for path in (status_path, *(f(status_path, part) for part in (*PARTS, BACKWARD_PART)
-                                for f in (part_path, started_path))):
-        path.unlink(missing_ok=True)
+    """The child on `device` (`launch`). `command` replaces its command line (`child_command`)."""
     cfg_path = status_path.with_suffix(".yaml")
-    OmegaConf.save(child_config(cfg, batch_size), cfg_path)
-    with open(status_path.with_suffix(".log"), "w") as logf:  # the child keeps its own handle
-        return subprocess.Popen(command or child_command(cfg_path, status_path, device, steps, helper, backward),
-                                stdout=logf, stderr=subprocess.STDOUT, env=child_env())
-
-
-def stop_child(proc: subprocess.Popen | None, grace_s: float = 0.0) -> None:
-    """End a child still running: after `grace_s` seconds to end by itself, terminated, then killed."""
-    if proc is None or proc.poll() is not None:
-        return
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=grace_s)
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def write_status(path: Path, status: dict[str, Any]) -> None:
-    """The status file, whole or not at all (the ranks poll for it)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(status))
-    os.replace(tmp, path)
-
-
-def read_status(path: Path) -> dict[str, Any] | None:
-    """A status file written by `write_status`; None while there is none."""
-    with contextlib.suppress(FileNotFoundError):
-        return json.loads(path.read_text())
-    return None
-
-
-def part_path(status_path: Path, part: str) -> Path:
-    """The file that says a helper child has compiled `part` ("teacher", "loss")."""
-    return status_path.with_suffix(f".{part}")
-
-
-def started_path(status_path: Path, part: str) -> Path:
-    """The file that says a helper child has begun `part` (its call is being compiled or built)."""
-    return status_path.with_suffix(f".{part}-started")
+    return launch(cfg, batch_size, status_path,
+                  command or child_command(cfg_path, status_path, device, steps, helper, backward))
 
 
 def part_marker(path_of: Callable[[Path, str], Path], status_path: Path,
@@ -223,7 +132,7 @@ def part_marker(path_of: Callable[[Path, str], Path], status_path: Path,
 
 
 def compile_in_child(cfg_path: Path, status_path: Path, device: str, steps: int,
-                     helper: bool = False, backward: bool = False) -> dict[str, Any]:
+                     helper: bool = False, backward: bool = False, wait_go: bool = False) -> dict[str, Any]:
     """Build the run's method from `cfg_path`, compiled, and run `steps` steps on `device`: every graph of the
     step lands in the cache folder this process inherited (TORCHINDUCTOR_CACHE_DIR). Writes the status file (with
     the `key_settings` it compiled under).
@@ -231,8 +140,12 @@ def compile_in_child(cfg_path: Path, status_path: Path, device: str, steps: int,
     the losses, and says when each is done (`part_path`) while the run compiles the student's.
     `backward` (`compile_parallel_backward`): no step at all; this process compiles the backward graph of the
     student's call only (`scfs.training.backward_helper`), and says when it begins and when it is written
-    (`BACKWARD_PART`)."""
+    (`BACKWARD_PART`).
+    `wait_go` (started early, `scfs.training.compile_helpers.start_early_helpers`): build the model, then wait for
+    the run's go (`wait_for_go`) and compile under the settings and the final config it names; the status says
+    when the model was ready and when the go came (`early`)."""
     t0 = time.perf_counter()
+    early: dict[str, Any] = {}
     try:
         from scfs.training.build import build
 
@@ -242,21 +155,59 @@ def compile_in_child(cfg_path: Path, status_path: Path, device: str, steps: int,
         torch.manual_seed(int(cfg.seed))
         _, model = build(cfg)
         model = model.to(device).train()
+        if wait_go:
+            early["ready_s"] = since_spawn()
+            go = wait_for_go(status_path)
+            early["go_s"] = since_spawn()
+            if go is None:
+                raise RuntimeError("the run ended before it gave the go")
+            apply_key_settings(go.get("settings") or {})
+            final = OmegaConf.load(go["config"])
+            early["rebuilt"] = OmegaConf.to_container(final) != OmegaConf.to_container(cfg)
+            if early["rebuilt"]:  # the run's set-up changed the config the helper was started with
+                cfg = final
+                torch.manual_seed(int(cfg.seed))
+                _, model = build(cfg)
+                model = model.to(device).train()
+            t0 = time.perf_counter()
         if backward:
             status = _compile_backward_only(model, cfg, device, status_path)
         else:
             status = _run_steps(model, cfg, device, steps, helper, status_path)
         status = {"ok": True, "seconds": round(time.perf_counter() - t0, 1), **status, **cache_counts(),
-                  "settings": key_settings()}
+                  "settings": key_settings(), **({"early": early} if early else {})}
         if device.startswith("cuda"):  # what the child took of the run's GPU
             status["peak_GiB"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
     except Exception as err:  # reported to the run, which then compiles in-process
         status = {"ok": False, "seconds": round(time.perf_counter() - t0, 1),
                   "error": f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:300],
-                  "settings": key_settings()}
+                  "settings": key_settings(), **({"early": early} if early else {})}
         log.exception("background compile failed")
     write_status(status_path, status)
     return status
+
+
+GO_TIMEOUT_S = 24 * 3600.0  # an early helper's longest wait for the go (the run's set-up: data, kNN at init)
+
+
+def since_spawn() -> float | None:
+    """Seconds since the run started this process (`SPAWNED_AT_ENV`); None when it was started otherwise."""
+    spawned = os.environ.get(SPAWNED_AT_ENV)
+    return round(time.time() - float(spawned), 2) if spawned else None
+
+
+def wait_for_go(status_path: Path, timeout_s: float = GO_TIMEOUT_S, poll_s: float = 0.02) -> dict[str, Any] | None:
+    """The run's go (`go_path`), or None once the process that started this one is gone (the run ended or was
+    killed before fit: its helpers must not outlive it) or `timeout_s` passed."""
+    parent, t0 = os.getppid(), time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        go = read_status(go_path(status_path))
+        if go is not None:
+            return go
+        if os.getppid() != parent:
+            return None
+        time.sleep(poll_s)
+    return None
 
 
 def _run_steps(model: Any, cfg: DictConfig, device: str, steps: int, helper: bool,
@@ -302,13 +253,18 @@ def main(argv: list[str] | None = None) -> int:
                    "(compile_parallel_backward)")
     p.add_argument("--settings", default=None, help="the run's process-wide settings that are part of the cache "
                    "keys, as JSON (key_settings)")
+    p.add_argument("--wait-go", action="store_true", help="build the model, then wait for the run's go file with "
+                   "its settings and final config (started before the run's set-up)")
     args = p.parse_args(argv)
     if args.settings:
         apply_key_settings(json.loads(args.settings))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    with contextlib.suppress(OSError):
-        os.nice(5)  # the training process keeps the host first: its eager steps are host-bound too
-    status = compile_in_child(args.config, args.status, args.device, args.steps, args.helper, args.backward)
+    if not (args.helper or args.backward):
+        with contextlib.suppress(OSError):
+            os.nice(5)  # compile_background: the training process keeps the host first, its eager steps are
+            # host-bound too; a compile_parallel helper's compile is on the first step's path, as the run's is
+    status = compile_in_child(args.config, args.status, args.device, args.steps, args.helper, args.backward,
+                              args.wait_go)
     return 0 if status["ok"] else 1
 
 
@@ -614,11 +570,12 @@ class ParallelCompile(ChildCompile):
                        "while this one compiles the student's")
 
     def __init__(self, cfg: DictConfig, run_dir: Path, batch_size: int, steps: int = 1,
-                 wait_s: float = 900.0, backward: bool = False) -> None:
+                 wait_s: float = 900.0, backward: bool = False, early: EarlyHelpers | None = None) -> None:
         # one step writes both parts; a second would only take GPU time from the run
         super().__init__(cfg, run_dir, batch_size, steps)
         self.wait_s = float(wait_s)
         self.backward = bool(backward)
+        self.early = early  # helpers `scfs.train` started before its set-up, waiting for the go
         self.backward_status_path = self.run_dir / BACKWARD_STATUS_FILE
         self.backward_proc: subprocess.Popen | None = None
         self._first_t: float | None = None
@@ -637,16 +594,39 @@ class ParallelCompile(ChildCompile):
         self._gate = HelperGates.for_helpers(self.status_path, self._poll_child,
                                              self.backward_status_path if self.backward else None,
                                              self._poll_backward, self.wait_s)
-        if self.backward and trainer.local_rank == 0:
-            device = self._device(trainer)
-            self.backward_proc = start_child(self.cfg, self.batch_size, self.backward_status_path, device,
-                                             command=self.backward_command(device))
-            log.info("compile_parallel_backward: process %d compiles the student's backward graph (log: %s)",
-                     self.backward_proc.pid, self.backward_status_path.with_suffix(".log"))
-        self._start_child(trainer)
         self.report = {"waited_s": {}}
+        if trainer.local_rank == 0 and self._give_early_helpers_the_go(trainer):
+            trainer.strategy.barrier("background_compile")
+        else:
+            if self.backward and trainer.local_rank == 0:
+                device = self._device(trainer)
+                self.backward_proc = start_child(self.cfg, self.batch_size, self.backward_status_path, device,
+                                                 command=self.backward_command(device))
+                log.info("compile_parallel_backward: process %d compiles the student's backward graph (log: %s)",
+                         self.backward_proc.pid, self.backward_status_path.with_suffix(".log"))
+            self._start_child(trainer)
         self._first_t, self._counters = time.monotonic(), cache_counters()
         pl_module.compile_gate = self.wait_for
+
+    def _give_early_helpers_the_go(self, trainer: L.Trainer) -> bool:
+        """Take the helpers started early (`early`) as this run's and give them the go; False (they are stopped)
+        where they are not the ones this run would start now (another device or status files, one ended)."""
+        early, self.early = self.early, None
+        if early is None:
+            return False
+        paths = {**({"backward": self.backward_status_path} if self.backward else {}), "parts": self.status_path}
+        if not early.fits(self._device(trainer), paths):
+            early.stop()
+            log.info("compile_parallel: the helpers started before the set-up were not this run's (device %s, "
+                     "files or an ended process); starting them now", early.device)
+            return False
+        self.proc, self.backward_proc = early.procs["parts"], early.procs.get("backward")
+        ahead = early.go(self.cfg, self.batch_size, key_settings())
+        self.report["early_s"] = round(ahead, 1)
+        log.info("compile_parallel: the helpers started %.1f s before fit (processes %s) compile now (logs: %s)",
+                 ahead, ", ".join(str(p.pid) for p in early.procs.values()),
+                 ", ".join(str(p.with_suffix(".log")) for p in early.paths.values()))
+        return True
 
     def _poll_backward(self) -> dict[str, Any] | None:
         """The backward helper's status once it ended, else None (`poll_status`)."""

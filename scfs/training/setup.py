@@ -130,23 +130,28 @@ def eval_device(cfg: DictConfig) -> Any:
 
 
 # ---- callbacks and Trainer ---------------------------------------------------------------------------------------
-def parallel_compile_callbacks(cfg: DictConfig, run_dir: Path, batch_size: int) -> list[Any]:
+def parallel_compile_callbacks(cfg: DictConfig, run_dir: Path, batch_size: int, early: Any = None) -> list[Any]:
     """`compile_parallel`'s callback, `auto` resolved for this machine (`parallel_helpers`); an `auto` left off
-    says why in one line."""
-    from scfs.training.background_compile import ParallelCompile, auto_parallel_off_reason, cpu_cores, parallel_helpers
+    says why in one line (and stops the helpers `early`, started before the set-up, which the callback takes
+    over otherwise)."""
+    from scfs.training.background_compile import ParallelCompile
+    from scfs.training.compile_helpers import auto_parallel_off_reason, cpu_cores, parallel_helpers
 
     cuda = eval_device(cfg).type == "cuda"
     parallel, backward = parallel_helpers(cfg, cuda)
     if not parallel:
+        if early is not None:
+            early.stop()
         log.info("compile_parallel=auto: off here (%s); the run compiles its step alone",
                  auto_parallel_off_reason(cfg, cuda, cpu_cores()))
         return []
-    return [ParallelCompile(cfg, run_dir, batch_size=batch_size, backward=backward)]
+    return [ParallelCompile(cfg, run_dir, batch_size=batch_size, backward=backward, early=early)]
 
 
-def make_callbacks(cfg: DictConfig, dm: Any, run_dir: Path) -> tuple[list[Any], Any, Any]:
+def make_callbacks(cfg: DictConfig, dm: Any, run_dir: Path, early: Any = None) -> tuple[list[Any], Any, Any]:
     """The run's callbacks, with its `LastCheckpoint` (the newest resume point, named in failure messages) and
-    its `WallClockBudget` (None without `chunk_minutes`; the summary says whether it stopped the run)."""
+    its `WallClockBudget` (None without `chunk_minutes`; the summary says whether it stopped the run). `early`:
+    `compile_parallel`'s helpers started before the set-up (`scfs.training.compile_helpers.start_early_helpers`)."""
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from scfs.training.callbacks import EpochTimer, KNNMonitor, LoggedStepsProgressBar, WallClockBudget
@@ -176,7 +181,7 @@ def make_callbacks(cfg: DictConfig, dm: Any, run_dir: Path) -> tuple[list[Any], 
 
         callbacks.append(BackgroundCompile(cfg, run_dir, batch_size=dm.batch_size))
     elif cfg.get("compile", False) and cfg.get("compile_parallel", False) is not False:
-        callbacks += parallel_compile_callbacks(cfg, run_dir, dm.batch_size)
+        callbacks += parallel_compile_callbacks(cfg, run_dir, dm.batch_size, early)
     if cfg.get("compile", False) and cfg.get("compile_artifacts"):
         from scfs.training.compile_artifacts import CompileArtifacts
 

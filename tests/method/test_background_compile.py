@@ -14,6 +14,7 @@ import torch
 from helpers import TINY_RESNET18, compose_cfg
 
 import scfs.training.background_compile as bgc
+import scfs.training.compile_helpers as ch
 from scfs.config import ConfigError, validate_config
 from scfs.methods.base import step_losses, student_forward
 from scfs.train import build, run
@@ -51,7 +52,7 @@ def test_the_child_builds_the_runs_method_compiled_and_reports(tmp_path, eager_b
     """In-process here (dynamo's eager backend stands in for inductor): the child's config is the run's, resolved,
     at this process's batch, compiled from the start; it runs its steps and writes an `ok` status."""
     cfg = compose_cfg(["compile=true", "compile_background=true", "global_batch_size=8", "compile_artifacts=x.bin"])
-    child = bgc.child_config(cfg, batch_size=8)
+    child = ch.child_config(cfg, batch_size=8)
     assert child.compile and not child.compile_background and child.compile_artifacts is None
     assert not child.compile_parallel  # the child itself starts no helper
     assert child.batch_size == 8 and child.global_batch_size is None and child.crops.n_local == cfg.crops.n_local
@@ -82,12 +83,12 @@ def test_the_child_takes_the_runs_cache_key_settings(tmp_path, monkeypatch):
     assert sent["fp32_precision"] == "tf32" and sent["deterministic"] and sent["deterministic_warn_only"]
     fresh = subprocess.run([sys.executable, "-c", "import json; import scfs.training.background_compile as bgc; "
                             "print(json.dumps(bgc.key_settings()))"], capture_output=True, text=True, check=True,
-                           env=bgc.child_env())
+                           env=ch.child_env())
     assert json.loads(fresh.stdout.strip().splitlines()[-1]) != sent  # a fresh process's own differ
     # the child itself, from that command line (a missing config: it fails at once, and says what it ran under)
     status_path = tmp_path / "s.json"
     cmd[cmd.index("c.yaml")], cmd[cmd.index("s.json")] = str(tmp_path / "missing.yaml"), str(status_path)
-    child = subprocess.run(cmd, capture_output=True, text=True, env=bgc.child_env())
+    child = subprocess.run(cmd, capture_output=True, text=True, env=ch.child_env())
     status = json.loads(status_path.read_text())
     assert child.returncode == 1 and not status["ok"] and status["settings"] == sent, child.stdout[-2000:]
 
@@ -277,7 +278,7 @@ def test_the_helper_child_compiles_the_teacher_and_the_losses_and_says_when(tmp_
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
-    cfg = bgc.child_config(compose_cfg(["compile=true", "compile_parallel=true"]), batch_size=8)
+    cfg = ch.child_config(compose_cfg(["compile=true", "compile_parallel=true"]), batch_size=8)
     OmegaConf.save(cfg, tmp_path / "c.yaml")
     counters.clear()
     status = bgc.compile_in_child(tmp_path / "c.yaml", tmp_path / "s.json", "cpu", steps=1, helper=True)
@@ -647,7 +648,7 @@ def test_each_node_of_a_multi_node_run_gates_on_its_own_helpers_files(tmp_path):
     ([], True, 16, (True, True)),
     (["compile_parallel_backward=false"], True, 16, (True, False)),
     ([], False, 16, (False, False)),
-    ([], True, bgc.AUTO_MIN_CORES - 1, (False, False)),
+    ([], True, ch.AUTO_MIN_CORES - 1, (False, False)),
     (["compile=false"], True, 16, (False, False)),
     (["compile_scope=blocks"], True, 16, (False, False)),
     (["compile_background=true"], True, 16, (False, False)),
@@ -660,9 +661,9 @@ def test_each_node_of_a_multi_node_run_gates_on_its_own_helpers_files(tmp_path):
 def test_auto_starts_the_helpers_only_where_they_apply(overrides, cuda, cores, expected):
     cfg = compose_cfg(["compile=true", "compile_parallel=auto", "compile_parallel_backward=auto", *overrides])
     validate_config(cfg)  # auto is never refused: it resolves to off where it does not apply
-    assert bgc.parallel_helpers(cfg, cuda, cores) == expected
+    assert ch.parallel_helpers(cfg, cuda, cores) == expected
     if not any(o.startswith("compile_parallel=") for o in overrides):  # auto's own verdict
-        assert (bgc.auto_parallel_off_reason(cfg, cuda, cores) is None) == expected[0]
+        assert (ch.auto_parallel_off_reason(cfg, cuda, cores) is None) == expected[0]
 
 
 def test_auto_values_are_checked_and_an_explicit_true_still_refused_in_one_line():
@@ -686,10 +687,10 @@ def test_the_gpu_recipes_ship_auto_and_stay_eager_or_single_process_where_it_doe
         eager = compose(config_name="config", overrides=[*recipe_ov, "compile=false"])
         ddp = compose(config_name="config", overrides=[*recipe_ov, "trainer=ddp", "sync_bn=true"])
     assert (cfg.compile_parallel, cfg.compile_parallel_backward) == ("auto", "auto")
-    assert bgc.parallel_helpers(cfg, cuda=True, cores=16) == (True, True)
+    assert ch.parallel_helpers(cfg, cuda=True, cores=16) == (True, True)
     validate_config(eager)  # "compile=false for eager", as the recipes say, needs no third key
     for other in (eager, ddp):
-        assert bgc.parallel_helpers(other, cuda=True, cores=16) == (False, False)
+        assert ch.parallel_helpers(other, cuda=True, cores=16) == (False, False)
 
 
 def test_the_run_resolves_auto_for_its_machine_and_says_why_it_left_the_helpers_off(tmp_path, monkeypatch, caplog):
@@ -702,9 +703,9 @@ def test_the_run_resolves_auto_for_its_machine_and_says_why_it_left_the_helpers_
     assert any(r.getMessage() == "compile_parallel=auto: off here (no CUDA device); the run compiles its step alone"
                for r in caplog.records), [r.getMessage() for r in caplog.records]
     monkeypatch.setattr(setup, "eval_device", lambda cfg: torch.device("cuda", 0))
-    monkeypatch.setattr(bgc, "cpu_cores", lambda: 16)
+    monkeypatch.setattr(ch, "cpu_cores", lambda: 16)
     (cb,) = setup.parallel_compile_callbacks(cfg, tmp_path, 8)
     assert isinstance(cb, bgc.ParallelCompile) and cb.backward and cb.batch_size == 8
-    monkeypatch.setattr(bgc, "cpu_cores", lambda: 4)
+    monkeypatch.setattr(ch, "cpu_cores", lambda: 4)
     assert setup.parallel_compile_callbacks(cfg, tmp_path, 8) == []
     assert "compile_parallel=auto: off here (4 CPU cores (it needs 8))" in caplog.text

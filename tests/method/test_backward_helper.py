@@ -9,6 +9,7 @@ import torch
 from helpers import compose_cfg
 
 import scfs.training.background_compile as bgc
+import scfs.training.compile_helpers as ch
 from scfs.training import backward_helper as bh
 
 
@@ -34,7 +35,7 @@ def test_a_failing_backward_helper_says_so_and_writes_no_entry_file(tmp_path, mo
         raise RuntimeError("lowering failed")
 
     monkeypatch.setattr(bh, "compile_student_backward", boom)
-    cfg = bgc.child_config(compose_cfg(["compile=true", "compile_parallel=true", "compile_parallel_backward=true"]),
+    cfg = ch.child_config(compose_cfg(["compile=true", "compile_parallel=true", "compile_parallel_backward=true"]),
                            batch_size=8)
     assert not cfg.compile_parallel_backward  # the child starts no helper of its own
     OmegaConf.save(cfg, tmp_path / "c.yaml")

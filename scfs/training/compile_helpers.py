@@ -1,0 +1,232 @@
+"""The helper processes of `compile_parallel` from the run's side: their files, their command lines, where `auto`
+starts them, and their early start.
+
+Import-light on purpose (OmegaConf and the standard library only). A helper is a fresh interpreter that imports
+torch, Lightning and inductor and builds the model on the GPU before it compiles anything: 17–21 s on an H200
+host (docs/RESULTS.md "Compile time"). Started at the start of fit, that start-up lies on the first step's longest
+path. `scfs.train` therefore starts the helpers before its own imports and set-up (`start_early_helpers`), each
+helper builds the model and then waits, and the run gives the go at the start of fit (`EarlyHelpers.go`) with
+what only it knows by then: its final config and its process-wide settings that are part of the compile cache's
+keys. The child's side of the protocol is `scfs.training.background_compile`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+STATUS_FILE = "background_compile.json"
+PARTS = ("teacher", "loss")  # what a `compile_parallel` helper compiles, in the order the step calls them
+# `compile_parallel_backward`: the second helper's part, its status file, and the method's gate before the student's
+# call (`HelperGates`: whether the run compiled the student's forward, and so will compile its backward)
+BACKWARD_PART = "student_backward"
+BACKWARD_STATUS_FILE = "background_compile_backward.json"
+STUDENT = "student"
+AUTO_MIN_CORES = 8  # `auto` starts the helpers only with this many CPU cores: they compile beside the run
+SPAWNED_AT_ENV = "SCFS_HELPER_SPAWNED_AT"  # the wall clock at the helper's start, for its start-up seconds
+
+
+# ---- where the helpers run --------------------------------------------------------------------------------------
+def cpu_cores() -> int:
+    """The CPU cores this process may run on (its affinity where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def auto_parallel_off_reason(cfg: DictConfig, cuda: bool, cores: int) -> str | None:
+    """Why `compile_parallel=auto` leaves the helpers off for `cfg` (None: it turns them on). They pay off where
+    the run compiles its step with inductor as one model-scope graph per call, on a CUDA GPU whose host has cores to
+    spare for two more compiling processes; elsewhere `auto` keeps the single-process compile."""
+    backend = cfg.get("compile_backend", "inductor")
+    reasons = [(not cfg.get("compile", False), "compile=false"),
+               (backend != "inductor", f"compile_backend={backend}"),
+               (cfg.get("compile_scope", "model") != "model", f"compile_scope={cfg.get('compile_scope')}"),
+               (bool(cfg.get("compile_background", False)), "compile_background=true"),
+               (bool(cfg.get("sync_bn", False)), "sync_bn=true"),
+               (not cuda, "no CUDA device"),
+               (cores < AUTO_MIN_CORES, f"{cores} CPU cores (it needs {AUTO_MIN_CORES})")]
+    return next((why for off, why in reasons if off), None)
+
+
+def parallel_helpers(cfg: DictConfig, cuda: bool, cores: int | None = None) -> tuple[bool, bool]:
+    """Whether a run of `cfg` starts `compile_parallel`'s helper and `compile_parallel_backward`'s, `auto`
+    resolved: `compile_parallel=auto` is on where `auto_parallel_off_reason` finds nothing against it, and
+    `compile_parallel_backward=auto` follows `compile_parallel`. `cores` defaults to this process's CPUs."""
+    parallel = cfg.get("compile_parallel", False)
+    if parallel == "auto":
+        parallel = auto_parallel_off_reason(cfg, cuda, cpu_cores() if cores is None else cores) is None
+    if parallel is not True or not cfg.get("compile", False):
+        return False, False
+    backward = cfg.get("compile_parallel_backward", False)
+    return True, backward is True or backward == "auto"
+
+
+def gpu_run(cfg: DictConfig) -> bool:
+    """Whether `cfg` trains on a GPU, judged without importing torch: its Trainer asks for one, or takes what
+    there is (`auto`) on a host with an NVIDIA or AMD GPU driver."""
+    accel = str(cfg.get("trainer", {}).get("accelerator", "cpu"))
+    return accel in ("gpu", "cuda") or (accel == "auto" and any(Path(p).exists() for p in ("/dev/nvidiactl",
+                                                                                           "/dev/kfd")))
+
+
+# ---- the files of a helper --------------------------------------------------------------------------------------
+def part_path(status_path: Path, part: str) -> Path:
+    """The file that says a helper child has compiled `part` ("teacher", "loss")."""
+    return status_path.with_suffix(f".{part}")
+
+
+def started_path(status_path: Path, part: str) -> Path:
+    """The file that says a helper child has begun `part` (its call is being compiled or built)."""
+    return status_path.with_suffix(f".{part}-started")
+
+
+def go_path(status_path: Path) -> Path:
+    """The file that tells an early-started helper to compile (`EarlyHelpers.go`)."""
+    return status_path.with_suffix(".go")
+
+
+def write_status(path: Path, status: dict[str, Any]) -> None:
+    """The status file, whole or not at all (the ranks poll for it)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(status))
+    os.replace(tmp, path)
+
+
+def read_status(path: Path) -> dict[str, Any] | None:
+    """A status file written by `write_status`; None while there is none."""
+    with contextlib.suppress(FileNotFoundError):
+        return json.loads(path.read_text())
+    return None
+
+
+# ---- starting and stopping one ----------------------------------------------------------------------------------
+def child_config(cfg: DictConfig, batch_size: int) -> DictConfig:
+    """The run's config as the child builds it: resolved, this process's batch size, compiled from the start."""
+    c = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    c.batch_size, c.global_batch_size = int(batch_size), None
+    c.compile, c.compile_background, c.compile_parallel, c.compile_artifacts = True, False, False, None
+    c.compile_parallel_backward = False
+    return c
+
+
+def helper_command(cfg_path: Path, status_path: Path, device: str, steps: int = 2, helper: bool = False,
+                   backward: bool = False, wait_go: bool = False) -> list[str]:
+    """The child's command line (`scfs.training.background_compile` as a script), without the run's settings."""
+    return [sys.executable, "-m", "scfs.training.background_compile", str(cfg_path), str(status_path), "--device",
+            device, "--steps", str(steps), *(["--helper"] if helper else []), *(["--backward"] if backward else []),
+            *(["--wait-go"] if wait_go else [])]
+
+
+def child_env() -> dict[str, str]:
+    """The child's environment: this process's (the compile cache folder, the device settings), this package
+    importable from wherever the run was started, output unbuffered into its log, and its start time."""
+    import scfs
+
+    root = str(Path(scfs.__file__).resolve().parents[1])
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", SPAWNED_AT_ENV: repr(time.time())}
+
+
+def launch(cfg: DictConfig, batch_size: int, status_path: Path, command: list[str]) -> subprocess.Popen:
+    """Start a child with `command`, its files of an earlier run removed first: the run's config beside its status
+    file (`.yaml`), its output there too (`.log`)."""
+    for path in (status_path, go_path(status_path), *(f(status_path, part) for part in (*PARTS, BACKWARD_PART)
+                                                      for f in (part_path, started_path))):
+        path.unlink(missing_ok=True)
+    status_path.parent.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(child_config(cfg, batch_size), status_path.with_suffix(".yaml"))
+    with open(status_path.with_suffix(".log"), "w") as logf:  # the child keeps its own handle
+        return subprocess.Popen(command, stdout=logf, stderr=subprocess.STDOUT, env=child_env())
+
+
+def stop_child(proc: subprocess.Popen | None, grace_s: float = 0.0) -> None:
+    """End a child still running: after `grace_s` seconds to end by itself, terminated, then killed."""
+    if proc is None or proc.poll() is not None:
+        return
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=grace_s)
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+# ---- the early start --------------------------------------------------------------------------------------------
+@dataclass
+class EarlyHelpers:
+    """Helpers started before the run's set-up, waiting for its go. `paths`: each helper's status file by role
+    ("parts": the teacher's call and the losses; "backward": the student's backward graph)."""
+
+    device: str
+    paths: dict[str, Path]
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    started: float = field(default_factory=time.monotonic)
+
+    def fits(self, device: str, paths: dict[str, Path]) -> bool:
+        """Whether these helpers are the ones the run would start now: the same device and files, all running."""
+        return (device == self.device and paths == self.paths
+                and all(p.poll() is None for p in self.procs.values()))
+
+    def go(self, cfg: DictConfig, batch_size: int, settings: dict[str, Any]) -> float:
+        """Tell each helper to compile: the run's final config (a helper built from a config that differs
+        rebuilds) and its `key_settings`. Returns the seconds since the helpers were started."""
+        for path in self.paths.values():
+            final = path.with_suffix(".go.yaml")
+            OmegaConf.save(child_config(cfg, batch_size), final)
+            write_status(go_path(path), {"config": str(final), "settings": settings})
+        return time.monotonic() - self.started
+
+    def stop(self) -> None:
+        """End the helpers that are still running (a run that never reached fit, or one that started its own)."""
+        for proc in self.procs.values():
+            stop_child(proc)
+
+
+def early_device() -> str:
+    """The device of a single-node run's first process, as its Trainer will name it (`ParallelCompile._device`);
+    a run on another (`trainer.devices=[1]`) finds out at fit, where the callback starts its helpers anew."""
+    return "cuda:0"
+
+
+def early_paths(run_dir: Path, backward: bool) -> dict[str, Path]:
+    """The helpers' status files in a single-node run folder (`ParallelCompile` names the same ones)."""
+    return {**({"backward": run_dir / BACKWARD_STATUS_FILE} if backward else {}), "parts": run_dir / STATUS_FILE}
+
+
+def start_early_helpers(cfg: DictConfig, run_dir: Path, batch_size: int | None = None) -> EarlyHelpers | None:
+    """`compile_parallel`'s helpers for `cfg`, started now and waiting for `EarlyHelpers.go`; None where the run
+    would start none, or would start them elsewhere: not a GPU run (`gpu_run`), `auto` off, a multi-node run
+    (each node's files are named at fit) or a process other than its node's first (`LOCAL_RANK`).
+
+    The compile cache folder is chosen first (`compile_cache`, as `prepare_compile_cache` does), since the helpers
+    take it from this process's environment."""
+    if not gpu_run(cfg) or int(os.environ.get("LOCAL_RANK", 0) or 0) != 0:
+        return None
+    if int(cfg.get("trainer", {}).get("num_nodes", 1) or 1) > 1:
+        return None
+    parallel, backward = parallel_helpers(cfg, cuda=True)
+    if not parallel:
+        return None
+    if not os.environ.get("TORCHINDUCTOR_CACHE_DIR") and cfg.get("compile_cache"):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(str(cfg.compile_cache)).expanduser())
+    if batch_size is None:
+        from scfs.training.build import per_device_batch_size
+
+        batch_size = per_device_batch_size(cfg)
+    early = EarlyHelpers(early_device(), early_paths(Path(run_dir), backward))
+    for role, path in early.paths.items():  # the backward's first: its compile is the longest
+        command = helper_command(path.with_suffix(".yaml"), path, early.device, 0 if role == "backward" else 1,
+                                 helper=role == "parts", backward=role == "backward", wait_go=True)
+        early.procs[role] = launch(cfg, batch_size, path, command)
+    return early

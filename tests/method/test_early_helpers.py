@@ -1,0 +1,221 @@
+"""`compile_parallel`'s helpers started before the run's set-up, waiting for its go at fit."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import compose_cfg
+from omegaconf import OmegaConf
+
+import scfs.training.background_compile as bgc
+import scfs.training.compile_helpers as ch
+from scfs.train import run
+
+
+class FakeProc:
+    """A started helper, as `launch` returns it, that never ends by itself."""
+
+    def __init__(self) -> None:
+        self.pid, self.stopped = 4242, False
+
+    def poll(self) -> int | None:
+        return 0 if self.stopped else None
+
+    def wait(self, timeout: float | None = None) -> int:
+        return 0
+
+    def terminate(self) -> None:
+        self.stopped = True
+
+    kill = terminate
+
+
+GPU = ["compile=true", "compile_parallel=auto", "compile_parallel_backward=auto", "trainer=gpu"]
+
+
+@pytest.mark.parametrize("overrides, env, roles", [
+    (GPU, {}, ["backward", "parts"]),
+    ([*GPU, "compile_parallel_backward=false"], {}, ["parts"]),
+    ([*GPU, "compile_parallel=true", "compile_parallel_backward=false"], {}, ["parts"]),
+    ([*GPU, "trainer=cpu"], {}, None),
+    ([*GPU, "compile_parallel=false"], {}, None),
+    ([*GPU, "compile=false"], {}, None),
+    ([*GPU, "compile_scope=blocks"], {}, None),
+    ([*GPU, "+trainer.num_nodes=2"], {}, None),
+    (GPU, {"LOCAL_RANK": "1"}, None),
+], ids=["gpu-auto", "no-backward", "true", "cpu-trainer", "false", "eager", "blocks", "multi-node", "second-rank"])
+def test_a_gpu_run_starts_its_helpers_before_its_set_up_only_where_it_would_start_them(
+        tmp_path, monkeypatch, overrides, env, roles):
+    launched: list[tuple[str, list[str], dict]] = []
+
+    def fake_launch(cfg, batch_size, status_path, command):
+        launched.append((status_path.name, command, OmegaConf.to_container(ch.child_config(cfg, batch_size))))
+        return FakeProc()
+
+    monkeypatch.setattr(ch, "launch", fake_launch)
+    monkeypatch.setattr(ch, "cpu_cores", lambda: 16)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    early = ch.start_early_helpers(compose_cfg([*overrides, "batch_size=8"]), tmp_path)
+    if roles is None:
+        assert early is None and not launched
+        return
+    assert list(early.paths) == roles and early.device == "cuda:0"  # the backward's first: the longest compile
+    assert [name for name, _, _ in launched] == [early.paths[r].name for r in roles]
+    for (_, command, child), role in zip(launched, roles):
+        assert "--wait-go" in command and ("--backward" if role == "backward" else "--helper") in command
+        assert "--settings" not in command  # the run's settings come with the go
+        assert child["batch_size"] == 8 and child["compile_parallel"] is False
+    assert early.fits("cuda:0", {r: early.paths[r] for r in roles}) and not early.fits("cuda:1", early.paths)
+    early.stop()
+    assert all(p.stopped for p in early.procs.values())
+
+
+def test_the_helpers_take_the_runs_compile_cache_folder_from_the_start(tmp_path, monkeypatch):
+    """The helpers inherit this process's environment at their start, before the set-up chooses the cache folder:
+    the early start chooses it (`compile_cache`) first."""
+    monkeypatch.setattr(ch, "launch", lambda *a: FakeProc())
+    monkeypatch.setattr(ch, "cpu_cores", lambda: 16)
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    ch.start_early_helpers(compose_cfg([*GPU, f"compile_cache={tmp_path / 'cache'}"]), tmp_path)
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cache")
+
+
+def test_a_helper_waits_for_the_go_and_never_outlives_the_run(tmp_path, monkeypatch):
+    status = tmp_path / "s.json"
+    ch.write_status(ch.go_path(status), {"config": "c.yaml", "settings": {"deterministic": False}})
+    assert bgc.wait_for_go(status)["settings"] == {"deterministic": False}
+    ch.go_path(status).unlink()
+    assert bgc.wait_for_go(status, timeout_s=0.1) is None  # no go: it gives up
+    parents = iter([1000, 1000, 1])  # the run died: this process was handed to init
+    monkeypatch.setattr(bgc.os, "getppid", lambda: next(parents, 1))
+    assert bgc.wait_for_go(status, timeout_s=60) is None
+
+
+@pytest.mark.parametrize("changed", [False, True], ids=["same-config", "config-changed"])
+def test_an_early_helper_compiles_under_the_gos_settings_and_final_config(tmp_path, monkeypatch, eager_backend,
+                                                                          changed):
+    """In-process (dynamo's eager backend for inductor): the helper builds from the config it was started with,
+    waits for the go, takes the run's settings, rebuilds only when the run's final config differs, then compiles
+    its parts as a helper started at fit does."""
+    torch._dynamo.reset()
+    cfg = ch.child_config(compose_cfg(["compile=true", "compile_parallel=true"]), batch_size=8)
+    OmegaConf.save(cfg, tmp_path / "c.yaml")
+    final = cfg.copy()
+    if changed:
+        final.method.out_dim = int(cfg.method.out_dim) * 2
+    OmegaConf.save(final, tmp_path / "final.yaml")
+    ch.write_status(ch.go_path(tmp_path / "s.json"), {"config": str(tmp_path / "final.yaml"),
+                                                      "settings": {"deterministic": False}})
+    monkeypatch.setenv(ch.SPAWNED_AT_ENV, "0")
+    status = bgc.compile_in_child(tmp_path / "c.yaml", tmp_path / "s.json", "cpu", steps=1, helper=True,
+                                  wait_go=True)
+    assert status["ok"], status
+    assert status["early"]["rebuilt"] is changed and status["early"]["ready_s"] <= status["early"]["go_s"]
+    assert all(ch.part_path(tmp_path / "s.json", p).exists() for p in ch.PARTS)
+
+
+def test_an_early_helper_without_a_go_reports_it_and_compiles_nothing(tmp_path, monkeypatch, eager_backend):
+    cfg = ch.child_config(compose_cfg(["compile=true", "compile_parallel=true"]), batch_size=8)
+    OmegaConf.save(cfg, tmp_path / "c.yaml")
+    monkeypatch.setattr(bgc, "wait_for_go", lambda status_path: None)
+    status = bgc.compile_in_child(tmp_path / "c.yaml", tmp_path / "s.json", "cpu", steps=1, helper=True,
+                                  wait_go=True)
+    assert not status["ok"] and "the run ended before it gave the go" in status["error"]
+    assert not any(ch.started_path(tmp_path / "s.json", p).exists() for p in ch.PARTS)
+
+
+# a stand-in helper: begins both parts at its start (so the run's first step waits for them, whatever its own
+# pace), writes them only after the run's go when started early (argv[2] == "1"), and says what the go gave it
+STAND_IN = ("import sys, time; from pathlib import Path\n"
+            "from scfs.training.compile_helpers import PARTS, go_path, part_path, read_status, started_path, "
+            "write_status\n"
+            "p = Path(sys.argv[1])\n"
+            "for part in PARTS:\n"
+            "    write_status(started_path(p, part), {'ok': True})\n"
+            "while sys.argv[2] == '1' and read_status(go_path(p)) is None:\n"
+            "    time.sleep(0.02)\n"
+            "for part in PARTS:\n"
+            "    time.sleep(0.2); write_status(part_path(p, part), {'ok': True})\n"
+            "write_status(p, {'ok': True, 'go': read_status(go_path(p))})\n")
+
+
+def _early_run(monkeypatch, tmp_path, shapes_root, device: str) -> tuple[list, list[bgc.ParallelCompile]]:
+    """A CPU run of `compile_parallel=true` whose helpers `scfs.train` starts before its set-up (as on a GPU run),
+    on `device`, each a stand-in (`STAND_IN`)."""
+    launched: list[Path] = []
+    made: list[bgc.ParallelCompile] = []
+    real_launch = ch.launch
+
+    def launch(cfg, batch_size, status_path, command):
+        launched.append(status_path)
+        return real_launch(cfg, batch_size, status_path, command)
+
+    class Made(bgc.ParallelCompile):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            made.append(self)
+
+    monkeypatch.setattr(ch, "launch", launch)
+    monkeypatch.setattr(bgc, "launch", launch)  # the callback's own start at fit
+    monkeypatch.setattr(ch, "gpu_run", lambda cfg: True)
+    monkeypatch.setattr(ch, "early_device", lambda: device)
+    monkeypatch.setattr(ch, "helper_command", lambda cfg_path, status_path, device, steps=2, helper=False,
+                        backward=False, wait_go=False: [sys.executable, "-c", STAND_IN, str(status_path),
+                                                        "1" if wait_go else "0"])
+    monkeypatch.setattr(bgc, "helper_command", ch.helper_command)
+    monkeypatch.setattr(bgc, "ParallelCompile", Made)
+    cfg = compose_cfg(["compile=true", "compile_parallel=true", "trainer.limit_train_batches=2",
+                       "eval.knn_at_start=false"], data_root=shapes_root)
+    run(cfg, tmp_path)
+    return launched, made
+
+
+def test_the_run_gives_its_early_helpers_the_go_at_fit_and_builds_their_parts_from_them(
+        tmp_path, shapes_root, monkeypatch, eager_backend):
+    launched, (cb,) = _early_run(monkeypatch, tmp_path, shapes_root, "cpu")
+    assert launched == [tmp_path / ch.STATUS_FILE]  # started once, before the set-up; not again at fit
+    assert cb.report["early_s"] >= 0 and cb.report["waited_s"].keys() == {"teacher", "loss"}
+    assert cb.report["built_here"] == []  # both parts came from the helper
+    go = json.loads((tmp_path / ch.STATUS_FILE).read_text())["go"]
+    assert go["settings"] == bgc.key_settings()
+    assert OmegaConf.load(go["config"]) == ch.child_config(cb.cfg, cb.batch_size)  # the run's final config
+    entry = json.loads((tmp_path / "summary.json").read_text())["compile_parallel"]
+    assert entry["early_s"] == cb.report["early_s"]
+
+
+def test_early_helpers_on_another_device_are_stopped_and_the_run_starts_its_own(
+        tmp_path, shapes_root, monkeypatch, eager_backend, caplog):
+    caplog.set_level(logging.INFO, logger="scfs.train")
+    launched, (cb,) = _early_run(monkeypatch, tmp_path, shapes_root, "cuda:1")
+    assert launched == [tmp_path / ch.STATUS_FILE] * 2  # the early one, then the run's own at fit
+    assert "early_s" not in cb.report
+    assert "the helpers started before the set-up were not this run's (device cuda:1" in caplog.text
+
+
+def test_a_run_that_fails_before_fit_stops_its_early_helpers(tmp_path, shapes_root, monkeypatch):
+    procs: list[FakeProc] = []
+
+    def launch(cfg, batch_size, status_path, command):
+        procs.append(FakeProc())
+        return procs[-1]
+
+    def broken(cfg, resume):
+        raise RuntimeError("the data set-up failed")
+
+    import scfs.train as train
+
+    monkeypatch.setattr(ch, "launch", launch)
+    monkeypatch.setattr(ch, "gpu_run", lambda cfg: True)
+    monkeypatch.setattr(train, "build_for_training", broken)
+    cfg = compose_cfg(["compile=true", "compile_parallel=true"], data_root=shapes_root)
+    with pytest.raises(RuntimeError, match="the data set-up failed"):
+        run(cfg, tmp_path)
+    assert procs and all(p.stopped for p in procs)

@@ -77,9 +77,16 @@ def early_compile_helpers(cfg: DictConfig, run_dir: Path) -> Iterator[Any]:
     """`compile_parallel`'s helpers started now, before the run's imports of torch and Lightning and its set-up,
     so that their own start-up runs beside it (`scfs.training.compile_helpers.start_early_helpers`; None where
     the run starts none early); stopped when the run ends, however it ends."""
+    import logging
+
     from scfs.training.compile_helpers import start_early_helpers
 
-    early = start_early_helpers(cfg, run_dir)
+    try:
+        early = start_early_helpers(cfg, run_dir)
+    except Exception as err:  # a head start lost, nothing else: ParallelCompile starts the helpers at fit
+        logging.getLogger("scfs.train").warning("compile_parallel: the helpers could not start before the set-up "
+                                                "(%s: %s); they start at fit", type(err).__name__, err)
+        early = None
     try:
         yield early
     finally:

@@ -116,7 +116,7 @@ def start_child(cfg: DictConfig, batch_size: int, status_path: Path, device: str
     """The child on `device` (`launch`). `command` replaces its command line (`child_command`)."""
     cfg_path = status_path.with_suffix(".yaml")
     return launch(cfg, batch_size, status_path,
-                  command or child_command(cfg_path, status_path, device, steps, helper, backward))
+                  command or (lambda: child_command(cfg_path, status_path, device, steps, helper, backward)))
 
 
 def part_marker(path_of: Callable[[Path, str], Path], status_path: Path,

@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -135,16 +136,19 @@ def child_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", SPAWNED_AT_ENV: repr(time.time())}
 
 
-def launch(cfg: DictConfig, batch_size: int, status_path: Path, command: list[str]) -> subprocess.Popen:
-    """Start a child with `command`, its files of an earlier run removed first: the run's config beside its status
-    file (`.yaml`), its output there too (`.log`)."""
+def launch(cfg: DictConfig, batch_size: int, status_path: Path,
+           command: list[str] | Callable[[], list[str]]) -> subprocess.Popen:
+    """Start a child with `command` (or the command line `command()` makes, once the files are cleared), its files
+    of an earlier run removed first: the run's config beside its status file (`.yaml`), its output there too
+    (`.log`)."""
     for path in (status_path, go_path(status_path), *(f(status_path, part) for part in (*PARTS, BACKWARD_PART)
                                                       for f in (part_path, started_path))):
         path.unlink(missing_ok=True)
     status_path.parent.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(child_config(cfg, batch_size), status_path.with_suffix(".yaml"))
+    argv = command() if callable(command) else command
     with open(status_path.with_suffix(".log"), "w") as logf:  # the child keeps its own handle
-        return subprocess.Popen(command, stdout=logf, stderr=subprocess.STDOUT, env=child_env())
+        return subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, env=child_env())
 
 
 def stop_child(proc: subprocess.Popen | None, grace_s: float = 0.0) -> None:
@@ -193,6 +197,17 @@ class EarlyHelpers:
             stop_child(proc)
 
 
+def launch_local_rank() -> int:
+    """This process's rank on its node as its launcher set it before any Trainer exists: torchrun's and
+    Lightning's `LOCAL_RANK`, SLURM's `SLURM_LOCALID` (one task per GPU under srun), Open MPI's; 0 when none is set
+    (a single process, or the first one, which starts the others)."""
+    for key in ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK"):
+        value = os.environ.get(key)
+        if value not in (None, ""):
+            return int(value)
+    return 0
+
+
 def early_device() -> str:
     """The device of a single-node run's first process, as its Trainer will name it (`ParallelCompile._device`);
     a run on another (`trainer.devices=[1]`) finds out at fit, where the callback starts its helpers anew."""
@@ -207,11 +222,11 @@ def early_paths(run_dir: Path, backward: bool) -> dict[str, Path]:
 def start_early_helpers(cfg: DictConfig, run_dir: Path, batch_size: int | None = None) -> EarlyHelpers | None:
     """`compile_parallel`'s helpers for `cfg`, started now and waiting for `EarlyHelpers.go`; None where the run
     would start none, or would start them elsewhere: not a GPU run (`gpu_run`), `auto` off, a multi-node run
-    (each node's files are named at fit) or a process other than its node's first (`LOCAL_RANK`).
+    (each node's files are named at fit) or a process other than its node's first (`launch_local_rank`).
 
     The compile cache folder is chosen first (`compile_cache`, as `prepare_compile_cache` does), since the helpers
     take it from this process's environment."""
-    if not gpu_run(cfg) or int(os.environ.get("LOCAL_RANK", 0) or 0) != 0:
+    if not gpu_run(cfg) or launch_local_rank() != 0:
         return None
     if int(cfg.get("trainer", {}).get("num_nodes", 1) or 1) > 1:
         return None

@@ -475,13 +475,18 @@ def test_a_failed_helper_does_not_hold_the_run(tmp_path, shapes_root, monkeypatc
     assert not helper["ok"] and "ended with status 3" in helper["error"]  # the summary says how the helper ended
 
 
-def _parallel_hits(tmp_path, monkeypatch, shapes_root, extra, backward=False):
+def _parallel_hits(tmp_path, monkeypatch, shapes_root, extra, backward=False, early=None):
     """A run with compile_parallel=true and the real helper on an empty cache folder; `backward`: with
-    compile_parallel_backward=true and its real helper too."""
+    compile_parallel_backward=true and its real helper too; `early`: the helpers started before the run's set-up
+    (`scfs.training.compile_helpers.start_early_helpers`), checked: "gpu" as a GPU run starts them, "cpu" the same
+    on the CPU."""
     import torch._dynamo
 
     torch._dynamo.reset()
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
+    if early == "cpu":
+        monkeypatch.setattr(ch, "gpu_run", lambda cfg: True)
+        monkeypatch.setattr(ch, "early_device", lambda: "cpu")
     extra = [*extra, "compile_parallel_backward=true"] if backward else extra
     bg, calls = _parallel_run(monkeypatch, tmp_path / "run", shapes_root, None, extra=extra)
     torch._dynamo.reset()
@@ -496,6 +501,10 @@ def _parallel_hits(tmp_path, monkeypatch, shapes_root, extra, backward=False):
         assert bg.report["student_compiled"] and bgc.BACKWARD_PART not in bg.report["built_here"], bg.report
         status = json.loads((tmp_path / "run" / bgc.BACKWARD_STATUS_FILE).read_text())
         assert status["ok"], status
+    if early:  # the run gave the go to the helpers it started before its set-up, and started no others
+        assert bg.report["early_s"] > 0, bg.report
+        status = json.loads((tmp_path / "run" / bgc.STATUS_FILE).read_text())
+        assert status["ok"] and status["early"]["ready_s"] <= status["early"]["go_s"], status
 
 
 @pytest.mark.slow
@@ -523,15 +532,23 @@ def test_the_backward_helpers_entry_is_the_runs_student_backward(tmp_path, shape
     _parallel_hits(tmp_path, monkeypatch, shapes_root, [], backward=True)
 
 
+@pytest.mark.slow
+def test_helpers_started_before_the_set_up_give_the_run_its_entries(tmp_path, shapes_root, monkeypatch):
+    """The same with the helpers started before the run's set-up and waiting for its go, as on a GPU run: the real
+    `--wait-go` children build the model, wait, and compile under the run's settings and final config."""
+    _parallel_hits(tmp_path, monkeypatch, shapes_root, [], backward=True, early="cpu")
+
+
 @pytest.mark.gpu
 def test_the_backward_helpers_entry_is_the_runs_student_backward_on_the_gpu(tmp_path, shapes_root, monkeypatch):
     """The same with what the GPU recipes ship (bf16 autocast, channels_last, CUDA graphs): the backward's cache
-    key then also holds the forward's device index and the CUDA-graph flag."""
+    key then also holds the forward's device index and the CUDA-graph flag. The helpers start before the run's
+    set-up and wait for its go, as on every GPU run."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     _parallel_hits(tmp_path, monkeypatch, shapes_root,
                    [*TINY_RESNET18, "trainer.accelerator=gpu", "trainer.devices=1", "trainer.precision=bf16-mixed",
-                    "compile_mode=reduce-overhead", "++backbone.channels_last=true"], backward=True)
+                    "compile_mode=reduce-overhead", "++backbone.channels_last=true"], backward=True, early="gpu")
 
 
 def test_the_backward_helper_is_refused_without_compile_parallel_in_one_line():

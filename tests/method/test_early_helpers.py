@@ -49,7 +49,10 @@ GPU = ["compile=true", "compile_parallel=auto", "compile_parallel_backward=auto"
     ([*GPU, "compile_scope=blocks"], {}, None),
     ([*GPU, "+trainer.num_nodes=2"], {}, None),
     (GPU, {"LOCAL_RANK": "1"}, None),
-], ids=["gpu-auto", "no-backward", "true", "cpu-trainer", "false", "eager", "blocks", "multi-node", "second-rank"])
+    (GPU, {"SLURM_LOCALID": "2"}, None),
+    (GPU, {"SLURM_LOCALID": "0"}, ["backward", "parts"]),
+], ids=["gpu-auto", "no-backward", "true", "cpu-trainer", "false", "eager", "blocks", "multi-node", "second-rank",
+        "second-slurm-task", "first-slurm-task"])
 def test_a_gpu_run_starts_its_helpers_before_its_set_up_only_where_it_would_start_them(
         tmp_path, monkeypatch, overrides, env, roles):
     launched: list[tuple[str, list[str], dict]] = []
@@ -60,7 +63,8 @@ def test_a_gpu_run_starts_its_helpers_before_its_set_up_only_where_it_would_star
 
     monkeypatch.setattr(ch, "launch", fake_launch)
     monkeypatch.setattr(ch, "cpu_cores", lambda: 16)
-    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    for key in ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     early = ch.start_early_helpers(compose_cfg([*overrides, "batch_size=8"]), tmp_path)
@@ -219,3 +223,27 @@ def test_a_run_that_fails_before_fit_stops_its_early_helpers(tmp_path, shapes_ro
     with pytest.raises(RuntimeError, match="the data set-up failed"):
         run(cfg, tmp_path)
     assert procs and all(p.stopped for p in procs)
+
+
+def test_helpers_that_cannot_start_early_cost_the_run_only_its_head_start(tmp_path, shapes_root, monkeypatch, caplog,
+                                                                          eager_backend):
+    def fail(cfg, run_dir, batch_size=None):
+        raise OSError("no space left on device")
+
+    made: list[bgc.ParallelCompile] = []
+
+    class Made(bgc.ParallelCompile):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            made.append(self)
+
+    monkeypatch.setattr(ch, "start_early_helpers", fail)
+    monkeypatch.setattr(bgc, "ParallelCompile", Made)
+    monkeypatch.setattr(bgc, "helper_command", lambda *a, **kw: [sys.executable, "-c", "pass"])
+    caplog.set_level(logging.INFO, logger="scfs.train")
+    cfg = compose_cfg(["compile=true", "compile_parallel=true", "trainer.limit_train_batches=2",
+                       "eval.knn_at_start=false"], data_root=shapes_root)
+    run(cfg, tmp_path)
+    assert ("compile_parallel: the helpers could not start before the set-up (OSError: no space left on device); "
+            "they start at fit") in caplog.text
+    assert made[0].early is None and made[0].proc is not None  # started at fit instead

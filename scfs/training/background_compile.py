@@ -25,7 +25,9 @@ begun, this process builds itself at once, so a warm cache (a second run) is nev
 
 The child is `python -m scfs.training.background_compile <config.yaml> <status.json> --device <device>`: the run's
 resolved config, written to the run folder, and a status file written atomically when it ends (`ok`, seconds,
-cache hits and misses), which is what every rank reads.
+cache hits and misses), which is what every rank reads. A helper that `scfs.train` starts before its set-up
+(`--wait-go`; the run's side is `scfs.training.compile_helpers`) builds the model, then waits for the run's go file
+and compiles under the settings and the final config it names.
 """
 
 from __future__ import annotations

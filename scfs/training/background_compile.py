@@ -158,6 +158,8 @@ def compile_in_child(cfg_path: Path, status_path: Path, device: str, steps: int,
         _, model = build(cfg)
         model = model.to(device).train()
         if wait_go:
+            if not backward:  # one helper builds them: the other would only wait on the same build's lock
+                early["kernels_s"] = prebuild_search_kernels(model, device)
             early["ready_s"] = since_spawn()
             go = wait_for_go(status_path)
             early["go_s"] = since_spawn()
@@ -190,6 +192,27 @@ def compile_in_child(cfg_path: Path, status_path: Path, device: str, steps: int,
 
 
 GO_TIMEOUT_S = 24 * 3600.0  # an early helper's longest wait for the go (the run's set-up: data, kNN at init)
+
+
+def prebuild_search_kernels(model: Any, device: str) -> float | None:
+    """Build the fused search kernels' CUDA extension now, while the run sets up, if its first step would build
+    it: a fresh machine compiles it once (cached in torch's extensions folder afterwards), and the step's choice
+    of search backend (`SelfDistillation.prepare_loss`) waits for that build in the run and in the helper alike.
+    The seconds it took; None where the method uses no fused search, on the CPU, or when the build fails (the run
+    then meets the failure itself, and reports it as it always has)."""
+    search = getattr(model, "search_cfg", None) or {}
+    if not device.startswith("cuda") or getattr(model, "local_target", None) != "search" \
+            or search.get("backend", "auto") not in ("auto", "cuda"):
+        return None
+    from scfs.search import cuda_backend
+
+    t0 = time.perf_counter()
+    try:
+        cuda_backend.extension()
+    except RuntimeError as err:
+        log.info("the search kernels did not build here (%s); the run builds or skips them itself", err)
+        return None
+    return round(time.perf_counter() - t0, 1)
 
 
 def since_spawn() -> float | None:

@@ -247,3 +247,28 @@ def test_helpers_that_cannot_start_early_cost_the_run_only_its_head_start(tmp_pa
     assert ("compile_parallel: the helpers could not start before the set-up (OSError: no space left on device); "
             "they start at fit") in caplog.text
     assert made[0].early is None and made[0].proc is not None  # started at fit instead
+
+
+@pytest.mark.parametrize("overrides, device, builds", [
+    ([], "cuda:0", True),
+    (["method=dino"], "cuda:0", False),
+    (["search.backend=reference"], "cuda:0", False),
+    ([], "cpu", False),
+], ids=["scfs-gpu", "dino", "reference-search", "cpu"])
+def test_an_early_helper_builds_the_search_kernels_while_the_run_sets_up(monkeypatch, overrides, device, builds):
+    """On a fresh machine the fused search kernels' extension is compiled at the first step's choice of backend,
+    in the run and the helper alike: the early helper builds it before the go instead, where the run would."""
+    from scfs.search import cuda_backend
+    from scfs.train import build
+
+    calls: list[int] = []
+    monkeypatch.setattr(cuda_backend, "extension", lambda: calls.append(1))
+    _, model = build(compose_cfg(overrides))
+    assert (bgc.prebuild_search_kernels(model, device) is not None) is builds
+    assert len(calls) == int(builds)
+
+    def boom():
+        raise RuntimeError("building the CUDA extension failed: nvcc not found")
+
+    monkeypatch.setattr(cuda_backend, "extension", boom)  # left to the run, which reports it as always
+    assert bgc.prebuild_search_kernels(model, device) is None

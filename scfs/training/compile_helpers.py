@@ -208,6 +208,15 @@ def launch_local_rank() -> int:
     return 0
 
 
+def choose_compile_cache(cfg: DictConfig) -> str | None:
+    """The compile cache folder of this process and its children: TORCHINDUCTOR_CACHE_DIR when set (a user's own
+    setting wins), else `compile_cache`, put into the environment; None for torch's default."""
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not chosen and cfg.get("compile_cache"):
+        chosen = os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(str(cfg.compile_cache)).expanduser())
+    return chosen or None
+
+
 def early_device() -> str:
     """The device of a single-node run's first process, as its Trainer will name it (`ParallelCompile._device`);
     a run on another (`trainer.devices=[1]`) finds out at fit, where the callback starts its helpers anew."""
@@ -224,8 +233,8 @@ def start_early_helpers(cfg: DictConfig, run_dir: Path, batch_size: int | None =
     would start none, or would start them elsewhere: not a GPU run (`gpu_run`), `auto` off, a multi-node run
     (each node's files are named at fit) or a process other than its node's first (`launch_local_rank`).
 
-    The compile cache folder is chosen first (`compile_cache`, as `prepare_compile_cache` does), since the helpers
-    take it from this process's environment."""
+    The compile cache folder is chosen first (`choose_compile_cache`), since the helpers take it from this
+    process's environment."""
     if not gpu_run(cfg) or launch_local_rank() != 0:
         return None
     if int(cfg.get("trainer", {}).get("num_nodes", 1) or 1) > 1:
@@ -233,8 +242,7 @@ def start_early_helpers(cfg: DictConfig, run_dir: Path, batch_size: int | None =
     parallel, backward = parallel_helpers(cfg, cuda=True)
     if not parallel:
         return None
-    if not os.environ.get("TORCHINDUCTOR_CACHE_DIR") and cfg.get("compile_cache"):
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(str(cfg.compile_cache)).expanduser())
+    choose_compile_cache(cfg)
     if batch_size is None:
         from scfs.training.build import per_device_batch_size
 

@@ -97,9 +97,9 @@ def prepare_compile_cache(cfg: DictConfig) -> Path | None:
     run on another machine wrote is loaded into that folder first (`scfs.training.compile_artifacts`)."""
     if not cfg.get("compile", False):
         return None
-    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if not chosen and cfg.get("compile_cache"):
-        chosen = os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(str(cfg.compile_cache)).expanduser())
+    from scfs.training.compile_helpers import choose_compile_cache
+
+    chosen = choose_compile_cache(cfg)
     cache = Path(chosen) if chosen else None
     warm = cache is not None and cache.is_dir() and any(cache.iterdir())
     where = f"cache {cache}" if cache else "torch's default cache"

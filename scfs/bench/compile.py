@@ -560,12 +560,12 @@ def parallel_lines(rows: list[dict[str, Any]]) -> list[str]:
 
 def early_sentence(helper: dict[str, Any]) -> str:
     """What the helpers started at the process's start did before the go (`helper_process` with `early`)."""
-    ready = [f"{name} {h['early']['ready_s']} s" for name, h in (("the first", helper),
-                                                                  ("the backward's", helper.get("backward_helper")))
+    ready = [f"{h['early']['ready_s']} s ({name})" for name, h in (("the first helper", helper),
+                                                                    ("the backward's", helper.get("backward_helper")))
              if h and (h.get("early") or {}).get("ready_s") is not None]
     return (f"The helpers were started at the process's start, {helper['early_s']} s before the first step (as "
-            "`scfs.train` starts them, before its set-up)" + (f"; their model was built after {', '.join(ready)}"
-                                                              if ready else "") + ".")
+            "`scfs.train` starts them, before its set-up)"
+            + (f"; each had built its model {' and '.join(ready)} after its start" if ready else "") + ".")
 
 
 def background_table(rows: list[dict[str, Any]]) -> list[str]:

@@ -347,3 +347,44 @@ def test_each_row_says_whether_it_starts_the_helpers(monkeypatch, tmp_path, para
     (cmd,) = seen
     given = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--override"]
     assert [o for o in given if o.startswith("compile_parallel")] == expected
+
+
+def test_a_row_gives_the_helpers_started_at_its_processs_start_the_go_at_its_first_step(monkeypatch, tmp_path,
+                                                                                        eager_backend):
+    """A GPU row starts its helpers when its process starts, as `scfs.train` does (forced here on the CPU): they
+    wait for the go, which the row gives at its first step; its parts then come from them, and the record says how
+    long before the first step they started and when their models were built."""
+    import scfs.training.background_compile as bgc
+    import scfs.training.compile_helpers as ch
+
+    stand_in = ("import sys, time; from pathlib import Path\n"
+                "from scfs.training.compile_helpers import PARTS, go_path, part_path, read_status, started_path, "
+                "write_status\n"
+                "p = Path(sys.argv[1])\n"
+                "for part in PARTS:\n"
+                "    write_status(started_path(p, part), {'ok': True})\n"
+                "while read_status(go_path(p)) is None:\n"
+                "    time.sleep(0.02)\n"
+                "for part in PARTS:\n"
+                "    write_status(part_path(p, part), {'ok': True})\n"
+                "write_status(p, {'ok': True, 'early': {'ready_s': 0.5, 'go_s': 1.5}})\n")
+    monkeypatch.setattr(ch, "gpu_run", lambda cfg: True)
+    monkeypatch.setattr(ch, "early_device", lambda: "cpu")
+    monkeypatch.setattr(ch, "helper_command", lambda cfg_path, status_path, *a, **kw:
+                        [sys.executable, "-c", stand_in, str(status_path)])
+    cfg = bench.compose("default", "cpu", True, "model", True, ["compile_parallel=true",
+                                                                 "compile_parallel_backward=false"])
+    early = ch.start_early_helpers(cfg, tmp_path, int(cfg.batch_size))
+    assert list(early.paths) == ["parts"]
+    try:
+        row = bench.measure(cfg, "cpu", 1, 1, None, None, early)
+    finally:
+        early.stop()
+    par = row["parallel"]
+    assert par["built_here"] == [] and par["helper"]["early_s"] >= 0, par
+    assert bgc.read_status(ch.go_path(early.paths["parts"]))["settings"] == bgc.key_settings()
+    md = bench.markdown({"machine": "m", "torch": "t", "date": "d", "commit": "c", "command": "x", "first_steps": 1,
+                         "table": [{**row, "recipe": "default", "setting": "parallel", "process_cpu_s": 1.0}]})
+    assert (f"The helpers were started at the process's start, {par['helper']['early_s']} s before the first step "
+            "(as `scfs.train` starts them, before its set-up); each had built its model 0.5 s (the first helper) "
+            "after its start.") in md

@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -100,7 +101,9 @@ def test_a_helper_waits_for_the_go_and_never_outlives_the_run(tmp_path, monkeypa
     assert bgc.wait_for_go(status, timeout_s=0.1) is None  # no go: it gives up
     parents = iter([1000, 1000, 1])  # the run died: this process was handed to init
     monkeypatch.setattr(bgc.os, "getppid", lambda: next(parents, 1))
+    t0 = time.monotonic()
     assert bgc.wait_for_go(status, timeout_s=60) is None
+    assert time.monotonic() - t0 < 5  # at the parent's end, not the timeout
 
 
 @pytest.mark.parametrize("changed", [False, True], ids=["same-config", "config-changed"])

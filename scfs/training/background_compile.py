@@ -151,12 +151,14 @@ def compile_in_child(cfg_path: Path, status_path: Path, device: str, steps: int,
     try:
         from scfs.training.build import build
 
+        def build_on_device(cfg: DictConfig) -> Any:
+            torch.manual_seed(int(cfg.seed))
+            return build(cfg)[1].to(device).train()
+
         cfg = OmegaConf.load(cfg_path)
         if device.startswith("cuda:"):
             torch.cuda.set_device(torch.device(device))
-        torch.manual_seed(int(cfg.seed))
-        _, model = build(cfg)
-        model = model.to(device).train()
+        model = build_on_device(cfg)
         if wait_go:
             if not backward:  # one helper builds them: the other would only wait on the same build's lock
                 early["kernels_s"] = prebuild_search_kernels(model, device)
@@ -169,10 +171,7 @@ def compile_in_child(cfg_path: Path, status_path: Path, device: str, steps: int,
             final = OmegaConf.load(go["config"])
             early["rebuilt"] = OmegaConf.to_container(final) != OmegaConf.to_container(cfg)
             if early["rebuilt"]:  # the run's set-up changed the config the helper was started with
-                cfg = final
-                torch.manual_seed(int(cfg.seed))
-                _, model = build(cfg)
-                model = model.to(device).train()
+                cfg, model = final, build_on_device(final)
             t0 = time.perf_counter()
         if backward:
             status = _compile_backward_only(model, cfg, device, status_path)

@@ -154,6 +154,17 @@ STAND_IN = ("import sys, time; from pathlib import Path\n"
             "write_status(p, {'ok': True, 'go': read_status(go_path(p))})\n")
 
 
+def recording(made: list) -> type:
+    """`ParallelCompile` that appends each instance to `made`."""
+
+    class Made(bgc.ParallelCompile):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            made.append(self)
+
+    return Made
+
+
 def _early_run(monkeypatch, tmp_path, shapes_root, device: str) -> tuple[list, list[bgc.ParallelCompile]]:
     """A CPU run of `compile_parallel=true` whose helpers `scfs.train` starts before its set-up (as on a GPU run),
     on `device`, each a stand-in (`STAND_IN`)."""
@@ -165,11 +176,6 @@ def _early_run(monkeypatch, tmp_path, shapes_root, device: str) -> tuple[list, l
         launched.append(status_path)
         return real_launch(cfg, batch_size, status_path, command)
 
-    class Made(bgc.ParallelCompile):
-        def __init__(self, *a, **kw):
-            super().__init__(*a, **kw)
-            made.append(self)
-
     monkeypatch.setattr(ch, "launch", launch)
     monkeypatch.setattr(bgc, "launch", launch)  # the callback's own start at fit
     monkeypatch.setattr(ch, "gpu_run", lambda cfg: True)
@@ -178,7 +184,7 @@ def _early_run(monkeypatch, tmp_path, shapes_root, device: str) -> tuple[list, l
                         backward=False, wait_go=False: [sys.executable, "-c", STAND_IN, str(status_path),
                                                         "1" if wait_go else "0"])
     monkeypatch.setattr(bgc, "helper_command", ch.helper_command)
-    monkeypatch.setattr(bgc, "ParallelCompile", Made)
+    monkeypatch.setattr(bgc, "ParallelCompile", recording(made))
     cfg = compose_cfg(["compile=true", "compile_parallel=true", "trainer.limit_train_batches=2",
                        "eval.knn_at_start=false"], data_root=shapes_root)
     run(cfg, tmp_path)
@@ -234,14 +240,8 @@ def test_helpers_that_cannot_start_early_cost_the_run_only_its_head_start(tmp_pa
         raise OSError("no space left on device")
 
     made: list[bgc.ParallelCompile] = []
-
-    class Made(bgc.ParallelCompile):
-        def __init__(self, *a, **kw):
-            super().__init__(*a, **kw)
-            made.append(self)
-
     monkeypatch.setattr(ch, "start_early_helpers", fail)
-    monkeypatch.setattr(bgc, "ParallelCompile", Made)
+    monkeypatch.setattr(bgc, "ParallelCompile", recording(made))
     monkeypatch.setattr(bgc, "helper_command", lambda *a, **kw: [sys.executable, "-c", "pass"])
     caplog.set_level(logging.INFO, logger="scfs.train")
     cfg = compose_cfg(["compile=true", "compile_parallel=true", "trainer.limit_train_batches=2",

@@ -180,6 +180,8 @@ def validate_config(cfg: DictConfig) -> None:
            required=False)
     _check(cfg, "compile_parallel_backward", lambda v: isinstance(v, bool) or v == "auto", "true, false or auto",
            required=False)
+    _check(cfg, "compile_cudnn_warmup", lambda v: isinstance(v, bool) or v == "auto", "true, false or auto",
+           required=False)
     backend = _get(cfg, "compile_backend", "inductor")
     no_group = "has no process group, so its graphs (plain BatchNorm) are not the run's; set sync_bn=false"
     _refuse_conflicts(cfg, "compile_background", [
@@ -202,6 +204,16 @@ def validate_config(cfg: DictConfig) -> None:
         (_get(cfg, "compile_parallel", False) is False,
          "compile_parallel=false: the backward's helper works beside compile_parallel's; set compile_parallel=true "
          "or auto")])
+    _refuse_conflicts(cfg, "compile_cudnn_warmup", [
+        (not _get(cfg, "compile", False), "compile=false: the first backward comes right after the first forward, "
+                                          "with no compile to overlap; set compile=true"),
+        (_get(cfg, "compile_background", False),
+         "compile_background=true: its eager steps benchmark the algorithms from the first step; set one of them"),
+        (str(_get(cfg, "trainer.accelerator", "cpu")) == "cpu", "trainer.accelerator=cpu: cuDNN runs on CUDA only; "
+                                                                 "use trainer=gpu"),
+        (not _get(cfg, "trainer.benchmark", False), "trainer.benchmark=false: cuDNN's heuristics choose the "
+                                                    "algorithms, so there are no benchmarks to run early; set "
+                                                    "trainer.benchmark=true")])
     inductor = _get(cfg, "compile_inductor", None)
     if inductor is not None:
         from scfs import inductor_options

@@ -152,9 +152,9 @@ run study-local-gpus "python -m scfs.train -m +study=cifar10_seeds hydra/launche
   "seed=0 hydra.sweep.dir=runs/multirun/$STUDY hydra.sweeper.reuse=false $E $SHORT eval.knn_at_start=false" &
 run search-check "python -m scfs.search.check --quick" "" &
 # the GPU tests of the compiled paths that only a GPU can check (CUDA graph replays against eager; the step's calls
-# traced whole on CUDA, with this machine's torch)
+# traced whole on CUDA, with this machine's torch; the compiled backward's cuDNN algorithms chosen by the warm-up)
 run pytest-gpu "python -m pytest -m gpu" \
-  "-q -p no:cacheprovider tests/method/test_compile_backend.py tests/data/test_batch_aug.py tests/method/test_compile.py" &
+  "-q -p no:cacheprovider tests/method/test_compile_backend.py tests/data/test_batch_aug.py tests/method/test_compile.py tests/method/test_cudnn_warmup.py" &
 # the child's and the helpers' cache entries are the run's: two or three cold compiles each, beside a loaded GPU
 # and host, so rows of their own with a longer limit
 LIMIT=450 run pytest-gpu-background "python -m pytest -m gpu" \

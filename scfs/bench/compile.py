@@ -27,7 +27,10 @@ share the seed, so a cache that changed the numbers would show). Rows:
   fast as the `warm` row, and stop the helper after its first steps (as a run does with a helper behind it).
 * `parallel-backward`, `parallel-backward-warm`, `parallel-backward-lean`: the `parallel`, `parallel-warm` and
   `parallel-lean` rows with `compile_parallel_backward=true`: a second helper compiles the student's backward graph
-  while the run compiles the student's forward (`scfs.training.backward_helper`).
+  while the run compiles the student's forward (`scfs.training.backward_helper`). As the recipes ship them, these
+  rows also benchmark cuDNN's backward convolution algorithms on a side thread during the compile
+  (`compile_cudnn_warmup=auto`, `scfs.training.cudnn_warmup`); every other row turns that off.
+* `parallel-backward-no-cudnn-warmup`: `parallel-backward` without that warm-up; `cudnn-warmup`: `cold` with it.
 * `lean`: an empty cache with inductor's options that spend compile time on step time turned off (`LEAN`: no
   launch-config benchmarks of pointwise kernels, no loop reordering after fusion; `compile_inductor`): what they
   cost the first compile, and what dropping them costs the step.
@@ -75,11 +78,14 @@ from scfs.names import CONF_DIR
 
 ROWS = ("eager", "cold", "warm", "carried", "blocks", "blocks-carried", "cudagraphs", "background", "parallel",
         "parallel-warm", "lean", "parallel-lean", "parallel-backward", "parallel-backward-warm",
-        "parallel-backward-lean", "heuristics")
+        "parallel-backward-lean", "parallel-backward-no-cudnn-warmup", "cudnn-warmup", "heuristics")
 # the `lean` row's inductor options (`compile_inductor`): the defaults that spend compile time to win step time
 LEAN = ("compile_inductor=lean",)
 # the `parallel-backward*` rows: a second helper compiles the student's backward graph
 BACKWARD = ("compile_parallel_backward=true",)
+# the rows that warm cuDNN's backward algorithms up beside the compile (`compile_cudnn_warmup`; auto: off on the CPU):
+# the `parallel-backward*` rows (as the recipes ship) and `cudnn-warmup`; every other row turns it off
+WARMUP = ("compile_cudnn_warmup=auto",)
 # the `heuristics` row: cuDNN's heuristics pick the convolution algorithms instead of its benchmarks
 HEURISTICS = ("trainer.benchmark=false",)
 # torch's compile timers shown in the record's second table: (label, timer name). Inclusive and nested (a label's
@@ -147,6 +153,7 @@ def measure(cfg: Any, device: str, first: int, steady: int, artifacts_in: str | 
 
     from scfs.train import build
     from scfs.training.compile_helpers import parallel_helpers
+    from scfs.training.cudnn_warmup import CudnnWarmup, cudnn_benchmarks, warmup_off_reason
     from scfs.training.plain_step import make_step
 
     loaded = None
@@ -159,6 +166,10 @@ def measure(cfg: Any, device: str, first: int, steady: int, artifacts_in: str | 
     _, model = build(cfg)
     model = model.to(device).train()
     step = make_step(model, cfg, device, model.configure_optimizers())
+    warmup = None
+    if warmup_off_reason(cfg, device.startswith("cuda"), cudnn_benchmarks()) is None:
+        warmup = CudnnWarmup(model, cfg, device)
+        step = start_at_first_step(step, warmup)
     if cfg.get("compile_background", False):
         row = {**measure_background(model, cfg, device, step, first, steady), "loaded_artifacts": loaded}
     elif parallel_helpers(cfg, device.startswith("cuda"))[0]:
@@ -171,12 +182,26 @@ def measure(cfg: Any, device: str, first: int, steady: int, artifacts_in: str | 
     else:
         row = measure_steps(model, device, step, first, steady, loaded)
     row["cudnn_benchmark"] = cudnn_benchmark
+    if warmup is not None:
+        row["cudnn_warmup"] = warmup.report()
     if artifacts_out:
         from scfs.training.compile_artifacts import save_compile_artifacts
 
         size = save_compile_artifacts(artifacts_out)
         row["artifacts_mb"] = round(size / 1e6, 2) if size else None
     return row
+
+
+def start_at_first_step(step: Callable[[int], Any], warmup: Any) -> Callable[[int], Any]:
+    """`step` that starts `warmup` (`compile_cudnn_warmup`) at its first call, inside the first steps' time, as the
+    run's callback starts it when training starts."""
+
+    def first(i: int) -> Any:
+        if warmup.t0 is None:
+            warmup.start()
+        return step(i)
+
+    return first
 
 
 def helper_process(model: Any, cfg: Any, device: str, early: Any = None) -> Any:
@@ -392,10 +417,10 @@ def run_row(args: argparse.Namespace, recipe: str, row: str, cache_dir: Path, sc
     row_ov += ["compile_background=true"] if background else []
     row_ov += ["compile_parallel=true"] if parallel else []
     row_ov += list(extra)
-    # each row says whether it starts the helpers, where nothing else does: the recipes' `auto` would start them
-    # on a GPU machine
+    # each row says whether it starts the helpers and the cuDNN warm-up, where nothing else does: the recipes'
+    # `auto` would start them on a GPU machine
     given = [*(args.override or []), *row_ov]
-    row_ov += [f"{key}=false" for key in ("compile_parallel", "compile_parallel_backward")
+    row_ov += [f"{key}=false" for key in ("compile_parallel", "compile_parallel_backward", "compile_cudnn_warmup")
                if not any(o.startswith(f"{key}=") for o in given)]
     for o in [*(args.override or []), *row_ov]:
         cmd += ["--override", o]
@@ -464,11 +489,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "parallel-lean": dict(cache_dir=d / "parallel-lean", scope="model", parallel=True, extra=LEAN),
                     "parallel-warm": dict(cache_dir=d / "parallel", scope="model", parallel=True),
                     "parallel-backward": dict(cache_dir=d / "parallel-backward", scope="model", parallel=True,
-                                              extra=BACKWARD),
+                                              extra=(*BACKWARD, *WARMUP)),
                     "parallel-backward-warm": dict(cache_dir=d / "parallel-backward", scope="model", parallel=True,
-                                                   extra=BACKWARD),
+                                                   extra=(*BACKWARD, *WARMUP)),
                     "parallel-backward-lean": dict(cache_dir=d / "parallel-backward-lean", scope="model",
-                                                   parallel=True, extra=(*BACKWARD, *LEAN)),
+                                                   parallel=True, extra=(*BACKWARD, *WARMUP, *LEAN)),
+                    "parallel-backward-no-cudnn-warmup": dict(cache_dir=d / "parallel-backward-no-cudnn-warmup",
+                                                              scope="model", parallel=True, extra=BACKWARD),
+                    "cudnn-warmup": dict(cache_dir=d / "cudnn-warmup", scope="model", extra=WARMUP),
                     "heuristics": dict(cache_dir=d / "heuristics", scope="model", extra=HEURISTICS),
                 }
                 for name in rows:

@@ -182,6 +182,10 @@ def make_callbacks(cfg: DictConfig, dm: Any, run_dir: Path, early: Any = None) -
         callbacks.append(BackgroundCompile(cfg, run_dir, batch_size=dm.batch_size))
     elif cfg.get("compile", False) and cfg.get("compile_parallel", False) is not False:
         callbacks += parallel_compile_callbacks(cfg, run_dir, dm.batch_size, early)
+    if cfg.get("compile", False) and cfg.get("compile_cudnn_warmup", False) is not False:
+        from scfs.training.cudnn_warmup import CudnnWarmupCallback
+
+        callbacks.append(CudnnWarmupCallback(cfg))
     if cfg.get("compile", False) and cfg.get("compile_artifacts"):
         from scfs.training.compile_artifacts import CompileArtifacts
 

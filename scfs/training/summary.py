@@ -70,6 +70,11 @@ def summarise(summary: dict[str, Any], cfg: DictConfig, trainer: Any, model: Any
     child = next((c for c in trainer.callbacks if isinstance(c, ChildCompile)), None)
     if child is not None:  # compile_background / compile_parallel: what the child did for the run
         summary[child.summary_key] = child.summary_entry()
+    from scfs.training.cudnn_warmup import CudnnWarmupCallback
+
+    warmup = next((c for c in trainer.callbacks if isinstance(c, CudnnWarmupCallback)), None)
+    if warmup is not None:  # compile_cudnn_warmup: how many convolutions, and when the last was chosen
+        summary[warmup.summary_key] = warmup.summary_entry()
     if budget is not None and budget.stopped:
         summary["stopped_by_chunk_budget"] = True
         summary["resume_with"] = f"resume={last.path}"

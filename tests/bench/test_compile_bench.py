@@ -322,16 +322,23 @@ def test_a_table_row_gives_each_timed_column_as_the_median_over_the_repeats():
     assert (three["first_s"], three["lost_s"], three["step_ms"], three["phases"]) == (90.0, 89.0, 32.25, "c")
 
 
+OFF = "compile_cudnn_warmup=false"
+
+
 @pytest.mark.parametrize("parallel, extra, user, expected", [
-    (False, (), [], ["compile_parallel=false", "compile_parallel_backward=false"]),
-    (True, (), [], ["compile_parallel=true", "compile_parallel_backward=false"]),
-    (True, bench.BACKWARD, [], ["compile_parallel=true", "compile_parallel_backward=true"]),
-    (False, (), ["compile_parallel=auto"], ["compile_parallel=auto", "compile_parallel_backward=false"]),
-], ids=["cold", "parallel", "parallel-backward", "user-says"])
+    (False, (), [], ["compile_parallel=false", "compile_parallel_backward=false", OFF]),
+    (True, (), [], ["compile_parallel=true", "compile_parallel_backward=false", OFF]),
+    (True, (*bench.BACKWARD, *bench.WARMUP), [],
+     ["compile_parallel=true", "compile_parallel_backward=true", "compile_cudnn_warmup=auto"]),
+    (True, bench.BACKWARD, [], ["compile_parallel=true", "compile_parallel_backward=true", OFF]),
+    (False, bench.WARMUP, [], ["compile_parallel=false", "compile_parallel_backward=false",
+                               "compile_cudnn_warmup=auto"]),
+    (False, (), ["compile_parallel=auto"], ["compile_parallel=auto", "compile_parallel_backward=false", OFF]),
+], ids=["cold", "parallel", "parallel-backward", "parallel-backward-no-cudnn-warmup", "cudnn-warmup", "user-says"])
 def test_each_row_says_whether_it_starts_the_helpers(monkeypatch, tmp_path, parallel, extra, user, expected):
-    """The recipes ship `compile_parallel=auto`, which starts the helpers on a GPU machine: every row names both keys
-    (unless the row or the user does), so a `cold` row stays one process and a `parallel` row starts only the helper
-    it is named for."""
+    """The recipes ship `compile_parallel=auto` and `compile_cudnn_warmup=auto`, which start the helpers and the
+    warm-up on a GPU machine: every row names the three keys (unless the row or the user does), so a `cold` row
+    stays one process without the warm-up and a `parallel` row starts only the helper it is named for."""
     import argparse
     import subprocess
 
@@ -346,7 +353,7 @@ def test_each_row_says_whether_it_starts_the_helpers(monkeypatch, tmp_path, para
     bench.run_row(args, "cifar10", "row", tmp_path, "model", parallel=parallel, extra=extra)
     (cmd,) = seen
     given = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--override"]
-    assert [o for o in given if o.startswith("compile_parallel")] == expected
+    assert sorted(o for o in given if o.startswith(("compile_parallel", "compile_cudnn_warmup"))) == sorted(expected)
 
 
 def test_a_row_gives_the_helpers_started_at_its_processs_start_the_go_at_its_first_step(monkeypatch, tmp_path,

@@ -1,0 +1,264 @@
+"""`compile_cudnn_warmup`: the student's backward convolutions listed on fake tensors and run once inside an
+autograd backward, on a side thread, so that cuDNN's algorithm cache of the device's autograd thread holds them
+before the run's first backward (`scfs.training.cudnn_warmup`)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+import torch
+from helpers import TINY_RESNET18, compose_cfg
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from scfs.config import ConfigError, validate_config
+from scfs.methods.networks import student_forward
+from scfs.training import cudnn_warmup as cw
+from scfs.training.plain_step import autocast_for, random_views
+
+
+def _build(overrides: list[str]):
+    from scfs.train import build
+
+    torch.manual_seed(0)
+    cfg = compose_cfg(overrides)
+    return cfg, build(cfg)[1]
+
+
+def layout(t: torch.Tensor) -> tuple[bool, bool]:
+    """Which memory formats `t` is dense in (both for a map of 1x1 pixels, whose strides do not matter)."""
+    return t.is_contiguous(), t.is_contiguous(memory_format=torch.channels_last)
+
+
+class BackwardConvs(TorchDispatchMode):
+    """Records each `aten.convolution_backward` as cuDNN's algorithm cache keys it: the sizes, the dtype, the
+    memory formats of input and weight (`layout`), stride, padding, dilation, groups, and the gradients computed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.keys: set[tuple] = set()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.convolution_backward.default:
+            _, x, w, _, stride, padding, dilation, transposed, _, groups, mask = args
+            self.keys.add((tuple(x.shape), tuple(w.shape), x.dtype, layout(x), layout(w), tuple(stride), tuple(padding),
+                           tuple(dilation), bool(transposed), int(groups), tuple(mask)))
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def grad_leaves(out) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out] if out.requires_grad else []
+    if isinstance(out, dict):
+        return [t for v in out.values() for t in grad_leaves(v)]
+    if isinstance(out, (list, tuple)):
+        return [t for v in out for t in grad_leaves(v)]
+    return []
+
+
+def step_backward(model, cfg, device, fn=student_forward) -> None:
+    """The step's student call on the run's views and a backward through every output that has a gradient."""
+    g, loc = random_views(cfg, device, model.channels_last)
+    with autocast_for(str(cfg.trainer.precision), torch.device(device).type):
+        out = fn(model.student, g, loc, model.stages, model._local_heads)
+    sum(t.float().sum() for t in grad_leaves(out)).backward()
+
+
+@pytest.mark.parametrize("overrides", [
+    [*TINY_RESNET18, "backbone.channels_last=true"],
+    [*TINY_RESNET18, "backbone.channels_last=true", "trainer.precision=bf16-mixed"],
+    ["backbone.channels_last=false"],
+], ids=["resnet18-channels-last", "resnet18-bf16-autocast", "tiny-contiguous"])
+def test_the_warmup_runs_every_backward_convolution_the_step_runs(overrides):
+    """The calls listed on fake tensors, run by the warm-up, are the eager step's backward convolutions, key for
+    key: sizes, dtype after autocast, memory format, parameters and the gradients computed."""
+    cfg, model = _build(overrides)
+    step = BackwardConvs()
+    with step:
+        step_backward(model, cfg, "cpu")
+    model.zero_grad(set_to_none=True)
+    calls = cw.conv_calls(model, cfg, "cpu")
+    warm = BackwardConvs()
+    with warm:
+        seen = cw.run_backwards(calls, "cpu")
+    assert seen["calls"] == len(calls) == warm.count == len(warm.keys)  # each distinct call once
+    assert warm.keys == step.keys
+    assert any(k[-1][0] is False for k in warm.keys)  # the stem's: no input gradient, as in the step
+    if "trainer.precision=bf16-mixed" in overrides:
+        assert torch.bfloat16 in {k[2] for k in warm.keys}
+
+
+def test_listing_the_convolutions_runs_nothing_on_the_model():
+    """The listing runs the student on fakes: no weight, BatchNorm statistic or gradient of the model changes, and
+    the model stays in train mode."""
+    cfg, model = _build([*TINY_RESNET18, "backbone.channels_last=true"])
+    before = {k: v.clone() for k, v in model.student.state_dict().items()}
+    calls = cw.conv_calls(model, cfg, "cpu")
+    assert calls and all(isinstance(c, cw.ConvCall) for c in calls)
+    after = model.student.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert all(p.grad is None for p in model.student.parameters())
+    assert model.student.training
+
+
+def test_the_backwards_run_inside_an_autograd_backward():
+    """`run_backwards` calls the convolutions from a node's backward (on CUDA: the device's autograd thread, the one
+    the run's backward uses; the GPU test below checks that thread), each once, and leaves no gradient behind."""
+    cfg, model = _build([*TINY_RESNET18])
+    calls = cw.conv_calls(model, cfg, "cpu")
+    seen = cw.run_backwards(calls, "cpu")
+    assert seen["in_backward"] is True and seen["calls"] == len(calls)
+    assert all(p.grad is None for p in model.student.parameters())
+
+
+def test_a_warmup_on_its_thread_reports_what_it_did(caplog):
+    cfg, model = _build([*TINY_RESNET18])
+    with caplog.at_level(logging.INFO, logger=cw.__name__):
+        warmup = cw.CudnnWarmup(model, cfg, "cpu").start()
+        warmup.join(60)
+    report = warmup.report()
+    assert warmup.thread is not None and warmup.thread.name == "scfs-cudnn-warmup"
+    assert report["convs"] == len(cw.conv_calls(model, cfg, "cpu")) > 0
+    assert report["done_s"] is not None and report["done_s"] >= report["record_s"] >= 0
+    assert "error" not in report
+    assert f"for {report['convs']} convolutions chosen in" in caplog.text
+
+
+def test_a_failed_warmup_says_so_in_one_line_and_leaves_the_run_alone(caplog):
+    """A student the listing cannot run (here: no student at all) costs the run the warm-up, nothing else."""
+    cfg, model = _build([*TINY_RESNET18])
+
+    class NoStudent:
+        stages, _local_heads, channels_last = model.stages, model._local_heads, False
+
+    with caplog.at_level(logging.WARNING, logger=cw.__name__):
+        warmup = cw.CudnnWarmup(NoStudent(), cfg, "cpu").start()
+    assert warmup.thread is None and warmup.report()["convs"] == 0
+    assert "AttributeError" in warmup.report()["error"]
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "the warm-up failed" in line and "benchmarks its backward's convolutions itself" in line
+
+
+@pytest.mark.parametrize("settings, cuda, benchmark, why", [
+    ({}, True, True, None),
+    ({"compile_cudnn_warmup": True}, True, True, None),
+    ({"compile_cudnn_warmup": False}, True, True, "compile_cudnn_warmup=false"),
+    ({"compile": False}, True, True, "compile=false"),
+    ({"compile_background": True}, True, True, "compile_background=true"),
+    ({}, False, True, "no CUDA device"),
+    ({}, True, False, "trainer.benchmark=false"),
+])
+def test_auto_runs_where_a_compiled_step_benchmarks_cudnn_on_a_gpu(settings, cuda, benchmark, why):
+    cfg = {"compile": True, "compile_cudnn_warmup": "auto", **settings}
+    got = cw.warmup_off_reason(cfg, cuda, benchmark)
+    assert got == why if why is None else why in got
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (["compile=false"], "compile_cudnn_warmup=true is invalid with compile=false.*set compile=true"),
+    (["compile=true", "compile_background=true"], "compile_cudnn_warmup=true is invalid with "
+                                                  "compile_background=true"),
+    (["compile=true", "trainer=cpu"], "compile_cudnn_warmup=true is invalid with trainer.accelerator=cpu.*"
+                                      "trainer=gpu"),
+    (["compile=true", "trainer=gpu", "trainer.benchmark=false"],
+     "compile_cudnn_warmup=true is invalid with trainer.benchmark=false.*set trainer.benchmark=true"),
+    (["compile=true", "compile_cudnn_warmup=maybe"], "compile_cudnn_warmup='maybe' is invalid.*true, false or auto"),
+])
+def test_true_refuses_what_leaves_nothing_to_warm_in_one_line(overrides, match):
+    cfg = compose_cfg(["compile_cudnn_warmup=true", *overrides]) if "compile_cudnn_warmup=maybe" not in overrides \
+        else compose_cfg(overrides)
+    with pytest.raises(ConfigError, match=match):
+        validate_config(cfg)
+
+
+def test_the_shipped_configs_leave_it_on_auto():
+    from helpers import CONF
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        for recipe in ([], ["+experiment=cifar10"], ["+experiment=imagenet"], ["+experiment=imagenet_vit"]):
+            assert compose(config_name="config", overrides=recipe).compile_cudnn_warmup == "auto", recipe
+
+
+def test_a_compiled_run_gets_the_callback_and_a_cpu_run_says_why_it_is_off(tmp_path, caplog):
+    """The callback joins every compiled run that does not turn it off; on a CPU it starts nothing and says why,
+    and the summary records that."""
+    from types import SimpleNamespace
+
+    from scfs.training.setup import make_callbacks
+
+    cfg = compose_cfg(["compile=true"])
+    dm = SimpleNamespace(train_set=object(), batch_size=16)
+    callbacks, _, _ = make_callbacks(cfg, dm, tmp_path)
+    (cb,) = [c for c in callbacks if isinstance(c, cw.CudnnWarmupCallback)]
+    off, _, _ = make_callbacks(compose_cfg(["compile=true", "compile_cudnn_warmup=false"]), dm, tmp_path)
+    assert not [c for c in off if isinstance(c, cw.CudnnWarmupCallback)]
+    eager, _, _ = make_callbacks(compose_cfg(["compile=false"]), dm, tmp_path)
+    assert not [c for c in eager if isinstance(c, cw.CudnnWarmupCallback)]
+    with caplog.at_level(logging.INFO, logger=cw.__name__):
+        cb.on_train_start(None, SimpleNamespace(device=torch.device("cpu")))
+    assert cb.warmup is None and cb.summary_entry() == {"off": "no CUDA device"}
+    assert "compile_cudnn_warmup=auto: off here (no CUDA device)" in caplog.text
+
+
+@pytest.mark.gpu
+def test_gpu_the_compiled_backward_benchmarks_nothing_after_the_warmup(monkeypatch):
+    """On a GPU, with cuDNN benchmarking: the first backward of the compiled student call launches more kernels than
+    the second (cuDNN times its candidates) where no warm-up ran, and exactly as many where it did: the compiled
+    backward's convolutions found every algorithm chosen. The warm-up's backward ran on autograd's device thread, not
+    the calling one. Triton's launch-config benchmarks are left out of the count (their kernels are named triton_*)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from torch.profiler import ProfilerActivity, profile
+
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
+    gpu = ["trainer.accelerator=gpu", "trainer.devices=1", "trainer.precision=bf16-mixed",
+           "backbone.channels_last=true"]
+    fn = torch.compile(student_forward, dynamic=False)
+
+    def backward_kernels(model, cfg) -> int:
+        model.zero_grad(set_to_none=True)  # both backwards assign, neither accumulates
+        g, loc = random_views(cfg, "cuda", True)
+        with autocast_for(str(cfg.trainer.precision), "cuda"):
+            out = fn(model.student, g, loc, model.stages, model._local_heads)
+        loss = sum(t.float().sum() for t in grad_leaves(out))
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            loss.backward()
+            torch.cuda.synchronize()
+        return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+                   and not e.name.startswith("triton"))
+
+    counts = {}
+    for name, batch in (("cold", 12), ("warmed", 10)):  # batch sizes no other test benchmarked in this process
+        cfg, model = _build([*TINY_RESNET18, *gpu, f"batch_size={batch}"])
+        model = model.cuda()
+        if name == "warmed":
+            warmup = cw.CudnnWarmup(model, cfg, "cuda").start()
+            warmup.join(300)
+            report = warmup.report()
+            assert report["done_s"] is not None and "error" not in report, report
+        counts[name] = (backward_kernels(model, cfg), backward_kernels(model, cfg))
+    assert counts["cold"][0] > counts["cold"][1], counts  # the benchmarks show in a cold first backward
+    assert counts["warmed"][0] == counts["warmed"][1], counts
+    seen = cw.run_backwards(cw.conv_calls(model, cfg, "cuda")[:1], "cuda")
+    assert seen["autograd_thread"] != threading.current_thread().name
+    torch._dynamo.reset()
+
+
+def test_a_compiled_student_is_listed_without_compiling():
+    """With `compile=true` the student's backbone or its blocks are compiled in place: the listing runs them as
+    plain modules, so it traces nothing and finds the same convolutions."""
+    from torch._dynamo.utils import counters
+
+    plain_cfg, plain = _build([*TINY_RESNET18])
+    for scope in ("model", "blocks"):
+        cfg, model = _build([*TINY_RESNET18, "compile=true", f"compile_scope={scope}"])
+        torch._dynamo.reset()
+        counters.clear()
+        calls = cw.conv_calls(model, cfg, "cpu")
+        assert counters["stats"]["unique_graphs"] == 0 and not counters["frames"], scope
+        assert calls == cw.conv_calls(plain, plain_cfg, "cpu")

@@ -547,8 +547,25 @@ def cudnn_lines(rows: list[dict[str, Any]]) -> list[str]:
         return []
     on = [f"{r['recipe']} {r['setting']}" for r in said if r["cudnn_benchmark"]]
     off = [f"{r['recipe']} {r['setting']}" for r in said if not r["cudnn_benchmark"]]
-    return ["", "cuDNN's algorithm benchmarks (`trainer.benchmark`, as the run's Trainer sets them): "
-                f"on in {', '.join(on) or 'no row'}; off (cuDNN's heuristics) in {', '.join(off) or 'no row'}."]
+    out = ["", "cuDNN's algorithm benchmarks (`trainer.benchmark`, as the run's Trainer sets them): "
+               f"on in {', '.join(on) or 'no row'}; off (cuDNN's heuristics) in {', '.join(off) or 'no row'}."]
+    warmed = [r for r in said if r.get("cudnn_warmup")]
+    if warmed:
+        out[-1] += " The backward's benchmarked on a side thread during the compile (`compile_cudnn_warmup`) in " + \
+            "; ".join(warmup_phrase(r) for r in warmed) + "; in no other row."
+    return out
+
+
+def warmup_phrase(row: dict[str, Any]) -> str:
+    """What a row's cuDNN warm-up did: how many convolutions, how long the listing took, when the last was chosen
+    (seconds from the first step's start), or why it failed."""
+    w = row["cudnn_warmup"]
+    what = f"{row['recipe']} {row['setting']} ({w.get('convs', 0)} convolutions, listed in {w.get('record_s')} s"
+    if w.get("error"):
+        return what + f"; failed: {w['error']})"
+    done = w.get("done_s")
+    return what + (f", the last chosen {done} s into the first step)" if done is not None
+                   else ", not finished by the row's end)")
 
 
 def parallel_lines(rows: list[dict[str, Any]]) -> list[str]:

@@ -43,6 +43,15 @@ def test_the_record_says_which_rows_benchmarked_cudnns_algorithms():
                                           "sets them): on in cifar10 cold; off (cuDNN's heuristics) in cifar10 "
                                           "heuristics.")
     assert bench.cudnn_lines([{"recipe": "cifar10", "setting": "cold"}]) == []  # an older record: not said
+    warmed = [{"recipe": "imagenet", "setting": "parallel-backward", "cudnn_benchmark": True,
+               "cudnn_warmup": {"convs": 46, "record_s": 0.41, "done_s": 21.3}},
+              {"recipe": "imagenet", "setting": "cudnn-warmup", "cudnn_benchmark": True,
+               "cudnn_warmup": {"convs": 0, "record_s": None, "done_s": None, "error": "RuntimeError: boom"}},
+              {"recipe": "imagenet", "setting": "cold", "cudnn_benchmark": True}]
+    assert bench.cudnn_lines(warmed)[-1].endswith(
+        "The backward's benchmarked on a side thread during the compile (`compile_cudnn_warmup`) in imagenet "
+        "parallel-backward (46 convolutions, listed in 0.41 s, the last chosen 21.3 s into the first step); imagenet "
+        "cudnn-warmup (0 convolutions, listed in None s; failed: RuntimeError: boom); in no other row.")
 
 
 @pytest.mark.slow

@@ -101,5 +101,6 @@ def test_the_lean_compile_row_passes_its_options_to_the_rows_process(monkeypatch
     args = SimpleNamespace(device="cpu", first=1, steady=1, tiny=True, override=["seed=1"])
     bench.run_row(args, "default", "lean", tmp_path / "lean", "model", extra=bench.LEAN)
     overrides = [seen["cmd"][i + 1] for i, a in enumerate(seen["cmd"]) if a == "--override"]
-    assert overrides == ["seed=1", *bench.LEAN, "compile_parallel=false", "compile_parallel_backward=false"]
+    assert overrides == ["seed=1", *bench.LEAN, "compile_parallel=false", "compile_parallel_backward=false",
+                         "compile_cudnn_warmup=false"]
     validate_config(compose_cfg(["compile=true", *bench.LEAN]))  # options this torch has

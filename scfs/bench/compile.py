@@ -27,10 +27,10 @@ share the seed, so a cache that changed the numbers would show). Rows:
   fast as the `warm` row, and stop the helper after its first steps (as a run does with a helper behind it).
 * `parallel-backward`, `parallel-backward-warm`, `parallel-backward-lean`: the `parallel`, `parallel-warm` and
   `parallel-lean` rows with `compile_parallel_backward=true`: a second helper compiles the student's backward graph
-  while the run compiles the student's forward (`scfs.training.backward_helper`). As the recipes ship them, these
-  rows also benchmark cuDNN's backward convolution algorithms on a side thread during the compile
-  (`compile_cudnn_warmup=auto`, `scfs.training.cudnn_warmup`); every other row turns that off.
-* `parallel-backward-no-cudnn-warmup`: `parallel-backward` without that warm-up; `cudnn-warmup`: `cold` with it.
+  while the run compiles the student's forward (`scfs.training.backward_helper`).
+* `parallel-backward-cudnn-warmup`, `cudnn-warmup`: the `parallel-backward` and `cold` rows with cuDNN's backward
+  convolution algorithms benchmarked on a side thread during the compile (`compile_cudnn_warmup=auto`,
+  `scfs.training.cudnn_warmup`); every other row turns that off.
 * `lean`: an empty cache with inductor's options that spend compile time on step time turned off (`LEAN`: no
   launch-config benchmarks of pointwise kernels, no loop reordering after fusion; `compile_inductor`): what they
   cost the first compile, and what dropping them costs the step.
@@ -78,13 +78,13 @@ from scfs.names import CONF_DIR
 
 ROWS = ("eager", "cold", "warm", "carried", "blocks", "blocks-carried", "cudagraphs", "background", "parallel",
         "parallel-warm", "lean", "parallel-lean", "parallel-backward", "parallel-backward-warm",
-        "parallel-backward-lean", "parallel-backward-no-cudnn-warmup", "cudnn-warmup", "heuristics")
+        "parallel-backward-lean", "parallel-backward-cudnn-warmup", "cudnn-warmup", "heuristics")
 # the `lean` row's inductor options (`compile_inductor`): the defaults that spend compile time to win step time
 LEAN = ("compile_inductor=lean",)
 # the `parallel-backward*` rows: a second helper compiles the student's backward graph
 BACKWARD = ("compile_parallel_backward=true",)
-# the rows that warm cuDNN's backward algorithms up beside the compile (`compile_cudnn_warmup`; auto: off on the CPU):
-# the `parallel-backward*` rows (as the recipes ship) and `cudnn-warmup`; every other row turns it off
+# the rows that benchmark cuDNN's backward algorithms beside the compile (`compile_cudnn_warmup`; auto: off on the
+# CPU): `parallel-backward-cudnn-warmup` and `cudnn-warmup`; every other row turns it off
 WARMUP = ("compile_cudnn_warmup=auto",)
 # the `heuristics` row: cuDNN's heuristics pick the convolution algorithms instead of its benchmarks
 HEURISTICS = ("trainer.benchmark=false",)
@@ -418,7 +418,7 @@ def run_row(args: argparse.Namespace, recipe: str, row: str, cache_dir: Path, sc
     row_ov += ["compile_parallel=true"] if parallel else []
     row_ov += list(extra)
     # each row says whether it starts the helpers and the cuDNN warm-up, where nothing else does: the recipes'
-    # `auto` would start them on a GPU machine
+    # `auto` would start the helpers on a GPU machine
     given = [*(args.override or []), *row_ov]
     row_ov += [f"{key}=false" for key in ("compile_parallel", "compile_parallel_backward", "compile_cudnn_warmup")
                if not any(o.startswith(f"{key}=") for o in given)]
@@ -489,13 +489,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "parallel-lean": dict(cache_dir=d / "parallel-lean", scope="model", parallel=True, extra=LEAN),
                     "parallel-warm": dict(cache_dir=d / "parallel", scope="model", parallel=True),
                     "parallel-backward": dict(cache_dir=d / "parallel-backward", scope="model", parallel=True,
-                                              extra=(*BACKWARD, *WARMUP)),
+                                              extra=BACKWARD),
                     "parallel-backward-warm": dict(cache_dir=d / "parallel-backward", scope="model", parallel=True,
-                                                   extra=(*BACKWARD, *WARMUP)),
+                                                   extra=BACKWARD),
                     "parallel-backward-lean": dict(cache_dir=d / "parallel-backward-lean", scope="model",
-                                                   parallel=True, extra=(*BACKWARD, *WARMUP, *LEAN)),
-                    "parallel-backward-no-cudnn-warmup": dict(cache_dir=d / "parallel-backward-no-cudnn-warmup",
-                                                              scope="model", parallel=True, extra=BACKWARD),
+                                                   parallel=True, extra=(*BACKWARD, *LEAN)),
+                    "parallel-backward-cudnn-warmup": dict(cache_dir=d / "parallel-backward-cudnn-warmup",
+                                                           scope="model", parallel=True, extra=(*BACKWARD, *WARMUP)),
                     "cudnn-warmup": dict(cache_dir=d / "cudnn-warmup", scope="model", extra=WARMUP),
                     "heuristics": dict(cache_dir=d / "heuristics", scope="model", extra=HEURISTICS),
                 }

@@ -43,15 +43,15 @@ def test_the_record_says_which_rows_benchmarked_cudnns_algorithms():
                                           "sets them): on in cifar10 cold; off (cuDNN's heuristics) in cifar10 "
                                           "heuristics.")
     assert bench.cudnn_lines([{"recipe": "cifar10", "setting": "cold"}]) == []  # an older record: not said
-    warmed = [{"recipe": "imagenet", "setting": "parallel-backward", "cudnn_benchmark": True,
+    warmed = [{"recipe": "imagenet", "setting": "parallel-backward-cudnn-warmup", "cudnn_benchmark": True,
                "cudnn_warmup": {"convs": 46, "record_s": 0.41, "done_s": 21.3}},
               {"recipe": "imagenet", "setting": "cudnn-warmup", "cudnn_benchmark": True,
                "cudnn_warmup": {"convs": 0, "record_s": None, "done_s": None, "error": "RuntimeError: boom"}},
               {"recipe": "imagenet", "setting": "cold", "cudnn_benchmark": True}]
     assert bench.cudnn_lines(warmed)[-1].endswith(
         "The backward's benchmarked on a side thread during the compile (`compile_cudnn_warmup`) in imagenet "
-        "parallel-backward (46 convolutions, listed in 0.41 s, the last chosen 21.3 s into the first step); imagenet "
-        "cudnn-warmup (0 convolutions, listed in None s; failed: RuntimeError: boom); in no other row.")
+        "parallel-backward-cudnn-warmup (46 convolutions, listed in 0.41 s, the last chosen 21.3 s into the first "
+        "step); imagenet cudnn-warmup (0 convolutions, listed in None s; failed: RuntimeError: boom); in no other row.")
 
 
 @pytest.mark.slow
@@ -337,17 +337,17 @@ OFF = "compile_cudnn_warmup=false"
 @pytest.mark.parametrize("parallel, extra, user, expected", [
     (False, (), [], ["compile_parallel=false", "compile_parallel_backward=false", OFF]),
     (True, (), [], ["compile_parallel=true", "compile_parallel_backward=false", OFF]),
+    (True, bench.BACKWARD, [], ["compile_parallel=true", "compile_parallel_backward=true", OFF]),
     (True, (*bench.BACKWARD, *bench.WARMUP), [],
      ["compile_parallel=true", "compile_parallel_backward=true", "compile_cudnn_warmup=auto"]),
-    (True, bench.BACKWARD, [], ["compile_parallel=true", "compile_parallel_backward=true", OFF]),
     (False, bench.WARMUP, [], ["compile_parallel=false", "compile_parallel_backward=false",
                                "compile_cudnn_warmup=auto"]),
     (False, (), ["compile_parallel=auto"], ["compile_parallel=auto", "compile_parallel_backward=false", OFF]),
-], ids=["cold", "parallel", "parallel-backward", "parallel-backward-no-cudnn-warmup", "cudnn-warmup", "user-says"])
+], ids=["cold", "parallel", "parallel-backward", "parallel-backward-cudnn-warmup", "cudnn-warmup", "user-says"])
 def test_each_row_says_whether_it_starts_the_helpers(monkeypatch, tmp_path, parallel, extra, user, expected):
-    """The recipes ship `compile_parallel=auto` and `compile_cudnn_warmup=auto`, which start the helpers and the
-    warm-up on a GPU machine: every row names the three keys (unless the row or the user does), so a `cold` row
-    stays one process without the warm-up and a `parallel` row starts only the helper it is named for."""
+    """The recipes ship `compile_parallel=auto`, which starts the helpers on a GPU machine: every row names the
+    helpers' keys and `compile_cudnn_warmup` (unless the row or the user does), so a `cold` row stays one process
+    without the warm-up and a `parallel` row starts only the helper it is named for."""
     import argparse
     import subprocess
 

@@ -266,3 +266,31 @@ def test_a_compiled_student_is_listed_without_compiling():
         calls = cw.conv_calls(model, cfg, "cpu")
         assert counters["stats"]["unique_graphs"] == 0 and not counters["frames"], scope
         assert calls == cw.conv_calls(plain, plain_cfg, "cpu")
+
+
+@pytest.mark.parametrize("overrides", [
+    ["method=dino", *TINY_RESNET18],
+    ["backbone=vit_micro", "search.stages=[block1,last]"],
+], ids=["dino", "vit"])
+def test_dino_and_a_vit_list_their_convolutions_too(overrides):
+    """The listing runs each method's and backbone's own student call: DINO's (no stage heads), a ViT's (the patch
+    embedding, with a bias and an input that needs no gradient, and the stage heads' convolutions)."""
+    from helpers import CONF, TINY
+    from hydra import compose, initialize_config_dir
+
+    from scfs.train import build
+
+    tiny = [o for o in TINY if not o.startswith("backbone.")] if "backbone=vit_micro" in overrides else TINY
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[*tiny, *overrides])
+    torch.manual_seed(0)
+    model = build(cfg)[1]
+    step = BackwardConvs()
+    with step:
+        step_backward(model, cfg, "cpu")
+    warm = BackwardConvs()
+    with warm:
+        cw.run_backwards(cw.conv_calls(model, cfg, "cpu"), "cpu")
+    assert warm.keys == step.keys and warm.keys
+    if "backbone=vit_micro" in overrides:
+        assert (False, True, True) in {k[-1] for k in warm.keys}  # the patch embedding: a bias, no input gradient

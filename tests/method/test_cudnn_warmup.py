@@ -294,3 +294,28 @@ def test_dino_and_a_vit_list_their_convolutions_too(overrides):
     assert warm.keys == step.keys and warm.keys
     if "backbone=vit_micro" in overrides:
         assert (False, True, True) in {k[-1] for k in warm.keys}  # the patch embedding: a bias, no input gradient
+
+
+def test_a_run_starts_the_warmup_when_training_starts_and_its_summary_says_what_it_did(tmp_path, shapes_root,
+                                                                                       monkeypatch, eager_backend):
+    """Through `scfs.train.run` (two compiled steps, dynamo's eager backend): the callback starts the warm-up when
+    training starts, before the first step, and `summary.json` records it. On the CPU the device condition is
+    stood in for (there is no cuDNN here): the warm-up itself runs as on a GPU, on the CPU's tensors."""
+    import json
+
+    from scfs.train import run
+
+    started: list[int] = []
+    real_start = cw.CudnnWarmup.start
+
+    def start(self):
+        started.append(self.model.global_step)
+        return real_start(self)
+
+    monkeypatch.setattr(cw, "warmup_off_reason", lambda cfg, cuda, benchmark: None)
+    monkeypatch.setattr(cw.CudnnWarmup, "start", start)
+    cfg = compose_cfg([*TINY_RESNET18, "compile=true", "compile_cudnn_warmup=auto"], data_root=shapes_root)
+    summary = run(cfg, tmp_path)
+    assert summary["steps"] == 2 and started == [0]
+    entry = json.loads((tmp_path / "summary.json").read_text())["compile_cudnn_warmup"]
+    assert entry["convs"] > 0 and entry["done_s"] is not None and "error" not in entry

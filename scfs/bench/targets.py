@@ -141,6 +141,10 @@ def targets(records_dir: Path) -> list[Target]:
                                    COMPILE_S),
                                   ("parallel-backward-lean", "first compile, empty cache, as shipped and "
                                                              "`compile_inductor=lean`", COMPILE_S),
+                                  ("parallel-backward-cudnn-warmup", "first compile, empty cache, as shipped and "
+                                                                     "`compile_cudnn_warmup=auto`", COMPILE_S),
+                                  ("cudnn-warmup", "first compile, empty cache, no helper, "
+                                                   "`compile_cudnn_warmup=auto`", COMPILE_S),
                                   ("cold", "first compile, empty cache, no helper", COMPILE_S),
                                   ("parallel", "first compile, empty cache, `compile_parallel=true` alone", COMPILE_S),
                                   ("lean", "first compile, empty cache, no helper, `compile_inductor=lean`", COMPILE_S),

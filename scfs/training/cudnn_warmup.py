@@ -27,7 +27,6 @@ run's compiled backward launches no benchmark after it.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
 import threading
@@ -208,7 +207,7 @@ class CudnnWarmup:
     def _run(self) -> None:
         try:
             stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            with torch.cuda.stream(stream):  # None: the current stream (and no CUDA needed)
                 run_backwards(self.calls, self.device)
             if stream is not None:
                 stream.synchronize()

@@ -50,13 +50,10 @@ class BackwardConvs(TorchDispatchMode):
 
 
 def grad_leaves(out) -> list[torch.Tensor]:
-    if isinstance(out, torch.Tensor):
-        return [out] if out.requires_grad else []
-    if isinstance(out, dict):
-        return [t for v in out.values() for t in grad_leaves(v)]
-    if isinstance(out, (list, tuple)):
-        return [t for v in out for t in grad_leaves(v)]
-    return []
+    """The tensors with a gradient among a call's nested outputs."""
+    from torch.utils._pytree import tree_leaves
+
+    return [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
 
 
 def step_backward(model, cfg, device, fn=student_forward) -> None:

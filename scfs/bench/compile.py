@@ -154,7 +154,7 @@ def measure(cfg: Any, device: str, first: int, steady: int, artifacts_in: str | 
     from scfs.train import build
     from scfs.training.compile_helpers import parallel_helpers
     from scfs.training.cudnn_warmup import CudnnWarmup, cudnn_benchmarks, warmup_off_reason
-    from scfs.training.plain_step import make_step
+    from scfs.training.plain_step import make_step, with_views
 
     loaded = None
     if artifacts_in:
@@ -166,6 +166,9 @@ def measure(cfg: Any, device: str, first: int, steady: int, artifacts_in: str | 
     _, model = build(cfg)
     model = model.to(device).train()
     step = make_step(model, cfg, device, model.configure_optimizers())
+    views = model.batch_aug is not None and model.compile_views
+    if views:  # a run compiles the views' graphs at its first batches too (the `imagenet` recipe)
+        step = with_views(step, model, cfg, device)
     warmup = None
     if warmup_off_reason(cfg, device.startswith("cuda"), cudnn_benchmarks()) is None:
         warmup = CudnnWarmup(model, cfg, device)
@@ -182,6 +185,8 @@ def measure(cfg: Any, device: str, first: int, steady: int, artifacts_in: str | 
     else:
         row = measure_steps(model, device, step, first, steady, loaded)
     row["cudnn_benchmark"] = cudnn_benchmark
+    if views:  # with a helper, the first step's are made eagerly and the helper compiles their graphs
+        row["views"] = "helper" if row.get("parallel") else "run"
     if warmup is not None:
         row["cudnn_warmup"] = warmup.report()
     if artifacts_out:
@@ -243,6 +248,7 @@ def helper_process(model: Any, cfg: Any, device: str, early: Any = None) -> Any:
                 procs["parts"] = bgc.start_child(cfg, int(cfg.batch_size), status_path, device, steps=1,
                                                  helper=True)
             model.compile_gate = gate
+            model.hand_views_to_helper()  # as the run's `ParallelCompile` does (nothing to hand without views)
 
             def stop_if_behind() -> bool:
                 return any(gate.stop_behind(procs["parts"], procs.get("backward")))
@@ -251,7 +257,7 @@ def helper_process(model: Any, cfg: Any, device: str, early: Any = None) -> Any:
             try:
                 yield gate, status, stop_if_behind
             finally:
-                model.compile_gate = None
+                model.compile_gate, model.views_handoff = None, None
                 for proc in procs.values():
                     bgc.stop_child(proc)
                 status.update(bgc.read_status(status_path) or {})
@@ -535,7 +541,7 @@ def markdown(result: dict[str, Any]) -> str:
                      f"{r['process_cpu_s']} | {r['step_ms']} | {'' if r['graphs'] is None else r['graphs']} | "
                      f"{r['fx_cache']} | {r['aot_cache']} | {r.get('artifacts_mb') or ''} | {r['loss']:.5f} |")
     table = result.get("table", [])
-    lines += cudnn_lines(table)
+    lines += cudnn_lines(table) + views_lines(table)
     return "\n".join(lines + parallel_lines(table) + background_table(table) + phase_table(table)) + "\n"
 
 
@@ -554,6 +560,22 @@ def cudnn_lines(rows: list[dict[str, Any]]) -> list[str]:
         out[-1] += " The backward's benchmarked on a side thread during the compile (`compile_cudnn_warmup`) in " + \
             "; ".join(warmup_phrase(r) for r in warmed) + "; in no other row."
     return out
+
+
+def views_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Which rows made each step's views on the device as the run does, their per-pixel ops compiled
+    (`compile_views`), and who compiled those graphs (none for a record made before the rows made views)."""
+    said = [r for r in rows if r.get("views")]
+    if not said:
+        return []
+    run = [f"{r['recipe']} {r['setting']}" for r in said if r["views"] == "run"]
+    helper = [f"{r['recipe']} {r['setting']}" for r in said if r["views"] == "helper"]
+    return ["", "Each step made its batch's views on the device first, as the run does (`compile_views`: their "
+                "per-pixel ops compiled), in " + ", ".join(run + helper) + ": "
+                + "; ".join(p for p in (f"compiled by the run at its first step in {', '.join(run)}" if run else "",
+                                        "made eagerly at the first step while the helper compiled their graphs, "
+                                        f"which the second step loaded, in {', '.join(helper)}" if helper else "")
+                            if p) + "."]
 
 
 def warmup_phrase(row: dict[str, Any]) -> str:
@@ -575,8 +597,9 @@ def parallel_lines(rows: list[dict[str, Any]]) -> list[str]:
         if r.get("parallel"):
             par = r["parallel"]
             waits = ", ".join(f"{k} {v} s" for k, v in par["waited_s"].items()) or "none"
-            out += ["", f"{r['recipe']} {r['setting']}: the first step waited for the helper's "
-                        f"entries: {waits}."]
+            out += ["", f"{r['recipe']} {r['setting']}: the first steps waited for the helper's "
+                        f"entries: {waits}" + (" (the views at the second step)" if "views" in par["waited_s"]
+                                               else "") + "."]
             if par.get("asked_s"):  # the timeline, seconds since the helper started
                 parts = [f"{k}: asked at {par['asked_s'][k]} s, " + (
                     f"begun by the helper at {par['started_s'][k]} s, " if k in par.get("started_s", {}) else "")

@@ -32,9 +32,10 @@ normalise), with these deliberate differences:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -289,6 +290,22 @@ class BatchMultiCrop(torch.nn.Module):
         dispatched from the host of a step that is often host-bound; compiled, a few fused ones. On the CPU this
         replaces the cache-sized blocks of the eager path by whole stacks."""
         self._finish_compiled = torch.compile(self._finish_normalised, **kwargs)
+
+    @contextlib.contextmanager
+    def eager_finish(self) -> Iterator[None]:
+        """Views made inside run the per-pixel ops eagerly even when they are compiled (`compile_finish`): a run
+        whose helper process compiles these graphs meanwhile makes its first batch's views this way instead of
+        compiling them itself (`scfs.training.background_compile`). The same values up to float rounding."""
+        compiled, self._finish_compiled = self._finish_compiled, None
+        try:
+            yield
+        finally:
+            self._finish_compiled = compiled
+
+    @property
+    def finish_compiled(self) -> bool:
+        """Whether the per-pixel ops run as compiled graphs (`compile_finish`)."""
+        return self._finish_compiled is not None
 
     def _finish_normalised(self, y: torch.Tensor, q: dict[str, torch.Tensor], blur: bool, solarize: bool,
                            shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

@@ -137,10 +137,14 @@ class SelfDistillation(L.LightningModule):
         self._loss_fn: Any = step_losses
         self._temp: torch.Tensor | None = None  # compiled loss: the teacher temperature as a 0-d device tensor
         self._loss_prepared = False
-        # compile_parallel: called with "student", "teacher", "loss" before those calls and "student_backward" before
-        # the backward while other processes compile them (`scfs.training.background_compile.ParallelCompile`):
-        # waits for their cache entries; None otherwise
+        # compile_parallel: called with "student", "teacher", "loss" before those calls, "student_backward" before
+        # the backward and "views" before the views it handed over (`hand_views_to_helper`) while other processes
+        # compile them (`scfs.training.background_compile.ParallelCompile`): waits for their cache entries; None
+        # otherwise
         self.compile_gate: Callable[[str], None] | None = None
+        # compile_parallel with the views compiled (`hand_views_to_helper`): "eager" until the first batch's views
+        # are made, "ask" until the next batch has asked `compile_gate` for "views"; None otherwise
+        self.views_handoff: str | None = None
         self.compile_mode = compile_mode
         self.compile_scope = compile_scope
         self.compile_backend = compile_backend
@@ -411,13 +415,37 @@ class SelfDistillation(L.LightningModule):
         # exactly the views of 1 rank x 2B (tests/test_ddp.py)
         b = len(images) if encoded else (images["views"][0] if cropped else images).shape[0]
         rank, world = (self.trainer.global_rank, self.trainer.world_size) if self._trainer is not None else (0, 1)
-        with record_function("scfs/views"):
+        with record_function("scfs/views"), self._views_handoff_step():
             if cropped:  # data.colour_on_device: the workers cropped, the colour ops run here for the whole batch
                 sample = {**images, **self.batch_aug.colour(images["views"], generator=self._aug_gen,
                                                             global_batch=b * world, offset=rank * b)}
             else:  # a uint8 batch, or the decoded images of different sizes (data.decode=gpu)
                 sample = self.batch_aug(images, generator=self._aug_gen, global_batch=b * world, offset=rank * b)
         return (sample, *batch[1:]) if isinstance(batch, (list, tuple)) else sample
+
+    def hand_views_to_helper(self) -> bool:
+        """Leave the compile of the views' per-pixel ops (`compile_views`) to `compile_parallel`'s helper process,
+        which compiles them after the teacher's call and the losses: the first batch's views are made eagerly
+        (`BatchMultiCrop.eager_finish`), so the run does not compile them before its first student call, and the
+        next batch asks `compile_gate` for "views" before it makes them compiled. Returns whether the views are
+        made here and compiled at all (else there is nothing to hand over)."""
+        if self.batch_aug is None or not self.batch_aug.finish_compiled:
+            return False
+        self.views_handoff = "eager"
+        return True
+
+    def _views_handoff_step(self) -> contextlib.AbstractContextManager:
+        """Where this batch's views stand in `hand_views_to_helper`'s hand-over: made eagerly, or (the next batch)
+        asked of the gate first; a no-op once it is over."""
+        state = self.views_handoff
+        if state == "eager":
+            self.views_handoff = "ask"
+            return self.batch_aug.eager_finish()
+        if state == "ask":
+            self.views_handoff = None
+            if self.compile_gate is not None:
+                self.compile_gate("views")
+        return contextlib.nullcontext()
 
     # ---- forward ---------------------------------------------------------------------------------------
     def views_to_loss(self, g: torch.Tensor, loc: torch.Tensor | None, b: int, n_local: int, temp: float,

@@ -55,6 +55,7 @@ from scfs.training.compile_helpers import (
     SPAWNED_AT_ENV,
     STATUS_FILE,
     STUDENT,
+    VIEWS_PART,
     EarlyHelpers,
     go_path,
     helper_command,
@@ -246,9 +247,24 @@ def _run_steps(model: Any, cfg: DictConfig, device: str, steps: int, helper: boo
     step = make_step(model, cfg, device, model.configure_optimizers(), eager_student=helper, done=done)
     for i in range(steps):
         loss = step(i)
+    if helper and views_compiled(model):  # the views the run hands over (`hand_views_to_helper`), after the parts
+        views = (VIEWS_PART,)
+        part_marker(started_path, status_path, views)(VIEWS_PART)
+        make_views(model, cfg, device, 1)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        part_marker(part_path, status_path, views)(VIEWS_PART)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     return {"steps": steps, "loss": float(loss)}
+
+
+def views_compiled(model: Any) -> bool:
+    """Whether `model` makes its views on the device with compiled per-pixel ops (`compile_views`): a
+    `compile_parallel` helper then compiles their graphs too, after its parts, and the run hands them over
+    (`SelfDistillation.hand_views_to_helper`)."""
+    aug = getattr(model, "batch_aug", None)
+    return aug is not None and aug.finish_compiled
 
 
 def _compile_backward_only(model: Any, cfg: DictConfig, device: str, status_path: Path) -> dict[str, Any]:
@@ -316,7 +332,7 @@ class PartGate:
     helper could take more of the compile; a long wait says it has too much."""
 
     def __init__(self, status_path: Path, ended: Callable[[], Any], wait_s: float, log_path: Path,
-                 parts: tuple[str, ...] = PARTS) -> None:
+                 parts: tuple[str, ...] = (*PARTS, VIEWS_PART)) -> None:
         self.status_path, self.ended, self.wait_s, self.log_path = status_path, ended, float(wait_s), log_path
         self.parts = parts  # the helper's parts, whose files the timeline reads
         self.t0, self.t0_wall = time.monotonic(), time.time()
@@ -586,7 +602,11 @@ class ParallelCompile(ChildCompile):
 
     `backward` (`compile_parallel_backward=true`): a second helper compiles the student's backward graph
     (`scfs.training.backward_helper`) while this process compiles the student's forward; the method asks the gate
-    again before its first backward (`HelperGates`)."""
+    again before its first backward (`HelperGates`).
+
+    Views made on the device with compiled per-pixel ops (`compile_views`) are handed over too
+    (`SelfDistillation.hand_views_to_helper`): the helper compiles their graphs after its parts, the first batch's
+    views are made eagerly, and the gate stays until the next batch has asked for "views"."""
 
     helper = True
     summary_key = "compile_parallel"  # the first step, its waits for the helpers and its cache hits
@@ -604,9 +624,11 @@ class ParallelCompile(ChildCompile):
         self.backward_proc: subprocess.Popen | None = None
         self._first_t: float | None = None
         self._gate: HelperGates | None = None
+        self._views_pending = False  # the views handed to the helper and not yet asked for by the run
 
     def backward_command(self, device: str) -> list[str]:
-        """The backward helper's command line (`child_command` with `backward`)."""
+        """The backward helper's command line (`child_command` with `backward`), as `command` is the first
+        helper's."""
         return child_command(self.backward_status_path.with_suffix(".yaml"), self.backward_status_path, device, 0,
                              backward=True)
 
@@ -631,6 +653,9 @@ class ParallelCompile(ChildCompile):
             self._start_child(trainer)
         self._first_t, self._counters = time.monotonic(), cache_counters()
         pl_module.compile_gate = self.wait_for
+        # a module that makes no views of its own (or another LightningModule) has none to hand over
+        hand = getattr(pl_module, "hand_views_to_helper", None)
+        self._views_pending = bool(hand is not None and hand())
 
     def _give_early_helpers_the_go(self, trainer: L.Trainer) -> bool:
         """Take the helpers started early (`early`) as this run's and give them the go; False (they are stopped)
@@ -683,8 +708,17 @@ class ParallelCompile(ChildCompile):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         if self._first_t is None:
+            if self._views_pending and getattr(pl_module, "views_handoff", None) is None:  # it asked for them
+                self._views_pending = False
+                pl_module.compile_gate = None
+                if self._gate is not None:
+                    self.report.update(self._gate.timeline())
+                # the cache hits and misses of the first steps, up to the one that built the views
+                self.report["through_views"] = cache_counts(deltas=cache_deltas(self._counters))
             return
-        pl_module.compile_gate = None
+        if getattr(pl_module, "views_handoff", None) is None:  # else the gate stays until the views are asked for
+            self._views_pending = False
+            pl_module.compile_gate = None
         deltas = cache_deltas(self._counters)
         self.report.update(first_step_s=round(time.monotonic() - self._first_t, 1), **cache_counts(deltas=deltas))
         if self._gate is not None:

@@ -27,6 +27,9 @@ from omegaconf import DictConfig, OmegaConf
 
 STATUS_FILE = "background_compile.json"
 PARTS = ("teacher", "loss")  # what a `compile_parallel` helper compiles, in the order the step calls them
+# and after them, where the run makes its views compiled (`SelfDistillation.hand_views_to_helper`), their graphs: the
+# run asks for them at its second batch
+VIEWS_PART = "views"
 # `compile_parallel_backward`: the second helper's part, its status file, and the method's gate before the student's
 # call (`HelperGates`: whether the run compiled the student's forward, and so will compile its backward)
 BACKWARD_PART = "student_backward"
@@ -141,7 +144,8 @@ def launch(cfg: DictConfig, batch_size: int, status_path: Path,
     """Start a child with `command` (or the command line `command()` makes, once the files are cleared), its files
     of an earlier run removed first: the run's config beside its status file (`.yaml`), its output there too
     (`.log`)."""
-    for path in (status_path, go_path(status_path), *(f(status_path, part) for part in (*PARTS, BACKWARD_PART)
+    parts = (*PARTS, VIEWS_PART, BACKWARD_PART)
+    for path in (status_path, go_path(status_path), *(f(status_path, part) for part in parts
                                                       for f in (part_path, started_path))):
         path.unlink(missing_ok=True)
     status_path.parent.mkdir(parents=True, exist_ok=True)

@@ -69,16 +69,37 @@ def make_step(model: Any, cfg: Any, device: str, opt: torch.optim.Optimizer, eag
     return step
 
 
+def random_crops(cfg: Any, device: str, gen: torch.Generator) -> list[torch.Tensor]:
+    """Random uint8 (B,3,s,s) crops of every view slot of the recipe, as `data.colour_on_device`'s workers hand
+    them over."""
+    b, n_local = int(cfg.batch_size), int(cfg.crops.n_local)
+    sizes = [int(cfg.crops.global_size)] * 2 + [int(cfg.crops.local_size)] * n_local
+    return [torch.randint(0, 256, (b, 3, s, s), dtype=torch.uint8, device=device, generator=gen) for s in sizes]
+
+
 def make_views(model: Any, cfg: Any, device: str, times: int) -> None:
     """`compile_views`: the views' compiled per-pixel ops, run `times` times on random uint8 crops of the recipe's
     sizes (`BatchMultiCrop.colour`; the run's `forward` from whole images ends in the same graphs: one float
     (n*B,3,s,s) stack per view size), outside autocast as Lightning makes a batch's views."""
-    b, n_local = int(cfg.batch_size), int(cfg.crops.n_local)
-    sizes = [int(cfg.crops.global_size)] * 2 + [int(cfg.crops.local_size)] * n_local
     gen = torch.Generator(device=device).manual_seed(0)
-    crops = [torch.randint(0, 256, (b, 3, s, s), dtype=torch.uint8, device=device, generator=gen) for s in sizes]
+    crops = random_crops(cfg, device, gen)
     for _ in range(times):
         model.batch_aug.colour(crops, generator=gen)
+
+
+def with_views(step: Callable[[int], torch.Tensor], model: Any, cfg: Any,
+               device: str) -> Callable[[int], torch.Tensor]:
+    """`step`, each call preceded by a batch's views made as a run makes them on the device: the method's
+    `on_after_batch_transfer` on random uint8 crops (`random_crops`), so the compile of the views' graphs
+    (`compile_views`) and their hand-over to a helper (`hand_views_to_helper`) happen where a run's do. The
+    views themselves are dropped: the step keeps its fixed `random_views`."""
+    crops = random_crops(cfg, device, torch.Generator(device=device).manual_seed(0))
+
+    def step_with_views(i: int) -> torch.Tensor:
+        model.on_after_batch_transfer({"views": crops}, 0)
+        return step(i)
+
+    return step_with_views
 
 
 CACHE_COUNTERS = (("inductor", "fxgraph_cache_hit"), ("inductor", "fxgraph_cache_miss"),

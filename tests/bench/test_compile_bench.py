@@ -277,11 +277,59 @@ def test_the_parallel_row_waits_for_the_helpers_parts(monkeypatch, eager_backend
     assert par["helper_stopped"] is False  # it kept up: left to end by itself
     md = bench.markdown({"machine": "m", "torch": "t", "date": "d", "commit": "c", "command": "x", "first_steps": 1,
                          "table": [{**row, "recipe": "default", "setting": "parallel", "process_cpu_s": 1.0}]})
-    assert "default parallel: the first step waited for the helper's entries: teacher" in md
+    assert "default parallel: the first steps waited for the helper's entries: teacher" in md
     assert f"Seconds since the helper started: teacher: asked at {par['asked_s']['teacher']} s, begun by the helper " \
            f"at {par['started_s']['teacher']} s, written by the helper at {par['ready_s']['teacher']} s; loss: " \
            "asked at" in md
     assert "Built by the run itself" not in md and "The helper's peak GPU memory: 1.5 GiB (the run's: – GiB)." in md
+
+
+def test_a_recipe_with_compiled_views_makes_them_in_each_step_and_hands_them_to_the_helper(monkeypatch,
+                                                                                           eager_backend):
+    """Where the recipe compiles its views (`compile_views`, the `imagenet` recipe), each timed step makes a batch's
+    views first, through the method's `on_after_batch_transfer` as a run does: compiled at the first step by the
+    row's own process, or, with a helper, eagerly at the first step and asked of the helper at the second. The
+    record says which."""
+    import scfs.training.background_compile as bgc
+    from scfs.methods.base import SelfDistillation
+
+    made: list[str | None] = []
+    real = SelfDistillation.on_after_batch_transfer
+
+    def spy(self, batch, idx):
+        made.append(self.views_handoff)
+        return real(self, batch, idx)
+
+    monkeypatch.setattr(SelfDistillation, "on_after_batch_transfer", spy)
+    views = ["data.batch_aug=true", "compile_views=true"]
+    row = bench.measure(bench.compose("default", "cpu", True, "model", True, views), "cpu", 2, 1, None, None)
+    assert row["views"] == "run" and made == [None, None, None]  # 2 first steps + 1 steady, nothing handed over
+
+    write = ("import sys; from pathlib import Path\n"
+             "from scfs.training.background_compile import PARTS, VIEWS_PART, part_path, write_status\n"
+             "for part in (*PARTS, VIEWS_PART):\n"
+             "    write_status(part_path(Path(sys.argv[1]), part), {'ok': True})\n"
+             "write_status(Path(sys.argv[1]), {'ok': True})\n")
+
+    def command(cfg_path, status_path, device, steps=2, helper=False, backward=False):
+        for part in (*bgc.PARTS, "views"):
+            bgc.write_status(bgc.started_path(status_path, part), {"ok": True})
+        return [sys.executable, "-c", write, str(status_path)]
+
+    monkeypatch.setattr(bgc, "child_command", command)
+    made.clear()
+    cfg = bench.compose("default", "cpu", True, "model", True, [*views, "compile_parallel=true"])
+    par_row = bench.measure(cfg, "cpu", 2, 1, None, None)
+    assert par_row["views"] == "helper" and made == ["eager", "ask", None]
+    assert "views" in par_row["parallel"]["waited_s"] and par_row["parallel"]["built_here"] == []
+    md = bench.markdown({"machine": "m", "torch": "t", "date": "d", "commit": "c", "command": "x", "first_steps": 2,
+                         "table": [{**r, "recipe": "default", "setting": name, "process_cpu_s": 1.0}
+                                   for name, r in (("cold", row), ("parallel", par_row))]})
+    assert ("Each step made its batch's views on the device first, as the run does (`compile_views`: their per-pixel "
+            "ops compiled), in default cold, default parallel: compiled by the run at its first step in default "
+            "cold; made eagerly at the first step while the helper compiled their graphs, which the second step "
+            "loaded, in default parallel.") in md
+    assert "(the views at the second step)" in md
 
 
 def test_the_parallel_backward_row_starts_both_helpers_and_reports_the_backwards(monkeypatch, eager_backend):

@@ -475,6 +475,106 @@ def test_a_failed_helper_does_not_hold_the_run(tmp_path, shapes_root, monkeypatc
     assert not helper["ok"] and "ended with status 3" in helper["error"]  # the summary says how the helper ended
 
 
+VIEWS = ["data.batch_aug=true", "compile_views=true"]  # views made on the device, their per-pixel ops compiled
+
+
+def test_views_handed_to_the_helper_are_made_eagerly_once_then_asked_for(eager_backend):
+    """`hand_views_to_helper`: the first batch's views run the per-pixel ops eagerly and ask the gate nothing, the
+    next batch asks for "views" and then runs them compiled, later ones only compiled; the eager views are the
+    compiled ones up to rounding (the same draw: global step 0 each time). Nothing to hand without compiled
+    views."""
+    _, plain = build(compose_cfg(["compile=true", "data.batch_aug=true"]))
+    assert not plain.hand_views_to_helper() and plain.views_handoff is None
+    _, model = build(compose_cfg(["compile=true", *VIEWS]))
+    model.train()
+    asked: list[str] = []
+    compiled_calls: list[int] = []
+    fn = model.batch_aug._finish_compiled
+    model.batch_aug._finish_compiled = lambda *a: (compiled_calls.append(len(asked)), fn(*a))[1]
+    model.compile_gate = asked.append
+    assert model.hand_views_to_helper() and model.views_handoff == "eager"
+    images = torch.randint(0, 256, (4, 3, 40, 48), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    first = model.on_after_batch_transfer(images, 0)
+    assert asked == [] and compiled_calls == [] and model.views_handoff == "ask"
+    assert model.batch_aug.finish_compiled  # compiled again after the eager batch
+    second = model.on_after_batch_transfer(images, 0)
+    assert asked == ["views"] and compiled_calls and set(compiled_calls) == {1}  # asked first, then compiled
+    model.on_after_batch_transfer(images, 0)
+    assert asked == ["views"] and model.views_handoff is None and len(compiled_calls) == 4  # 2 view sizes a batch
+    for a, b in zip(first["views"], second["views"], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_the_helper_compiles_the_views_after_its_parts_only_where_the_run_hands_them_over(tmp_path, eager_backend):
+    """In-process: a helper whose model makes compiled views writes the views' begun and written files after the
+    losses'; one without compiled views writes none."""
+    from omegaconf import OmegaConf
+
+    for name, extra in (("views", VIEWS), ("none", ["data.batch_aug=true"])):
+        torch._dynamo.reset()
+        cfg = ch.child_config(compose_cfg(["compile=true", "compile_parallel=true", *extra]), batch_size=8)
+        OmegaConf.save(cfg, tmp_path / f"{name}.yaml")
+        status_path = tmp_path / f"{name}.json"
+        status = bgc.compile_in_child(tmp_path / f"{name}.yaml", status_path, "cpu", steps=1, helper=True)
+        assert status["ok"], status
+        views_file = bgc.part_path(status_path, ch.VIEWS_PART)
+        if name == "views":
+            begun = bgc.started_path(status_path, ch.VIEWS_PART).stat().st_mtime
+            assert bgc.part_path(status_path, "loss").stat().st_mtime <= begun <= views_file.stat().st_mtime
+        else:
+            assert not views_file.exists() and not bgc.started_path(status_path, ch.VIEWS_PART).exists()
+    torch._dynamo.reset()
+
+
+def test_the_run_asks_for_the_views_at_its_second_batch_and_reports_the_wait(tmp_path, shapes_root, monkeypatch,
+                                                                           eager_backend):
+    """A run whose views are compiled hands them to the helper: the gate stays after the first step until the
+    second batch has asked for "views", whose wait joins the first step's in the report and the summary."""
+    write = ("import sys, time; from pathlib import Path\n"
+             "from scfs.training.background_compile import PARTS, VIEWS_PART, part_path, started_path, "
+             "write_status\n"
+             "p = Path(sys.argv[1])\n"
+             "for part in (*PARTS, VIEWS_PART):\n"
+             "    write_status(started_path(p, part), {'ok': True}); time.sleep(0.3)\n"
+             "    write_status(part_path(p, part), {'ok': True})\n"
+             "time.sleep(600)")
+    made: list = []
+    original = bgc.ParallelCompile.on_train_batch_end
+
+    def spy(self, trainer, pl_module, *a):
+        original(self, trainer, pl_module, *a)
+        made.append(pl_module.compile_gate is not None)
+
+    monkeypatch.setattr(bgc.ParallelCompile, "on_train_batch_end", spy)
+    bg, calls = _parallel_run(monkeypatch, tmp_path, shapes_root, write, extra=VIEWS, begun=True)
+    assert calls == [*ASKED, "views", *ASKED]  # the second step's repeats pass the gate at once
+    assert made == [True, False]  # kept after the first step, gone after the second
+    assert "views" in bg.report["waited_s"] and bg.report["asked_s"]["views"] >= bg.report["asked_s"]["loss"]
+    entry = json.loads((tmp_path / "summary.json").read_text())["compile_parallel"]
+    assert "views" in entry["asked_s"] and "views" not in entry["built_here"]
+    assert set(entry["through_views"]) == {"fx_cache", "aot_cache"}
+
+
+@pytest.mark.slow
+def test_the_helpers_views_graphs_are_the_runs(tmp_path, shapes_root, monkeypatch):
+    """With inductor (C++ on the CPU): the real helper compiles the views' graphs after its parts, and the run's
+    second batch builds its compiled views from them: hits for both view sizes, no new miss after the first step.
+    5-15 minutes on 2 shared cores."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
+    bg, calls = _parallel_run(monkeypatch, tmp_path / "run", shapes_root, None, extra=VIEWS)
+    torch._dynamo.reset()
+    assert calls == [*ASKED, "views", *ASKED] and "views" not in bg.report["built_here"], bg.report
+
+    def counts(text):
+        return tuple(int(v) for v in text.replace(" miss", "").split(" hit / "))
+
+    first, through = counts(bg.report["fx_cache"]), counts(bg.report["through_views"]["fx_cache"])
+    assert through[0] >= first[0] + 2 and through[1] == first[1], bg.report  # two view sizes, both hits
+
+
 def _parallel_hits(tmp_path, monkeypatch, shapes_root, extra, backward=False, early=None):
     """A run with compile_parallel=true and the real helper on an empty cache folder; `backward`: with
     compile_parallel_backward=true and its real helper too; `early`: the helpers started before the run's set-up

@@ -166,8 +166,8 @@ def measure(cfg: Any, device: str, first: int, steady: int, artifacts_in: str | 
     _, model = build(cfg)
     model = model.to(device).train()
     step = make_step(model, cfg, device, model.configure_optimizers())
-    views = model.batch_aug is not None and model.compile_views
-    if views:  # a run compiles the views' graphs at its first batches too (the `imagenet` recipe)
+    views = model.batch_aug is not None and model.compile_views and bool(cfg.get("compile", False))
+    if views:  # a compiled run compiles the views' graphs at its first batches too (the `imagenet` recipe)
         step = with_views(step, model, cfg, device)
     warmup = None
     if warmup_off_reason(cfg, device.startswith("cuda"), cudnn_benchmarks()) is None:

@@ -304,6 +304,9 @@ def test_a_recipe_with_compiled_views_makes_them_in_each_step_and_hands_them_to_
     views = ["data.batch_aug=true", "compile_views=true"]
     row = bench.measure(bench.compose("default", "cpu", True, "model", True, views), "cpu", 2, 1, None, None)
     assert row["views"] == "run" and made == [None, None, None]  # 2 first steps + 1 steady, nothing handed over
+    made.clear()
+    eager = bench.measure(bench.compose("default", "cpu", True, "model", False, views), "cpu", 1, 1, None, None)
+    assert "views" not in eager and made == []  # an eager row compiles nothing: its step stays the step alone
 
     write = ("import sys; from pathlib import Path\n"
              "from scfs.training.background_compile import PARTS, VIEWS_PART, part_path, write_status\n"

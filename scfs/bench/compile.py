@@ -605,6 +605,7 @@ def parallel_lines(rows: list[dict[str, Any]]) -> list[str]:
                     f"begun by the helper at {par['started_s'][k]} s, " if k in par.get("started_s", {}) else "")
                     + f"written by the helper at {par.get('ready_s', {}).get(k, '–')} s" for k in par["asked_s"]]
                 out[-1] += " Seconds since the helper started: " + "; ".join(parts) + "."
+                out[-1] += tail_sentence(r)
             if par.get("helper", {}).get("peak_GiB") is not None:
                 out[-1] += (f" The helper's peak GPU memory: {par['helper']['peak_GiB']} GiB (the run's: "
                             f"{r.get('peak_GiB', '–')} GiB).")
@@ -624,6 +625,19 @@ def parallel_lines(rows: list[dict[str, Any]]) -> list[str]:
             if par.get("helper_stopped"):
                 out[-1] += " The helper, behind the run, was stopped after the first steps."
     return out
+
+
+def tail_sentence(row: dict[str, Any]) -> str:
+    """How long the first steps went on after the first step's last wait for a helper ended: the part of the
+    longest path that no helper shortens (the first backward's run and its benchmarks, the later steps). The gates'
+    clock starts with the first step, give or take the helpers' start-up call."""
+    par = row["parallel"]
+    ends = [par["asked_s"][k] + par["waited_s"].get(k, 0.0) for k in par["asked_s"] if k != "views"]
+    if not ends or row.get("first_s") is None:
+        return ""
+    last = round(max(ends), 2)
+    return (f" The first step's last wait for a helper ended at {last} s, and the first steps about "
+            f"{round(row['first_s'] - last, 1)} s after that.")
 
 
 def early_sentence(helper: dict[str, Any]) -> str:

@@ -282,6 +282,9 @@ def test_the_parallel_row_waits_for_the_helpers_parts(monkeypatch, eager_backend
            f"at {par['started_s']['teacher']} s, written by the helper at {par['ready_s']['teacher']} s; loss: " \
            "asked at" in md
     assert "Built by the run itself" not in md and "The helper's peak GPU memory: 1.5 GiB (the run's: – GiB)." in md
+    last = round(max(par["asked_s"][k] + par["waited_s"][k] for k in ("teacher", "loss")), 2)
+    assert (f"The first step's last wait for a helper ended at {last} s, and the first steps about "
+            f"{round(row['first_s'] - last, 1)} s after that.") in md
 
 
 def test_a_recipe_with_compiled_views_makes_them_in_each_step_and_hands_them_to_the_helper(monkeypatch,

@@ -250,9 +250,7 @@ def _run_steps(model: Any, cfg: DictConfig, device: str, steps: int, helper: boo
     if helper and views_compiled(model):  # the views the run hands over (`hand_views_to_helper`), after the parts
         views = (VIEWS_PART,)
         part_marker(started_path, status_path, views)(VIEWS_PART)
-        make_views(model, cfg, device, 1)
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
+        make_views(model, cfg, device, 1)  # compiled, and its kernels' launch configs chosen, on the host
         part_marker(part_path, status_path, views)(VIEWS_PART)
     if device.startswith("cuda"):
         torch.cuda.synchronize()

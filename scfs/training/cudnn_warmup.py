@@ -2,8 +2,9 @@
 
 With `trainer.benchmark=true` (the GPU trainers) cuDNN times its candidate algorithms for a convolution the first time
 a shape of it runs, and keeps the fastest. On one H200 those benchmarks cost the first steps of a cold compiled run
-13.7 s (CIFAR-10) and 38.9 s (ResNet-50) (docs/RESULTS.md "Compile time"), after minutes in which the GPU waited for
-the compiler. This module has the GPU benchmark the backward's convolutions during that wait.
+about 9 s (CIFAR-10) and 7 s (ResNet-50), forward and backward together (docs/RESULTS.md "Compile time"), after
+minutes in which the GPU waited for the compiler. This module has the GPU benchmark the backward's convolutions during
+that wait.
 
 torch keeps the chosen algorithms per thread (ATen's cuDNN convolutions cache them `thread_local`), so no other thread
 can choose for the main thread's forward. The backward is another matter: autograd runs the backward of every CUDA

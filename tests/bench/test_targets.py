@@ -83,6 +83,17 @@ def test_verdicts_over_the_newest_day(records: Path) -> None:
     assert _find(ts, "CIFAR-10", "carried").verdict() == "not measured"
 
 
+def test_a_compile_row_that_made_the_views_says_so(records: Path) -> None:
+    """A compile row whose steps made the views as a run does (`views`, the `imagenet` recipe from `5c6835f`) is
+    named with that; an older row without the views' compile is named as before."""
+    data = _compile("2026-01-06", [("imagenet", "cold", 140.0)])
+    data["table"][0]["views"] = "run"
+    _write(records, "compile-h200-2026-01-06-v.json", data)
+    cold = _find(tg.targets(records), "ResNet-50", "first compile, empty cache, no helper, <=")
+    assert cold.current() == [("2026-01-06", 140.0, "compile-h200-2026-01-06-v.json, views' compile included")]
+    assert ("2026-01-02", 130.0, "compile-h200-2026-01-02-y.json") in cold.measured
+
+
 def test_step_targets_only_from_same_call_rows(records: Path) -> None:
     ts = tg.targets(records)
     speed64 = _find(ts, "2.0x", "B=64")

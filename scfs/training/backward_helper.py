@@ -177,10 +177,10 @@ def compile_student_backward(model: Any, cfg: Any, device: str) -> None:
     """Compile the backward graph of `model`'s step-time student call (`student_forward`) on random views of the
     run's sizes (`random_views`), under the run's autocast and compile mode, into this process's cache folder."""
     from scfs.methods.networks import student_forward
-    from scfs.training.plain_step import autocast_for, random_views
+    from scfs.training.plain_step import random_views, step_autocast
 
     g, loc = random_views(cfg, device, model.channels_last)
-    cast = autocast_for(str(cfg.trainer.precision), "cuda" if str(device).startswith("cuda") else "cpu")
+    cast = step_autocast(cfg, device)
     mode = None if model.compile_mode == "default" else model.compile_mode
     fn = torch.compile(student_forward, backend=backward_only_backend(mode, device), dynamic=False)
     with cast:

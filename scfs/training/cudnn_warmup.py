@@ -130,7 +130,7 @@ def conv_calls(model: Any, cfg: Any, device: torch.device | str) -> list[ConvCal
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from scfs.methods.networks import student_forward
-    from scfs.training.plain_step import autocast_for, random_views
+    from scfs.training.plain_step import random_views, step_autocast
 
     device = torch.device(device)
     recorder = _recorder()
@@ -145,7 +145,7 @@ def conv_calls(model: Any, cfg: Any, device: torch.device | str) -> list[ConvCal
             memo[id(b)] = torch.empty_strided(b.shape, b.stride(), dtype=b.dtype, device=b.device)
         student = copy.deepcopy(model.student, memo).eval()
         g, loc = random_views(cfg, device, bool(getattr(model, "channels_last", False)))
-        with autocast_for(str(cfg.trainer.precision), device.type), recorder:
+        with step_autocast(cfg, device), recorder:
             student_forward(student, g, loc, model.stages, model._local_heads)
     return list(recorder.calls)
 
@@ -237,8 +237,6 @@ class CudnnWarmup:
         if self.error:
             out["error"] = self.error
         return out
-
-
 
 
 class CudnnWarmupCallback(L.Callback):

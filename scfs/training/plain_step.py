@@ -22,6 +22,11 @@ def autocast_for(precision: str, device: str) -> contextlib.AbstractContextManag
     return torch.autocast(device, dtype=dtype) if dtype is not None else contextlib.nullcontext()
 
 
+def step_autocast(cfg: Any, device: str | torch.device) -> contextlib.AbstractContextManager:
+    """The autocast of a run of `cfg` around its step on `device` (`autocast_for` with the run's precision)."""
+    return autocast_for(str(cfg.trainer.precision), torch.device(device).type)
+
+
 def random_views(cfg: Any, device: str | torch.device = "cpu",
                  channels_last: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Random views of the recipe's sizes, as a step takes them: the two global views of `cfg.batch_size` images
@@ -52,7 +57,7 @@ def make_step(model: Any, cfg: Any, device: str, opt: torch.optim.Optimizer, eag
 
     b, n_local = int(cfg.batch_size), int(cfg.crops.n_local)
     g, loc = random_views(cfg, device, model.channels_last)
-    cast = autocast_for(str(cfg.trainer.precision), "cuda" if str(device).startswith("cuda") else "cpu")
+    cast = step_autocast(cfg, device)
 
     def step(i: int) -> torch.Tensor:
         with cast:

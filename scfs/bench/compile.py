@@ -6,7 +6,9 @@ EMA) on random views of the recipe's sizes, through the method module `scfs.trai
 `compile=true` and the row's settings. It reports the wall seconds of the first `--first` steps (the compile: every
 graph the step needs is built by then), the steady step (median of `--steady` steps after them), the graphs
 dynamo built, inductor's and AOTAutograd's cache hits and misses, and the loss after the steps (rows of one recipe
-share the seed, so a cache that changed the numbers would show). Rows:
+share the seed, so a cache that changed the numbers would show). Where the recipe compiles its views
+(`compile_views`, the `imagenet` recipe), each step of a compiled row first makes a batch's views as the run does
+(`plain_step.with_views`), so their compile is in the first steps too. Rows:
 
 * `cold`: an empty on-disk cache (`TORCHINDUCTOR_CACHE_DIR`), `compile_scope=model`; writes the artifacts file.
 * `warm`: the same folder again: a second run on the same machine.

@@ -429,10 +429,15 @@ class SelfDistillation(L.LightningModule):
         (`BatchMultiCrop.eager_finish`), so the run does not compile them before its first student call, and the
         next batch asks `compile_gate` for "views" before it makes them compiled. Returns whether the views are
         made here and compiled at all (else there is nothing to hand over)."""
-        if self.batch_aug is None or not self.batch_aug.finish_compiled:
+        if not self.makes_compiled_views:
             return False
         self.views_handoff = "eager"
         return True
+
+    @property
+    def makes_compiled_views(self) -> bool:
+        """Whether this module makes its views on the device with compiled per-pixel ops (`compile_views`)."""
+        return self.batch_aug is not None and self.batch_aug.finish_compiled
 
     def _views_handoff_step(self) -> contextlib.AbstractContextManager:
         """Where this batch's views stand in `hand_views_to_helper`'s hand-over: made eagerly, or (the next batch)

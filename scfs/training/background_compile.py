@@ -247,7 +247,7 @@ def _run_steps(model: Any, cfg: DictConfig, device: str, steps: int, helper: boo
     step = make_step(model, cfg, device, model.configure_optimizers(), eager_student=helper, done=done)
     for i in range(steps):
         loss = step(i)
-    if helper and views_compiled(model):  # the views the run hands over (`hand_views_to_helper`), after the parts
+    if helper and model.makes_compiled_views:  # the views the run hands over (`hand_views_to_helper`), after the parts
         views = (VIEWS_PART,)
         part_marker(started_path, status_path, views)(VIEWS_PART)
         make_views(model, cfg, device, 1)  # compiled, and its kernels' launch configs chosen, on the host
@@ -255,14 +255,6 @@ def _run_steps(model: Any, cfg: DictConfig, device: str, steps: int, helper: boo
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     return {"steps": steps, "loss": float(loss)}
-
-
-def views_compiled(model: Any) -> bool:
-    """Whether `model` makes its views on the device with compiled per-pixel ops (`compile_views`): a
-    `compile_parallel` helper then compiles their graphs too, after its parts, and the run hands them over
-    (`SelfDistillation.hand_views_to_helper`)."""
-    aug = getattr(model, "batch_aug", None)
-    return aug is not None and aug.finish_compiled
 
 
 def _compile_backward_only(model: Any, cfg: DictConfig, device: str, status_path: Path) -> dict[str, Any]:

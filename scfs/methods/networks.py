@@ -117,46 +117,68 @@ def student_forward(student: nn.ModuleDict, g: torch.Tensor, loc: torch.Tensor |
     sizes gets its two gradients summed inside the compiled backward, and the step launches one graph instead of
     one per module call (the H200 step is host-bound). Returns the pooled global feature, the DINO head's logits
     (global views, then local), the stage heads' logits on the global and local maps, and per stage the detached
-    pooled local feature (the search queries) and the local map size."""
-    backbone = student["backbone"]
-    s_g = backbone(g)
-    pool = backbone.pool  # the representation: GAP of layer4 (CNN), the CLS token (ViT)
-    pooled_g = pool(s_g)
+    pooled local feature (the search queries) and the local map size.
+
+    It is `student_view_features` per view batch, then `student_head_outputs` on both: with
+    `compile_student_graphs=per_view_size` those are compiled as three graphs instead of one (smaller graphs whose
+    first compiles can run in separate processes, `SelfDistillation.split_student_call`)."""
+    f_g = student_view_features(student, g, stages, True)
     # whether there are local views, as a Python bool: the maps' dict is not tested for truth (`bool(dict)` is a
     # graph break for some torch releases' dynamo, splitting this call into two graphs)
-    has_local = loc is not None
-    s_l = backbone(loc) if has_local else {}
-    pooled_l = pool(s_l) if has_local else None
+    f_l = student_view_features(student, loc, stages, local_heads) if loc is not None else None
+    return student_outputs(student_head_outputs(student, f_g, f_l, stages), f_l, stages)
+
+
+def student_view_features(student: nn.ModuleDict, x: torch.Tensor, stages: Sequence[str],
+                          head_pool: bool) -> dict[str, Any]:
+    """One view batch through the student's backbone, up to what the heads take: the backbone's representation
+    (`pooled`), each stage's GAP (`gaps`: the stage heads' pooled shortcut and, of local views, the search's
+    queries), each stage head's pooled input (`stage_pooled`, only with `head_pool`; the pooling's residual
+    branch keeps this batch's own BatchNorm statistics) and each stage's map size (`size`)."""
+    backbone = student["backbone"]
+    maps = backbone(x)
+    pooled = backbone.pool(maps)  # the representation: GAP of layer4 (CNN), the CLS token (ViT)
+    gaps = stage_gaps(backbone, maps, pooled, stages)
+    heads = student["stage_heads"]
+    return {"pooled": pooled, "gaps": gaps,
+            "stage_pooled": {s: heads[s].pool(maps[s], gaps[s]) for s in stages} if head_pool else {},
+            "size": {s: int(maps[s].shape[-1]) for s in stages}}
+
+
+def student_head_outputs(student: nn.ModuleDict, f_g: dict[str, Any], f_l: dict[str, Any] | None,
+                         stages: Sequence[str]) -> dict[str, Any]:
+    """The student's heads on the features of both view batches (`student_view_features`; `f_l` None without
+    local views): the DINO head's logits (global rows, then local) and the stage heads' logits, on all rows at
+    once where a head's rows are independent (half the head's ops and its backward's)."""
+    pooled_g, pooled_l = f_g["pooled"], None if f_l is None else f_l["pooled"]
     head = student["head"]
-    if not has_local:
+    if pooled_l is None:
         logits = head(pooled_g)
-    elif head.rows_independent:  # one head call on all views' rows: half the head's ops and its backward's
+    elif head.rows_independent:
         logits = head(torch.cat([pooled_g, pooled_l]))
     else:  # BatchNorm in the head: each view batch keeps its own batch statistics
         logits = torch.cat([head(pooled_g), head(pooled_l)])
     heads = student["stage_heads"]
     stage_global, stage_local = {}, {}
     stacked_g = stacked_l = None
-    gap_g = stage_gaps(backbone, s_g, pooled_g, stages)
-    gap_l = stage_gaps(backbone, s_l, pooled_l, stages) if has_local else {}
-    local = local_heads and has_local
+    local = f_l is not None and bool(stages) and len(f_l["stage_pooled"]) == len(stages)
     if stages and all(heads[s].proj.rows_independent for s in stages):
-        # every stage's projection on its global and local rows in one stacked call (`stacked_dino_heads`); the
-        # maps are pooled per view batch (their residual branch's BatchNorm keeps per-batch statistics)
-        xs = [heads[s].pool(s_g[s], gap_g[s]) for s in stages]
+        # every stage's projection on its global and local rows in one stacked call (`stacked_dino_heads`)
+        xs = [f_g["stage_pooled"][s] for s in stages]
         if local:
-            xs = [torch.cat([x, heads[s].pool(s_l[s], gap_l[s])]) for s, x in zip(stages, xs, strict=True)]
+            xs = [torch.cat([x, f_l["stage_pooled"][s]]) for s, x in zip(stages, xs, strict=True)]
         out = stacked_dino_heads([heads[s].proj for s in stages], xs)  # (S, rows, K)
-        n_g = g.shape[0]
+        n_g = pooled_g.shape[0]
         stacked_g, stacked_l = (out[:, :n_g], out[:, n_g:]) if local else (out, None)
         stage_global = dict(zip(stages, stacked_g.unbind(0), strict=True))
         stage_local = dict(zip(stages, stacked_l.unbind(0), strict=True)) if local else {}
     else:
         for s in stages:
             if local:
-                stage_global[s], stage_local[s] = _stage_head_pair(heads[s], s_g[s], s_l[s], gap_g[s], gap_l[s])
+                stage_global[s], stage_local[s] = _projection_pair(heads[s], f_g["stage_pooled"][s],
+                                                                   f_l["stage_pooled"][s])
             else:
-                stage_global[s] = heads[s].proj(heads[s].pool(s_g[s], gap_g[s]))
+                stage_global[s] = heads[s].proj(f_g["stage_pooled"][s])
     return {
         "pooled_global": pooled_g,
         "logits": logits,
@@ -165,9 +187,15 @@ def student_forward(student: nn.ModuleDict, g: torch.Tensor, loc: torch.Tensor |
         # the same logits stacked over the stages (S, rows, K) when the stage heads ran as one, else None
         "stage_global_stacked": stacked_g,
         "stage_local_stacked": stacked_l,
-        "queries": {s: gap_l[s].detach() for s in stages} if has_local else {},
-        "local_size": {s: int(s_l[s].shape[-1]) for s in stages} if has_local else {},
     }
+
+
+def student_outputs(heads_out: dict[str, Any], f_l: dict[str, Any] | None, stages: Sequence[str]) -> dict[str, Any]:
+    """`student_forward`'s outputs: the heads' (`student_head_outputs`) and, of the local views, per stage the
+    detached GAP (the search's queries) and the map size."""
+    return {**heads_out,
+            "queries": {s: f_l["gaps"][s].detach() for s in stages} if f_l is not None else {},
+            "local_size": dict(f_l["size"]) if f_l is not None else {}}
 
 
 def stage_gaps(backbone: nn.Module, maps: dict[str, torch.Tensor], pooled: torch.Tensor | None,
@@ -178,17 +206,13 @@ def stage_gaps(backbone: nn.Module, maps: dict[str, torch.Tensor], pooled: torch
     return {s: pooled if s == same and pooled is not None else maps[s].mean(dim=(2, 3)) for s in stages}
 
 
-def _stage_head_pair(head: StageHead, x_g: torch.Tensor, x_l: torch.Tensor, gap_g: torch.Tensor | None = None,
-                     gap_l: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """A stage head on the global and the local maps: `(head(x_g), head(x_l))` (`gap_*`: the maps' GAPs, when
-    known). The maps are pooled separately (their residual branch's BatchNorm keeps per-batch statistics); the
-    projection runs once on both pooled batches when its rows are independent, which halves its ops and its
-    backward's."""
-    p_g, p_l = head.pool(x_g, gap_g), head.pool(x_l, gap_l)
+def _projection_pair(head: StageHead, p_g: torch.Tensor, p_l: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A stage head's projection of the pooled global and local maps: `(head.proj(p_g), head.proj(p_l))`, run once
+    on both when its rows are independent, which halves its ops and its backward's."""
     if not head.proj.rows_independent:
         return head.proj(p_g), head.proj(p_l)
     out = head.proj(torch.cat([p_g, p_l]))
-    n_g = x_g.shape[0]
+    n_g = p_g.shape[0]
     return out[:n_g], out[n_g:]
 
 

@@ -77,6 +77,8 @@ def devices(cfg: DictConfig) -> int:
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 COMPILE_SCOPES = ("model", "blocks")  # what compile=true compiles (`SelfDistillation._compile`)
+# the student's step-time call under the model scope: one graph, or one per view batch plus one for the heads
+COMPILE_STUDENT_GRAPHS = ("one", "per_view_size")
 COMPILE_BACKENDS = ("inductor", "cudagraphs")  # how compile=true compiles (`SelfDistillation._compile`)
 
 
@@ -162,12 +164,18 @@ def validate_config(cfg: DictConfig) -> None:
            "null or a folder path", required=False)
     _check(cfg, "compile_scope", lambda v: v in COMPILE_SCOPES, f"one of {', '.join(COMPILE_SCOPES)}",
            required=False)
+    _check(cfg, "compile_student_graphs", lambda v: v in COMPILE_STUDENT_GRAPHS,
+           f"one of {', '.join(COMPILE_STUDENT_GRAPHS)}", required=False)
     _check(cfg, "compile_backend", lambda v: v in COMPILE_BACKENDS, f"one of {', '.join(COMPILE_BACKENDS)}",
            required=False)
     if _get(cfg, "compile_backend", "inductor") == "cudagraphs" and _get(cfg, "compile_mode", "default") != "default":
         raise ConfigError(f"config key compile_mode={_get(cfg, 'compile_mode')} is invalid with "
                           "compile_backend=cudagraphs: the modes are inductor's, and that backend replays CUDA graphs "
                           "already; set compile_mode=default")
+    if _get(cfg, "compile_student_graphs", "one") != "one" and _get(cfg, "compile_scope", "model") != "model":
+        raise ConfigError(f"config key compile_student_graphs={_get(cfg, 'compile_student_graphs')} is invalid with "
+                          f"compile_scope={_get(cfg, 'compile_scope')}: that scope compiles blocks, not the student's "
+                          "call; set compile_scope=model or compile_student_graphs=one")
     _check(cfg, "compile_views", lambda v: isinstance(v, bool), "true or false", required=False)
     if _get(cfg, "compile_views", False) and _get(cfg, "compile_backend", "inductor") != "inductor":
         raise ConfigError("config key compile_views=true is invalid with compile_backend="

@@ -12,7 +12,7 @@ import lightning as L
 import torch
 from torch.profiler import record_function
 
-from scfs.config import COMPILE_BACKENDS, COMPILE_SCOPES
+from scfs.config import COMPILE_BACKENDS, COMPILE_SCOPES, COMPILE_STUDENT_GRAPHS
 from scfs.methods.ema import ema_update, without_stochastic_regularisation_
 from scfs.methods.networks import (
     build_network,
@@ -20,6 +20,9 @@ from scfs.methods.networks import (
     raise_recompile_limit,
     repeated_blocks,
     student_forward,
+    student_head_outputs,
+    student_outputs,
+    student_view_features,
     teacher_forward,
 )
 from scfs.methods.precision import cached_weight_casts
@@ -92,6 +95,7 @@ class SelfDistillation(L.LightningModule):
         finite_check_every_n_steps: int = 1,
         compile_mode: str = "default",
         compile_scope: str = "model",
+        compile_student_graphs: str = "one",
         compile_backend: str = "inductor",
         compile_views: bool = False,
         compile_background: bool = False,
@@ -100,6 +104,9 @@ class SelfDistillation(L.LightningModule):
         self.save_hyperparameters()
         if compile_scope not in COMPILE_SCOPES:  # before the networks are built: a bad setting fails at once
             raise ValueError(f"compile_scope={compile_scope!r}: allowed are {', '.join(COMPILE_SCOPES)}")
+        if compile_student_graphs not in COMPILE_STUDENT_GRAPHS:
+            raise ValueError(f"compile_student_graphs={compile_student_graphs!r}: allowed are "
+                             f"{', '.join(COMPILE_STUDENT_GRAPHS)}")
         if compile_backend not in COMPILE_BACKENDS:
             raise ValueError(f"compile_backend={compile_backend!r}: allowed are {', '.join(COMPILE_BACKENDS)}")
         if compile_backend != "inductor" and compile_mode != "default":
@@ -135,9 +142,14 @@ class SelfDistillation(L.LightningModule):
         self._student_fn: Any = student_forward
         self._teacher_fn: Any = teacher_forward
         self._loss_fn: Any = step_losses
+        # compile_student_graphs=per_view_size: the student's call as `split_student_call` of these two, compiled
+        self._features_fn: Any = student_view_features
+        self._heads_fn: Any = student_head_outputs
         self._temp: torch.Tensor | None = None  # compiled loss: the teacher temperature as a 0-d device tensor
         self._loss_prepared = False
-        # compile_parallel: called with "student", "teacher", "loss" before those calls, "student_backward" before
+        # compile_parallel: called with "student", "teacher", "loss" before those calls (and with the student's call
+        # per view size, "student_local" and "student_heads" before its local views' and its heads' graphs),
+        # "student_backward" before
         # the backward and "views" before the views it handed over (`hand_views_to_helper`) while other processes
         # compile them (`scfs.training.background_compile.ParallelCompile`): waits for their cache entries; None
         # otherwise
@@ -147,6 +159,7 @@ class SelfDistillation(L.LightningModule):
         self.views_handoff: str | None = None
         self.compile_mode = compile_mode
         self.compile_scope = compile_scope
+        self.compile_student_graphs = compile_student_graphs
         self.compile_backend = compile_backend
         self.compile_views = bool(compile_views)
         self.finite_every = max(int(finite_check_every_n_steps), 1)
@@ -228,8 +241,14 @@ class SelfDistillation(L.LightningModule):
             for blk in blocks:
                 blk.compile(**kw)
             return
-        # the student's and the teacher's step-time calls as one graph each (see `student_forward`)
-        self._student_fn = torch.compile(student_forward, **kw)
+        # the student's and the teacher's step-time calls as one graph each (see `student_forward`), or the
+        # student's as one graph per view size and one for its heads (`split_student_call`)
+        if self.compile_student_graphs == "per_view_size":
+            self._features_fn = torch.compile(student_view_features, **kw)
+            self._heads_fn = torch.compile(student_head_outputs, **kw)
+            self._student_fn = self.split_student_call
+        else:
+            self._student_fn = torch.compile(student_forward, **kw)
         self._teacher_fn = torch.compile(teacher_forward, **kw)
         self._loss_fn = torch.compile(step_losses, **loss_kw) if compile_loss else step_losses
         for net in (self.student, self.teacher):
@@ -453,6 +472,25 @@ class SelfDistillation(L.LightningModule):
         return contextlib.nullcontext()
 
     # ---- forward ---------------------------------------------------------------------------------------
+    def split_student_call(self, student: torch.nn.ModuleDict, g: torch.Tensor, loc: torch.Tensor | None,
+                           stages: tuple[str, ...], local_heads: bool) -> dict[str, Any]:
+        """`student_forward` as three compiled graphs (`compile_student_graphs=per_view_size`): the global views'
+        features, the local views' (the same code, another shape: dynamo's second graph of it) and the heads on
+        both. Each is about half of the one graph's compile or less, so `compile_parallel`'s helpers can compile
+        the local views' graph and each graph's backward while this process compiles the global views' graph;
+        `compile_gate` is asked for "student_local" before the local views' graph and for "student_heads" before the
+        heads (no helper compiles these: it marks where the local views' graph ended). The weights' gradients from
+        both view sizes are summed by autograd between the graphs instead of inside one."""
+        f_g = self._features_fn(student, g, stages, True)
+        f_l = None
+        if loc is not None:
+            if self.compile_gate is not None:
+                self.compile_gate("student_local")
+            f_l = self._features_fn(student, loc, stages, local_heads)
+        if self.compile_gate is not None:
+            self.compile_gate("student_heads")
+        return student_outputs(self._heads_fn(student, f_g, f_l, stages), f_l, stages)
+
     def views_to_loss(self, g: torch.Tensor, loc: torch.Tensor | None, b: int, n_local: int, temp: float,
                       diagnostics: bool, eager_student: bool = False, done: Callable[[str], None] | None = None,
                       ) -> tuple[torch.Tensor, dict[str, Any], dict[str, Any]]:

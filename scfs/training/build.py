@@ -39,6 +39,7 @@ def build(cfg: DictConfig):
                        seed=cfg.seed, compile=bool(cfg.get("compile", False)),
                        compile_mode=str(cfg.get("compile_mode", "default")),
                        compile_scope=str(cfg.get("compile_scope", "model")),
+                       compile_student_graphs=str(cfg.get("compile_student_graphs", "one")),
                        compile_backend=str(cfg.get("compile_backend", "inductor")),
                        compile_views=bool(cfg.get("compile_views", False)),
                        compile_background=bool(cfg.get("compile_background", False)),

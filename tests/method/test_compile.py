@@ -115,6 +115,79 @@ def test_compiled_student_call_matches_eager_with_gradients():
             torch.testing.assert_close(q.grad, p.grad, rtol=1e-3, atol=1e-5, msg=name)
 
 
+def _split_call(backend: str | object = "inductor"):
+    """`SelfDistillation.split_student_call` as `compile_student_graphs=per_view_size` builds it, on a stand-in for
+    the method (the two compiled functions and a gate that records what it was asked)."""
+    from types import SimpleNamespace
+
+    from scfs.methods.base import SelfDistillation
+    from scfs.methods.networks import student_head_outputs, student_view_features
+
+    asked: list[str] = []
+    me = SimpleNamespace(_features_fn=torch.compile(student_view_features, backend=backend, dynamic=False),
+                         _heads_fn=torch.compile(student_head_outputs, backend=backend, dynamic=False),
+                         compile_gate=asked.append)
+    return (lambda *args: SelfDistillation.split_student_call(me, *args)), asked
+
+
+def test_the_split_student_call_is_three_graphs_and_asks_the_gate_between_them():
+    """Per view size, the student's call is one graph per view batch (the same code at two shapes) and one for
+    the heads, with no graph break; the gate is asked for the local views' graph and for the heads, in order."""
+    graphs: list[int] = []
+
+    def counting(gm, example_inputs):
+        graphs.append(len(gm.graph.nodes))
+        return gm.forward
+
+    net = _tiny_network()
+    stages = ("layer2", "layer3", "layer4")
+    g, loc = torch.randn(4, 3, 32, 32), torch.randn(8, 3, 16, 16)
+    torch._dynamo.reset()
+    call, asked = _split_call(counting)
+    call(net, g, loc, stages, True)
+    assert len(graphs) == 3 and asked == ["student_local", "student_heads"], (graphs, asked)
+    call(net, g, loc, stages, True)  # the second step: no recompile
+    assert len(graphs) == 3
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("local_heads", [True, False])
+def test_the_split_student_call_matches_the_eager_call_with_gradients(local_heads):
+    """The three graphs of `compile_student_graphs=per_view_size` (inductor) give `student_forward`'s eager
+    outputs and weight gradients, with and without the stage heads on the local views."""
+    from scfs.methods.networks import student_forward
+
+    torch.manual_seed(0)
+    eager_net = _tiny_network()
+    split_net = copy.deepcopy(eager_net)
+    stages = ("layer2", "layer3", "layer4")
+    g, loc = torch.randn(4, 3, 32, 32), torch.randn(8, 3, 16, 16)
+    torch._dynamo.reset()
+    call, _ = _split_call()
+    outs = []
+    for net, fn in ((eager_net, student_forward), (split_net, call)):
+        out = fn(net, g, loc, stages, local_heads)
+        loss = out["logits"].square().mean() + sum(v.square().mean() for k in ("stage_global", "stage_local")
+                                                   for v in out[k].values())
+        loss.backward()
+        outs.append(out)
+    torch._dynamo.reset()
+    for k in ("pooled_global", "logits"):
+        torch.testing.assert_close(outs[1][k], outs[0][k], rtol=1e-4, atol=1e-5)
+    assert outs[1]["stage_local"].keys() == outs[0]["stage_local"].keys() == (set(stages) if local_heads else set())
+    for k in ("stage_global", "stage_local", "queries"):
+        for s in outs[0][k]:
+            torch.testing.assert_close(outs[1][k][s], outs[0][k][s], rtol=1e-4, atol=1e-5, msg=f"{k}.{s}")
+    assert outs[1]["local_size"] == outs[0]["local_size"] == {"layer2": 8, "layer3": 4, "layer4": 2}
+    grads = 0
+    for (name, p), q in zip(eager_net.named_parameters(), split_net.parameters(), strict=True):
+        assert (p.grad is None) == (q.grad is None), name
+        if p.grad is not None:
+            grads += 1
+            torch.testing.assert_close(q.grad, p.grad, rtol=1e-3, atol=1e-5, msg=name)
+    assert grads > 0
+
+
 def _method_and_outputs(overrides: list[str], device: str = "cpu"):
     """A tiny method from the real config and one step's student (with grad) and teacher outputs."""
     import sys

@@ -33,6 +33,11 @@ share the seed, so a cache that changed the numbers would show). Where the recip
 * `parallel-backward-cudnn-warmup`, `cudnn-warmup`: the `parallel-backward` and `cold` rows with cuDNN's backward
   convolution algorithms benchmarked on a side thread during the compile (`compile_cudnn_warmup=auto`,
   `scfs.training.cudnn_warmup`); every other row turns that off.
+* `split`, `parallel-split`: the `cold` and `parallel-backward` rows with the student's call compiled per view size
+  (`compile_student_graphs=per_view_size`: one graph per view batch and one for the heads); with the helpers, a
+  third compiles the local views' graph and a fourth its backward while the run compiles the global views' graph
+  and the backward's helper that graph's backward. `split` says what the split costs the step and the compile
+  alone.
 * `lean`: an empty cache with inductor's options that spend compile time on step time turned off (`LEAN`: no
   launch-config benchmarks of pointwise kernels, no loop reordering after fusion; `compile_inductor`): what they
   cost the first compile, and what dropping them costs the step.
@@ -80,11 +85,14 @@ from scfs.names import CONF_DIR
 
 ROWS = ("eager", "cold", "warm", "carried", "blocks", "blocks-carried", "cudagraphs", "background", "parallel",
         "parallel-warm", "lean", "parallel-lean", "parallel-backward", "parallel-backward-warm",
-        "parallel-backward-lean", "parallel-backward-cudnn-warmup", "cudnn-warmup", "heuristics")
+        "parallel-backward-lean", "parallel-backward-cudnn-warmup", "cudnn-warmup", "heuristics", "split",
+        "parallel-split")
 # the `lean` row's inductor options (`compile_inductor`): the defaults that spend compile time to win step time
 LEAN = ("compile_inductor=lean",)
 # the `parallel-backward*` rows: a second helper compiles the student's backward graph
 BACKWARD = ("compile_parallel_backward=true",)
+# the `split` rows: the student's call as one graph per view size and one for the heads
+SPLIT = ("compile_student_graphs=per_view_size",)
 # the rows that benchmark cuDNN's backward algorithms beside the compile (`compile_cudnn_warmup`; auto: off on the
 # CPU): `parallel-backward-cudnn-warmup` and `cudnn-warmup`; every other row turns it off
 WARMUP = ("compile_cudnn_warmup=auto",)
@@ -222,38 +230,37 @@ def helper_process(model: Any, cfg: Any, device: str, early: Any = None) -> Any:
     import contextlib
 
     from scfs.training import background_compile as bgc
-    from scfs.training.compile_helpers import parallel_helpers
+    from scfs.training.compile_helpers import ROLES, helper_roles, parallel_helpers, splits_student
 
     backward = parallel_helpers(cfg, device.startswith("cuda"))[1]
+    roles = helper_roles(True, backward, splits_student(cfg))
 
     @contextlib.contextmanager
     def run() -> Any:
         with tempfile.TemporaryDirectory(prefix="scfs-helper-") as tmp:
-            status_path, backward_path = Path(tmp) / "status.json", Path(tmp) / "backward.json"
+            paths = {role: Path(tmp) / ROLES[role][0] for role in roles}
             if early is not None:
-                status_path, backward_path = early.paths["parts"], early.paths.get("backward", backward_path)
+                paths = {role: early.paths.get(role, path) for role, path in paths.items()}
             procs: dict[str, Any] = {}  # the gates' clocks start before the helpers do
 
             def ended(key: str) -> Callable[[], bool]:
                 return lambda: key in procs and procs[key].poll() is not None
 
-            gate = bgc.HelperGates.for_helpers(status_path, ended("parts"), backward_path if backward else None,
-                                               ended("backward"), 900.0)
+            gate = bgc.HelperGates.for_helpers(paths, {role: ended(role) for role in roles}, 900.0)
             early_s = None
             if early is not None:
                 early_s = round(early.go(cfg, int(cfg.batch_size), bgc.key_settings()), 2)
                 procs.update(early.procs)
             else:
-                if backward:
-                    procs["backward"] = bgc.start_child(cfg, int(cfg.batch_size), backward_path, device, steps=0,
-                                                        backward=True)
-                procs["parts"] = bgc.start_child(cfg, int(cfg.batch_size), status_path, device, steps=1,
-                                                 helper=True)
+                for role in roles:
+                    procs[role] = bgc.start_child(cfg, int(cfg.batch_size), paths[role], device,
+                                                  command=lambda role=role: bgc.role_child_command(
+                                                      role, paths[role], device))
             model.compile_gate = gate
             model.hand_views_to_helper()  # as the run's `ParallelCompile` does (nothing to hand without views)
 
             def stop_if_behind() -> bool:
-                return any(gate.stop_behind(procs["parts"], procs.get("backward")))
+                return any(gate.stop_behind(procs).values())
 
             status: dict[str, Any] = {}
             try:
@@ -262,9 +269,10 @@ def helper_process(model: Any, cfg: Any, device: str, early: Any = None) -> Any:
                 model.compile_gate, model.views_handoff = None, None
                 for proc in procs.values():
                     bgc.stop_child(proc)
-                status.update(bgc.read_status(status_path) or {})
-                if backward:
-                    status["backward_helper"] = bgc.read_status(backward_path) or {}
+                status.update(bgc.read_status(paths["parts"]) or {})
+                for role in roles:
+                    if role != "parts":
+                        status[bgc.ParallelCompile.status_keys[role]] = bgc.read_status(paths[role]) or {}
                 if early_s is not None:
                     status["early_s"] = early_s
 
@@ -506,6 +514,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                                            scope="model", parallel=True, extra=(*BACKWARD, *WARMUP)),
                     "cudnn-warmup": dict(cache_dir=d / "cudnn-warmup", scope="model", extra=WARMUP),
                     "heuristics": dict(cache_dir=d / "heuristics", scope="model", extra=HEURISTICS),
+                    "split": dict(cache_dir=d / "split", scope="model", extra=SPLIT),
+                    "parallel-split": dict(cache_dir=d / "parallel-split", scope="model", parallel=True,
+                                           extra=(*BACKWARD, *SPLIT)),
                 }
                 for name in rows:
                     if name == "eager" and rep:
@@ -619,6 +630,15 @@ def parallel_lines(rows: list[dict[str, Any]]) -> list[str]:
                     f"its compile took {back.get('backward_s', '–')} s, inductor cache {back.get('fx_cache', '–')}"
                     + (f", peak GPU memory {back['peak_GiB']} GiB" if back.get("peak_GiB") is not None else "")
                     if back.get("ok") else f"no entry ({back.get('error', 'it had not ended')})") + ".")
+            for key, what, seconds in (("local_helper", "The local views' helper", "local_s"),
+                                       ("local_backward_helper", "The local views' backward's helper", "backward_s")):
+                side = par.get("helper", {}).get(key)
+                if side is not None:  # compile_student_graphs=per_view_size: the third and fourth helpers
+                    out[-1] += (f" {what}: " + (
+                        f"its compile took {side.get(seconds, '–')} s, inductor cache {side.get('fx_cache', '–')}"
+                        if side.get("ok") else f"no entry ({side.get('error', 'it had not ended')})") + ".")
+            if par.get("local_brought_backward"):
+                out[-1] += " The run's local views' graph came with its backward from the cache: no wait for it."
             if par.get("student_compiled") is False:
                 out[-1] += " The run's student forward came from the cache, so it did not wait for its backward."
             if par.get("built_here"):

@@ -51,7 +51,11 @@ from omegaconf import DictConfig, OmegaConf
 from scfs.training.compile_helpers import (
     BACKWARD_PART,
     BACKWARD_STATUS_FILE,
+    HEADS_PART,
+    LOCAL_BACKWARD_PART,
+    LOCAL_PART,
     PARTS,
+    ROLES,
     SPAWNED_AT_ENV,
     STATUS_FILE,
     STUDENT,
@@ -59,9 +63,11 @@ from scfs.training.compile_helpers import (
     EarlyHelpers,
     go_path,
     helper_command,
+    helper_roles,
     launch,
     part_path,
     read_status,
+    splits_student,
     started_path,
     stop_child,
     write_status,
@@ -75,10 +81,18 @@ CHECK_EVERY = 10  # steps between the checks for the child's end (each one small
 
 # ---- the child process ------------------------------------------------------------------------------------------
 def child_command(cfg_path: Path, status_path: Path, device: str, steps: int = 2, helper: bool = False,
-                  backward: bool = False) -> list[str]:
+                  backward: bool = False, local: bool = False) -> list[str]:
     """The child's command line (this module as a script), with this process's `key_settings`."""
-    return [*helper_command(cfg_path, status_path, device, steps, helper, backward),
+    return [*helper_command(cfg_path, status_path, device, steps, helper, backward, local=local),
             "--settings", json.dumps(key_settings())]
+
+
+def role_child_command(role: str, status_path: Path, device: str) -> list[str]:
+    """The command line of the helper of `role` (`ROLES`), with this process's `key_settings` (`child_command`)."""
+    _, _, flags, steps = ROLES[role]
+    local = {"local": True} if "--local" in flags else {}
+    return child_command(status_path.with_suffix(".yaml"), status_path, device, steps, helper="--helper" in flags,
+                         backward="--backward" in flags, **local)
 
 
 def key_settings() -> dict[str, Any]:
@@ -115,8 +129,10 @@ def apply_key_settings(settings: dict[str, Any]) -> None:
 
 
 def start_child(cfg: DictConfig, batch_size: int, status_path: Path, device: str, steps: int = 2,
-                helper: bool = False, command: list[str] | None = None, backward: bool = False) -> subprocess.Popen:
-    """The child on `device` (`launch`). `command` replaces its command line (`child_command`)."""
+                helper: bool = False, command: list[str] | Callable[[], list[str]] | None = None,
+                backward: bool = False) -> subprocess.Popen:
+    """The child on `device` (`launch`). `command` (or what it makes, once the child's files are cleared) replaces
+    its command line (`child_command`)."""
     cfg_path = status_path.with_suffix(".yaml")
     return launch(cfg, batch_size, status_path,
                   command or (lambda: child_command(cfg_path, status_path, device, steps, helper, backward)))
@@ -135,7 +151,8 @@ def part_marker(path_of: Callable[[Path, str], Path], status_path: Path,
 
 
 def compile_in_child(cfg_path: Path, status_path: Path, device: str, steps: int,
-                     helper: bool = False, backward: bool = False, wait_go: bool = False) -> dict[str, Any]:
+                     helper: bool = False, backward: bool = False, wait_go: bool = False,
+                     local: bool = False) -> dict[str, Any]:
     """Build the run's method from `cfg_path`, compiled, and run `steps` steps on `device`: every graph of the
     step lands in the cache folder this process inherited (TORCHINDUCTOR_CACHE_DIR). Writes the status file (with
     the `key_settings` it compiled under).
@@ -143,7 +160,10 @@ def compile_in_child(cfg_path: Path, status_path: Path, device: str, steps: int,
     the losses, and says when each is done (`part_path`) while the run compiles the student's.
     `backward` (`compile_parallel_backward`): no step at all; this process compiles the backward graph of the
     student's call only (`scfs.training.backward_helper`), and says when it begins and when it is written
-    (`BACKWARD_PART`).
+    (`BACKWARD_PART`); with the student's call per view size (`compile_student_graphs=per_view_size`), that of its
+    global views' graph.
+    `local` (`compile_student_graphs=per_view_size`): no step; this process compiles the forward graph of the
+    student's local views (`LOCAL_PART`), or with `backward` that graph's backward (`LOCAL_BACKWARD_PART`).
     `wait_go` (started early, `scfs.training.compile_helpers.start_early_helpers`): build the model, then wait for
     the run's go (`wait_for_go`) and compile under the settings and the final config it names; the status says
     when the model was ready and when the go came (`early`)."""
@@ -161,7 +181,7 @@ def compile_in_child(cfg_path: Path, status_path: Path, device: str, steps: int,
             torch.cuda.set_device(torch.device(device))
         model = build_on_device(cfg)
         if wait_go:
-            if not backward:  # one helper builds them: the other would only wait on the same build's lock
+            if not (backward or local):  # one helper builds them: the others would only wait on the build's lock
                 early["kernels_s"] = prebuild_search_kernels(model, device)
             early["ready_s"] = since_spawn()
             go = wait_for_go(status_path)
@@ -175,7 +195,9 @@ def compile_in_child(cfg_path: Path, status_path: Path, device: str, steps: int,
                 cfg, model = final, build_on_device(final)
             t0 = time.perf_counter()
         if backward:
-            status = _compile_backward_only(model, cfg, device, status_path)
+            status = _compile_backward_only(model, cfg, device, status_path, local)
+        elif local:
+            status = _compile_local_forward(model, cfg, device, status_path)
         else:
             status = _run_steps(model, cfg, device, steps, helper, status_path)
         status = {"ok": True, "seconds": round(time.perf_counter() - t0, 1), **status, **cache_counts(),
@@ -257,17 +279,43 @@ def _run_steps(model: Any, cfg: DictConfig, device: str, steps: int, helper: boo
     return {"steps": steps, "loss": float(loss)}
 
 
-def _compile_backward_only(model: Any, cfg: DictConfig, device: str, status_path: Path) -> dict[str, Any]:
-    """`compile_in_child` with `backward`: the student's backward graph into the cache, begun and written files
-    around it; the seconds it took."""
+def _compile_backward_only(model: Any, cfg: DictConfig, device: str, status_path: Path,
+                           local: bool = False) -> dict[str, Any]:
+    """`compile_in_child` with `backward`: a backward graph of the student's call into the cache (the whole call's;
+    with the call per view size the global views' graph's, or with `local` the local views'), begun and written
+    files around it; the seconds it took."""
     from scfs.training.backward_helper import compile_student_backward
 
-    parts = (BACKWARD_PART,)
-    part_marker(started_path, status_path, parts)(BACKWARD_PART)
+    part = LOCAL_BACKWARD_PART if local else BACKWARD_PART
+    graph = "local" if local else "global" if model.compile_student_graphs == "per_view_size" else "call"
+    part_marker(started_path, status_path, (part,))(part)
     t0 = time.perf_counter()
-    compile_student_backward(model, cfg, device)
-    part_marker(part_path, status_path, parts)(BACKWARD_PART)
-    return {"steps": 0, "backward_s": round(time.perf_counter() - t0, 1)}
+    compile_student_backward(model, cfg, device, graph)
+    part_marker(part_path, status_path, (part,))(part)
+    return {"steps": 0, "backward_s": round(time.perf_counter() - t0, 1), "graph": graph}
+
+
+def _compile_local_forward(model: Any, cfg: DictConfig, device: str, status_path: Path) -> dict[str, Any]:
+    """`compile_in_child` with `local` alone: the forward graph of the student's local views
+    (`SelfDistillation.split_student_call`) compiled and run once as the run calls it (its compiled function, the
+    run's autocast, weights that require grad), begun and written files around it; the seconds it took. Its backward
+    is not compiled here (no backward is run): the local backward's helper does that beside it."""
+    from scfs.training.plain_step import random_views, step_autocast
+
+    if model.compile_student_graphs != "per_view_size":
+        raise RuntimeError("the local views' helper needs compile_student_graphs=per_view_size")
+    _, loc = random_views(cfg, device, model.channels_last)
+    if loc is None:
+        raise RuntimeError("the local views' helper needs local views (crops.n_local > 0)")
+    part_marker(started_path, status_path, (LOCAL_PART,))(LOCAL_PART)
+    t0 = time.perf_counter()
+    with step_autocast(cfg, device):
+        out = model._features_fn(model.student, loc, model.stages, model._local_heads)
+    del out  # its activations: the run needs the GPU's memory for its own first step
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    part_marker(part_path, status_path, (LOCAL_PART,))(LOCAL_PART)
+    return {"steps": 0, "local_s": round(time.perf_counter() - t0, 1)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -281,6 +329,8 @@ def main(argv: list[str] | None = None) -> int:
                    "(compile_parallel)")
     p.add_argument("--backward", action="store_true", help="compile the student's backward graph only "
                    "(compile_parallel_backward)")
+    p.add_argument("--local", action="store_true", help="compile the student's local views' graph only, or with "
+                   "--backward its backward (compile_student_graphs=per_view_size)")
     p.add_argument("--settings", default=None, help="the run's process-wide settings that are part of the cache "
                    "keys, as JSON (key_settings)")
     p.add_argument("--wait-go", action="store_true", help="build the model, then wait for the run's go file with "
@@ -289,12 +339,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.settings:
         apply_key_settings(json.loads(args.settings))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    if not (args.helper or args.backward):
+    if not (args.helper or args.backward or args.local):
         with contextlib.suppress(OSError):
             os.nice(5)  # compile_background: the training process keeps the host first, its eager steps are
             # host-bound too; a compile_parallel helper's compile is on the first step's path, as the run's is
     status = compile_in_child(args.config, args.status, args.device, args.steps, args.helper, args.backward,
-                              args.wait_go)
+                              args.wait_go, args.local)
     return 0 if status["ok"] else 1
 
 
@@ -364,58 +414,95 @@ class PartGate:
 class HelperGates:
     """`compile_gate` of a run beside `compile_parallel`'s helpers: `parts`, the gate of the helper that compiles
     the teacher's call and the losses, and `backward` (`compile_parallel_backward`), that of the helper compiling
-    the student's backward graph, or None.
+    the student's backward graph, or None. With the student's call per view size (`split_student_call`), `local`
+    is the gate of the helper compiling the local views' graph and `local_backward` that of its backward's helper
+    (`backward` then compiles the global views' graph's backward).
 
     The method asks for `STUDENT` before the student's call, then for the teacher's call and the losses, then for
-    `BACKWARD_PART` before the backward. The run waits for the student's backward only when it compiled the
-    student's forward itself (an inductor cache miss during the student's call): a forward that came from the cache
-    brought its backward along (AOTAutograd's entry holds both), and the helper, which has to lower the forward
-    before its backward, would only hold the run up."""
+    `BACKWARD_PART` before the backward; per view size also for `LOCAL_PART` before the local views' graph and for
+    `HEADS_PART` before the heads'. The run waits for the student's backward only when it compiled the student's
+    forward itself (an inductor cache miss during the student's call, or its global views' graph): a forward that
+    came from the cache brought its backward along (AOTAutograd's entry holds both), and the helper, which has to
+    lower the forward before its backward, would only hold the run up. Likewise it waits for the local views'
+    backward only when that graph's forward brought none (no AOTAutograd hit during it: compiled here, or built from
+    the local helper's forward entry)."""
 
-    def __init__(self, parts: PartGate, backward: PartGate | None = None) -> None:
+    def __init__(self, parts: PartGate, backward: PartGate | None = None, local: PartGate | None = None,
+                 local_backward: PartGate | None = None) -> None:
         self.parts, self.backward = parts, backward
+        self.local, self.local_backward = local, local_backward
         self._before_student: tuple[int, ...] | None = None
+        self._before_local: tuple[int, ...] | None = None
         self.student_compiled: bool | None = None  # None until known (after the student's call)
+        self.local_brought_backward: bool | None = None  # None until known (after the local views' graph)
 
     @classmethod
-    def for_helpers(cls, status_path: Path, ended: Callable[[], Any], backward_path: Path | None,
-                    backward_ended: Callable[[], Any], wait_s: float) -> HelperGates:
-        """The gates of the helpers writing beside `status_path` and, unless None, `backward_path` (each helper's
-        log beside its status file); `ended()` / `backward_ended()` say whether that helper ended."""
-        parts = PartGate(status_path, ended, wait_s, status_path.with_suffix(".log"))
-        backward = None if backward_path is None else PartGate(
-            backward_path, backward_ended, wait_s, backward_path.with_suffix(".log"), parts=(BACKWARD_PART,))
-        return cls(parts, backward)
+    def for_helpers(cls, paths: dict[str, Path], ended: dict[str, Callable[[], Any]], wait_s: float) -> HelperGates:
+        """The gates of the helpers writing `paths` (by role, `ROLES`; "parts" always there), each helper's log
+        beside its status file; `ended[role]()` says whether that helper ended."""
+        gates = {role: PartGate(path, ended[role], wait_s, path.with_suffix(".log"), parts=ROLES[role][1])
+                 for role, path in paths.items()}
+        return cls(gates["parts"], gates.get("backward"), gates.get("local"), gates.get("local_backward"))
 
-    def stop_behind(self, proc: subprocess.Popen | None,
-                    backward_proc: subprocess.Popen | None) -> tuple[bool, bool | None]:
-        """After the run's first step, `stop_helper_if_behind` for each helper: whether the parts' helper and the
-        backward's helper (None without one) were stopped."""
-        stopped = stop_helper_if_behind(proc, self.parts)
-        return stopped, None if self.backward is None else stop_helper_if_behind(backward_proc, self.backward)
+    def _student_asked_past(self) -> None:
+        """Once the student's call (or its global views' graph) is past: whether it compiled here."""
+        if self.student_compiled is None and self._before_student is not None:
+            self.student_compiled = cache_deltas(self._before_student)[1] > 0
+
+    def stop_behind(self, procs: dict[str, subprocess.Popen | None]) -> dict[str, bool]:
+        """After the run's first step, `stop_helper_if_behind` for each helper (`procs` by role): whether each
+        was stopped."""
+        return {role: stop_helper_if_behind(procs.get(role), gate) for role, gate in self.gates().items()}
 
     def __call__(self, part: str) -> None:
         if part == STUDENT:
             if self._before_student is None:
                 self._before_student = cache_counters()
             return
-        if self.student_compiled is None and self._before_student is not None:
-            self.student_compiled = cache_deltas(self._before_student)[1] > 0
+        self._student_asked_past()
+        if part == LOCAL_PART:
+            if self._before_local is None:
+                self._before_local = cache_counters()
+            if self.local is not None:
+                self.local(part)
+            return
+        if part == HEADS_PART:
+            if self.local_brought_backward is None and self._before_local is not None:
+                self.local_brought_backward = cache_deltas(self._before_local)[2] > 0
+            return
         if part != BACKWARD_PART:
             self.parts(part)
-        elif self.backward is not None:
+            return
+        if self.backward is not None:
             if self.student_compiled is False:
                 self.backward.pass_by(part)
             else:
                 self.backward(part)
+        if self.local_backward is not None:
+            if self.local_brought_backward:
+                self.local_backward.pass_by(LOCAL_BACKWARD_PART)
+            else:
+                self.local_backward(LOCAL_BACKWARD_PART)
+
+    def gates(self) -> dict[str, PartGate]:
+        """The gates there are, by role."""
+        named = {"parts": self.parts, "backward": self.backward, "local": self.local,
+                 "local_backward": self.local_backward}
+        return {role: gate for role, gate in named.items() if gate is not None}
 
     def timeline(self) -> dict[str, Any]:
-        """Both gates' `PartGate.timeline`, merged (each part keyed by its name), and `student_compiled`."""
+        """The gates' `PartGate.timeline`, merged (each part keyed by its name), `student_compiled` with a
+        backward's helper and `local_brought_backward` with a local backward's."""
         out = self.parts.timeline()
-        if self.backward is not None:
-            for key, value in self.backward.timeline().items():
+        for role, gate in self.gates().items():
+            if role == "parts":
+                continue
+            for key, value in gate.timeline().items():
                 out[key] = [*out[key], *value] if isinstance(value, list) else {**out[key], **value}
+        if self.backward is not None:
             out["student_compiled"] = self.student_compiled
+        if self.local_backward is not None:
+            out["local_brought_backward"] = self.local_brought_backward
         return out
 
 
@@ -594,6 +681,10 @@ class ParallelCompile(ChildCompile):
     (`scfs.training.backward_helper`) while this process compiles the student's forward; the method asks the gate
     again before its first backward (`HelperGates`).
 
+    With the student's call per view size (`compile_student_graphs=per_view_size`) a third helper compiles the
+    local views' graph while this process compiles the global views', and with `backward` a fourth compiles the
+    local views' backward while the second compiles the global views' (`ROLES`, `helper_roles`).
+
     Views made on the device with compiled per-pixel ops (`compile_views`) are handed over too
     (`SelfDistillation.hand_views_to_helper`): the helper compiles their graphs after its parts, the first batch's
     views are made eagerly, and the gate stays until the next batch has asked for "views"."""
@@ -602,6 +693,8 @@ class ParallelCompile(ChildCompile):
     summary_key = "compile_parallel"  # the first step, its waits for the helpers and its cache hits
     started_message = ("compile_parallel: process %d compiles the teacher's call and the losses into %s (log: %s) "
                        "while this one compiles the student's")
+    # the summary's key of each other helper's status
+    status_keys = {"backward": "backward_helper", "local": "local_helper", "local_backward": "local_backward_helper"}
 
     def __init__(self, cfg: DictConfig, run_dir: Path, batch_size: int, steps: int = 1,
                  wait_s: float = 900.0, backward: bool = False, early: EarlyHelpers | None = None) -> None:
@@ -609,12 +702,24 @@ class ParallelCompile(ChildCompile):
         super().__init__(cfg, run_dir, batch_size, steps)
         self.wait_s = float(wait_s)
         self.backward = bool(backward)
+        self.roles = helper_roles(True, self.backward, splits_student(cfg))
         self.early = early  # helpers `scfs.train` started before its set-up, waiting for the go
-        self.backward_status_path = self.run_dir / BACKWARD_STATUS_FILE
-        self.backward_proc: subprocess.Popen | None = None
+        # the helpers other than the parts' one (`ChildCompile.status_path`, `proc`), by role
+        self.side_paths = {role: self.run_dir / ROLES[role][0] for role in self.roles if role != "parts"}
+        self.side_procs: dict[str, subprocess.Popen | None] = {}
         self._first_t: float | None = None
         self._gate: HelperGates | None = None
         self._views_pending = False  # the views handed to the helper and not yet asked for by the run
+
+    @property
+    def backward_status_path(self) -> Path:
+        """The backward helper's status file."""
+        return self.side_paths.get("backward", self.run_dir / BACKWARD_STATUS_FILE)
+
+    @property
+    def backward_proc(self) -> subprocess.Popen | None:
+        """The backward helper's process (None where this rank started none)."""
+        return self.side_procs.get("backward")
 
     def backward_command(self, device: str) -> list[str]:
         """The backward helper's command line (`child_command` with `backward`), as `command` is the first
@@ -622,24 +727,32 @@ class ParallelCompile(ChildCompile):
         return child_command(self.backward_status_path.with_suffix(".yaml"), self.backward_status_path, device, 0,
                              backward=True)
 
+    def side_command(self, role: str, device: str) -> list[str]:
+        """The command line of the helper of `role` (other than the parts')."""
+        if role == "backward":
+            return self.backward_command(device)
+        return role_child_command(role, self.side_paths[role], device)
+
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.t0 = time.monotonic()
         self.status_path = self._node_path(trainer, STATUS_FILE)
-        self.backward_status_path = self._node_path(trainer, BACKWARD_STATUS_FILE)
+        self.side_paths = {role: self._node_path(trainer, ROLES[role][0]) for role in self.side_paths}
         # the gates' clocks first, then the helpers
-        self._gate = HelperGates.for_helpers(self.status_path, self._poll_child,
-                                             self.backward_status_path if self.backward else None,
-                                             self._poll_backward, self.wait_s)
+        ended = {"parts": self._poll_child, **{role: self._poller(role) for role in self.side_paths}}
+        self._gate = HelperGates.for_helpers({"parts": self.status_path, **self.side_paths}, ended, self.wait_s)
         self.report = {"waited_s": {}}
         if trainer.local_rank == 0 and self._give_early_helpers_the_go(trainer):
             trainer.strategy.barrier("background_compile")
         else:
-            if self.backward and trainer.local_rank == 0:
+            if trainer.local_rank == 0:
                 device = self._device(trainer)
-                self.backward_proc = start_child(self.cfg, self.batch_size, self.backward_status_path, device,
-                                                 command=self.backward_command(device))
-                log.info("compile_parallel_backward: process %d compiles the student's backward graph (log: %s)",
-                         self.backward_proc.pid, self.backward_status_path.with_suffix(".log"))
+                for role, path in self.side_paths.items():
+                    proc = start_child(self.cfg, self.batch_size, path, device,
+                                       command=lambda role=role: self.side_command(role, device))
+                    self.side_procs[role] = proc
+                    log.info("compile_parallel: process %d compiles the student's %s (log: %s)", proc.pid,
+                             {"backward": "backward graph", "local": "local views' graph",
+                              "local_backward": "local views' backward graph"}[role], path.with_suffix(".log"))
             self._start_child(trainer)
         self._first_t, self._counters = time.monotonic(), cache_counters()
         pl_module.compile_gate = self.wait_for
@@ -647,19 +760,24 @@ class ParallelCompile(ChildCompile):
         hand = getattr(pl_module, "hand_views_to_helper", None)
         self._views_pending = bool(hand is not None and hand())
 
+    def _poller(self, role: str) -> Callable[[], dict[str, Any] | None]:
+        """The status of the helper of `role` once it ended, else None (`poll_status`)."""
+        return lambda: poll_status(self.side_paths[role], self.side_procs.get(role))
+
     def _give_early_helpers_the_go(self, trainer: L.Trainer) -> bool:
         """Take the helpers started early (`early`) as this run's and give them the go; False (they are stopped)
         where they are not the ones this run would start now (another device or status files, one ended)."""
         early, self.early = self.early, None
         if early is None:
             return False
-        paths = {**({"backward": self.backward_status_path} if self.backward else {}), "parts": self.status_path}
+        paths = {**self.side_paths, "parts": self.status_path}
         if not early.fits(self._device(trainer), paths):
             early.stop()
             log.info("compile_parallel: the helpers started before the set-up were not this run's (device %s, "
                      "files or an ended process); starting them now", early.device)
             return False
-        self.proc, self.backward_proc = early.procs["parts"], early.procs.get("backward")
+        self.proc = early.procs["parts"]
+        self.side_procs = {role: early.procs.get(role) for role in self.side_paths}
         ahead = early.go(self.cfg, self.batch_size, key_settings())
         self.report["early_s"] = round(ahead, 1)
         log.info("compile_parallel: the helpers started %.1f s before fit (processes %s) compile now (logs: %s)",
@@ -667,16 +785,12 @@ class ParallelCompile(ChildCompile):
                  ", ".join(str(p.with_suffix(".log")) for p in early.paths.values()))
         return True
 
-    def _poll_backward(self) -> dict[str, Any] | None:
-        """The backward helper's status once it ended, else None (`poll_status`)."""
-        return poll_status(self.backward_status_path, self.backward_proc)
-
     def summary_entry(self) -> dict[str, Any]:
         """The first step's report and each helper's status once it ended (its cache counts, seconds, peak GPU
         memory)."""
         out = dict(self.report)
-        helpers = [("helper", self.status_path)] + ([("backward_helper", self.backward_status_path)]
-                                                     if self.backward else [])
+        helpers = [("helper", self.status_path)] + [(self.status_keys[role], path)
+                                                     for role, path in self.side_paths.items()]
         for key, path in helpers:
             status = read_status(path)
             if status is not None:
@@ -687,12 +801,16 @@ class ParallelCompile(ChildCompile):
         """Until the helper has compiled `part`, it has ended, or `wait_s` passed (then this process compiles it)."""
         self._gate(part)
 
+    def _stop_side_helpers(self) -> None:
+        for proc in self.side_procs.values():
+            stop_child(proc)
+
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        stop_child(self.backward_proc)
+        self._stop_side_helpers()
         super().teardown(trainer, pl_module, stage)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        stop_child(self.backward_proc)
+        self._stop_side_helpers()
         super().on_exception(trainer, pl_module, exception)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
@@ -713,10 +831,11 @@ class ParallelCompile(ChildCompile):
         self.report.update(first_step_s=round(time.monotonic() - self._first_t, 1), **cache_counts(deltas=deltas))
         if self._gate is not None:
             self.report.update(self._gate.timeline())
-            stopped, backward_stopped = self._gate.stop_behind(self.proc, self.backward_proc)
-            self.report["helper_stopped"] = stopped
-            if backward_stopped is not None:
-                self.report["backward_helper_stopped"] = backward_stopped
+            stopped = self._gate.stop_behind({"parts": self.proc, **self.side_procs})
+            self.report["helper_stopped"] = stopped.get("parts", False)
+            for role, key in self.status_keys.items():
+                if role in stopped:
+                    self.report[f"{key}_stopped"] = stopped[role]
         self._first_t = None
         log.info("compile_parallel: the first step took %.1f s, %s s of it waiting for the helpers (inductor cache "
                  "%s)%s",
@@ -726,6 +845,7 @@ class ParallelCompile(ChildCompile):
         from_helper = set(self.report.get("asked_s", {})) - set(self.report.get("built_here", []))
         if from_helper and not deltas[0]:  # parts the helper wrote, and still no hit
             warn_cache_missed("compile_parallel", "the helper's", self.report)
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -173,15 +173,27 @@ def call_until_compiled(fn: Callable[..., Any], *inputs: Any) -> None:
     raise RuntimeError("the call ran: it was not compiled with backward_only_backend")
 
 
-def compile_student_backward(model: Any, cfg: Any, device: str) -> None:
-    """Compile the backward graph of `model`'s step-time student call (`student_forward`) on random views of the
-    run's sizes (`random_views`), under the run's autocast and compile mode, into this process's cache folder."""
-    from scfs.methods.networks import student_forward
+def compile_student_backward(model: Any, cfg: Any, device: str, graph: str = "call") -> None:
+    """Compile a backward graph of `model`'s step-time student call on random views of the run's sizes
+    (`random_views`), under the run's autocast and compile mode, into this process's cache folder. `graph`: "call",
+    the whole call (`student_forward`, one graph); "global" or "local", that view batch's graph of the call per view
+    size (`student_view_features`, as `SelfDistillation.split_student_call` calls it)."""
+    from scfs.methods.networks import student_forward, student_view_features
     from scfs.training.plain_step import random_views, step_autocast
 
+    if graph not in ("call", "global", "local"):
+        raise ValueError(f"graph={graph!r}: allowed are call, global, local")
     g, loc = random_views(cfg, device, model.channels_last)
+    if graph == "local" and loc is None:
+        raise RuntimeError("the local views' backward needs local views (crops.n_local > 0)")
     cast = step_autocast(cfg, device)
     mode = None if model.compile_mode == "default" else model.compile_mode
-    fn = torch.compile(student_forward, backend=backward_only_backend(mode, device), dynamic=False)
+    backend = backward_only_backend(mode, device)
+    if graph == "call":
+        fn, args = student_forward, (model.student, g, loc, model.stages, model._local_heads)
+    elif graph == "global":
+        fn, args = student_view_features, (model.student, g, model.stages, True)
+    else:
+        fn, args = student_view_features, (model.student, loc, model.stages, model._local_heads)
     with cast:
-        call_until_compiled(fn, model.student, g, loc, model.stages, model._local_heads)
+        call_until_compiled(torch.compile(fn, backend=backend, dynamic=False), *args)

@@ -35,6 +35,22 @@ VIEWS_PART = "views"
 BACKWARD_PART = "student_backward"
 BACKWARD_STATUS_FILE = "background_compile_backward.json"
 STUDENT = "student"
+# `compile_student_graphs=per_view_size` (`SelfDistillation.split_student_call`): a third helper compiles the local
+# views' graph of the student's call ("student_local", asked for before that graph) and a fourth its backward
+# ("student_local_backward", asked for before the backward); the backward's helper then compiles the global views'
+# graph's backward. "student_heads" is asked for before the heads' graph, which the run compiles itself.
+LOCAL_PART = "student_local"
+HEADS_PART = "student_heads"
+LOCAL_BACKWARD_PART = "student_local_backward"
+LOCAL_STATUS_FILE = "background_compile_local.json"
+LOCAL_BACKWARD_STATUS_FILE = "background_compile_local_backward.json"
+# each helper's role: its status file, the parts it writes, its command-line flags (`helper_command`) and steps
+ROLES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...], int]] = {
+    "parts": (STATUS_FILE, (*PARTS, VIEWS_PART), ("--helper",), 1),
+    "backward": (BACKWARD_STATUS_FILE, (BACKWARD_PART,), ("--backward",), 0),
+    "local": (LOCAL_STATUS_FILE, (LOCAL_PART,), ("--local",), 0),
+    "local_backward": (LOCAL_BACKWARD_STATUS_FILE, (LOCAL_BACKWARD_PART,), ("--backward", "--local"), 0),
+}
 AUTO_MIN_CORES = 8  # `auto` starts the helpers only with this many CPU cores: they compile beside the run
 SPAWNED_AT_ENV = "SCFS_HELPER_SPAWNED_AT"  # the wall clock at the helper's start, for its start-up seconds
 
@@ -71,6 +87,23 @@ def parallel_helpers(cfg: DictConfig, cuda: bool, cores: int | None = None) -> t
         return False, False
     backward = cfg.get("compile_parallel_backward", False)
     return True, backward is True or backward == "auto"
+
+
+def splits_student(cfg: DictConfig) -> bool:
+    """Whether a run of `cfg` compiles the student's call per view size (`compile_student_graphs=per_view_size`
+    with local views): then `compile_parallel` starts a helper for the local views' graph, and
+    `compile_parallel_backward` one for its backward."""
+    return (cfg.get("compile_student_graphs", "one") == "per_view_size"
+            and int(cfg.get("crops", {}).get("n_local", 0) or 0) > 0)
+
+
+def helper_roles(parallel: bool, backward: bool, split: bool) -> tuple[str, ...]:
+    """The helpers' roles (`ROLES`) of a run, in the order they are started: the backward graphs' first (their
+    compiles are the longest), the parts' last."""
+    if not parallel:
+        return ()
+    return (*(("backward",) if backward else ()), *(("local_backward",) if backward and split else ()),
+            *(("local",) if split else ()), "parts")
 
 
 def gpu_run(cfg: DictConfig) -> bool:
@@ -122,11 +155,18 @@ def child_config(cfg: DictConfig, batch_size: int) -> DictConfig:
 
 
 def helper_command(cfg_path: Path, status_path: Path, device: str, steps: int = 2, helper: bool = False,
-                   backward: bool = False, wait_go: bool = False) -> list[str]:
+                   backward: bool = False, wait_go: bool = False, local: bool = False) -> list[str]:
     """The child's command line (`scfs.training.background_compile` as a script), without the run's settings."""
     return [sys.executable, "-m", "scfs.training.background_compile", str(cfg_path), str(status_path), "--device",
             device, "--steps", str(steps), *(["--helper"] if helper else []), *(["--backward"] if backward else []),
-            *(["--wait-go"] if wait_go else [])]
+            *(["--local"] if local else []), *(["--wait-go"] if wait_go else [])]
+
+
+def role_command(role: str, status_path: Path, device: str, wait_go: bool = False) -> list[str]:
+    """The command line of the helper of `role` (`ROLES`) writing `status_path`, its config beside it."""
+    _, _, flags, steps = ROLES[role]
+    return helper_command(status_path.with_suffix(".yaml"), status_path, device, steps, helper="--helper" in flags,
+                          backward="--backward" in flags, wait_go=wait_go, local="--local" in flags)
 
 
 def child_env() -> dict[str, str]:
@@ -144,7 +184,7 @@ def launch(cfg: DictConfig, batch_size: int, status_path: Path,
     """Start a child with `command` (or the command line `command()` makes, once the files are cleared), its files
     of an earlier run removed first: the run's config beside its status file (`.yaml`), its output there too
     (`.log`)."""
-    parts = (*PARTS, VIEWS_PART, BACKWARD_PART)
+    parts = tuple(part for _, written, _, _ in ROLES.values() for part in written)
     for path in (status_path, go_path(status_path), *(f(status_path, part) for part in parts
                                                       for f in (part_path, started_path))):
         path.unlink(missing_ok=True)
@@ -174,7 +214,8 @@ def stop_child(proc: subprocess.Popen | None, grace_s: float = 0.0) -> None:
 @dataclass
 class EarlyHelpers:
     """Helpers started before the run's set-up, waiting for its go. `paths`: each helper's status file by role
-    ("parts": the teacher's call and the losses; "backward": the student's backward graph)."""
+    (`ROLES`: "parts", the teacher's call and the losses; "backward", the student's backward graph; "local" and
+    "local_backward", the local views' graph and its backward)."""
 
     device: str
     paths: dict[str, Path]
@@ -227,9 +268,10 @@ def early_device() -> str:
     return "cuda:0"
 
 
-def early_paths(run_dir: Path, backward: bool) -> dict[str, Path]:
-    """The helpers' status files in a single-node run folder (`ParallelCompile` names the same ones)."""
-    return {**({"backward": run_dir / BACKWARD_STATUS_FILE} if backward else {}), "parts": run_dir / STATUS_FILE}
+def early_paths(run_dir: Path, backward: bool, split: bool = False) -> dict[str, Path]:
+    """The helpers' status files in a single-node run folder by role, in their start order (`helper_roles`;
+    `ParallelCompile` names the same ones)."""
+    return {role: run_dir / ROLES[role][0] for role in helper_roles(True, backward, split)}
 
 
 def start_early_helpers(cfg: DictConfig, run_dir: Path, batch_size: int | None = None) -> EarlyHelpers | None:
@@ -251,9 +293,7 @@ def start_early_helpers(cfg: DictConfig, run_dir: Path, batch_size: int | None =
         from scfs.training.build import per_device_batch_size
 
         batch_size = per_device_batch_size(cfg)
-    early = EarlyHelpers(early_device(), early_paths(Path(run_dir), backward))
+    early = EarlyHelpers(early_device(), early_paths(Path(run_dir), backward, splits_student(cfg)))
     for role, path in early.paths.items():  # the backward's first: its compile is the longest
-        command = helper_command(path.with_suffix(".yaml"), path, early.device, 0 if role == "backward" else 1,
-                                 helper=role == "parts", backward=role == "backward", wait_go=True)
-        early.procs[role] = launch(cfg, batch_size, path, command)
+        early.procs[role] = launch(cfg, batch_size, path, role_command(role, path, early.device, wait_go=True))
     return early

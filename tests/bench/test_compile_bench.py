@@ -458,3 +458,43 @@ def test_a_row_gives_the_helpers_started_at_its_processs_start_the_go_at_its_fir
     assert (f"The helpers were started at the process's start, {par['helper']['early_s']} s before the first step "
             "(as `scfs.train` starts them, before its set-up); each had built its model 0.5 s (the first helper) "
             "after its start.") in md
+
+
+def test_the_parallel_split_row_starts_four_helpers_and_waits_for_each_graph(monkeypatch, eager_backend):
+    """`compile_student_graphs=per_view_size` in a `parallel-split` row: stand-ins for the four helpers begin their
+    parts at once and write them after a while; the gate waits for the local views' graph before it and for both
+    graphs' backwards before the backward (the counters say the run compiled its graphs itself), and the record says
+    what the local views' helpers did."""
+    import scfs.training.background_compile as bgc
+    import scfs.training.compile_helpers as ch
+
+    write = ("import sys, time, json; from pathlib import Path\n"
+             "from scfs.training.background_compile import part_path, write_status\n"
+             "p, parts = Path(sys.argv[1]), json.loads(sys.argv[2])\n"
+             "time.sleep(1.0)\n"
+             "for part in parts:\n"
+             "    write_status(part_path(p, part), {'ok': True})\n"
+             "write_status(p, {'ok': True, 'local_s': 0.7, 'backward_s': 0.8, 'fx_cache': '0 hit / 1 miss'})\n")
+
+    def command(cfg_path, status_path, device, steps=2, helper=False, backward=False, local=False):
+        role = "parts" if helper else ("local_backward" if local else "backward") if backward else "local"
+        parts = ch.ROLES[role][1][:2] if role == "parts" else ch.ROLES[role][1]  # no views in this recipe
+        for part in parts:  # begun as it starts
+            bgc.write_status(bgc.started_path(status_path, part), {"ok": True})
+        return [sys.executable, "-c", write, str(status_path), json.dumps(list(parts))]
+
+    monkeypatch.setattr(bgc, "child_command", command)
+    monkeypatch.setattr(bgc, "cache_deltas", lambda since=None: (0, 2, 0, 0))  # every graph compiled here
+    cfg = bench.compose("default", "cpu", True, "model", True, ["compile_parallel=true", *bench.BACKWARD,
+                                                                 *bench.SPLIT])
+    row = bench.measure(cfg, "cpu", 1, 1, None, None)
+    par = row["parallel"]
+    want = {"teacher", "loss", ch.BACKWARD_PART, ch.LOCAL_PART, ch.LOCAL_BACKWARD_PART}
+    assert set(par["waited_s"]) == set(par["ready_s"]) == want, par
+    assert par["built_here"] == [] and par["local_brought_backward"] is False
+    assert par["helper"]["local_helper"]["local_s"] == 0.7
+    md = bench.markdown({"machine": "m", "torch": "t", "date": "d", "commit": "c", "command": "x", "first_steps": 1,
+                         "table": [{**row, "recipe": "default", "setting": "parallel-split", "process_cpu_s": 1.0}]})
+    assert "The local views' helper: its compile took 0.7 s, inductor cache 0 hit / 1 miss." in md
+    assert "The local views' backward's helper: its compile took 0.8 s" in md
+    assert f"{ch.LOCAL_PART}: asked at {par['asked_s'][ch.LOCAL_PART]} s" in md

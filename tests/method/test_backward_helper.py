@@ -31,7 +31,7 @@ def test_a_failing_backward_helper_says_so_and_writes_no_entry_file(tmp_path, mo
     a failed status (read by every rank) and never write the part's file."""
     from omegaconf import OmegaConf
 
-    def boom(model, cfg, device):
+    def boom(model, cfg, device, graph):
         raise RuntimeError("lowering failed")
 
     monkeypatch.setattr(bh, "compile_student_backward", boom)
@@ -112,3 +112,54 @@ def test_the_helper_turns_cuda_graphs_off_where_the_compiled_forward_would():
     assert bh.forward_disables_cudagraphs(lowered(reason="incompatible op"), [x])
     assert bh.forward_disables_cudagraphs(lowered(devices={torch.device("cpu"): node}), [x])
     assert bh.forward_disables_cudagraphs(lowered(), [x, 3.0])
+
+
+@pytest.mark.slow
+def test_the_split_student_calls_helpers_write_the_runs_local_forward_and_both_backwards(tmp_path, monkeypatch):
+    """`compile_student_graphs=per_view_size` with inductor (C++ on the CPU) on the tiny default: the local views'
+    helper compiles that graph's forward, the backward's helper the global views' graph's backward and the local
+    backward's helper the local one's, all on an empty cache folder. The run's own step then compiles its global
+    views' graph (misses), builds the local views' forward from the helper's entry (one inductor hit, no miss)
+    and, at the backward, finds both graphs' backwards (two hits; the heads' and the losses' backwards, which no
+    helper compiled, miss). 4-6 minutes on 2 shared cores."""
+    import torch._dynamo
+
+    from scfs.train import build
+    from scfs.training.plain_step import cache_counters, make_step
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
+    cfg = compose_cfg(["compile=true", "compile_parallel=true", "compile_parallel_backward=true",
+                       "compile_student_graphs=per_view_size"])
+    roles = ch.helper_roles(True, True, ch.splits_student(cfg))
+    assert roles == ("backward", "local_backward", "local", "parts")
+    procs = {}
+    for role in roles[:-1]:
+        path = tmp_path / ch.ROLES[role][0]
+        procs[role] = (path, bgc.start_child(cfg, int(cfg.batch_size), path, "cpu",
+                                             command=lambda role=role, path=path: bgc.role_child_command(
+                                                 role, path, "cpu")))
+    for role, (path, proc) in procs.items():
+        assert proc.wait(timeout=1500) == 0, path.with_suffix(".log").read_text()[-3000:]
+        status = json.loads(path.read_text())
+        assert status["ok"] and status["steps"] == 0, status
+        assert status.get("graph", "local") == {"backward": "global", "local_backward": "local",
+                                                "local": "local"}[role], status
+        assert all(bgc.part_path(path, part).exists() for part in ch.ROLES[role][1]), role
+
+    torch._dynamo.reset()
+    torch.manual_seed(int(cfg.seed))
+    _, model = build(cfg)
+    model.train()
+    step = make_step(model, cfg, "cpu", model.configure_optimizers())
+    marks = []
+    model.compile_gate = lambda part: marks.append((part, cache_counters()))
+    start = cache_counters()
+    step(0)
+    end = cache_counters()
+    torch._dynamo.reset()
+    at = dict(marks)
+    assert [p for p, _ in marks] == ["student", ch.LOCAL_PART, ch.HEADS_PART, "teacher", "loss", "student_backward"]
+    local, heads, back = at[ch.LOCAL_PART], at[ch.HEADS_PART], at["student_backward"]
+    assert local[0] - start[0] == 0 and local[1] - start[1] >= 1, (start, local)  # the global views' graph
+    assert (heads[0] - local[0], heads[1] - local[1]) == (1, 0), (local, heads)  # the helper's local forward
+    assert (end[0] - back[0], end[1] - back[1]) == (2, 2), (back, end)  # both backwards; heads', losses' missed

@@ -181,7 +181,7 @@ def _early_run(monkeypatch, tmp_path, shapes_root, device: str) -> tuple[list, l
     monkeypatch.setattr(ch, "gpu_run", lambda cfg: True)
     monkeypatch.setattr(ch, "early_device", lambda: device)
     monkeypatch.setattr(ch, "helper_command", lambda cfg_path, status_path, device, steps=2, helper=False,
-                        backward=False, wait_go=False: [sys.executable, "-c", STAND_IN, str(status_path),
+                        backward=False, wait_go=False, local=False: [sys.executable, "-c", STAND_IN, str(status_path),
                                                         "1" if wait_go else "0"])
     monkeypatch.setattr(bgc, "helper_command", ch.helper_command)
     monkeypatch.setattr(bgc, "ParallelCompile", recording(made))

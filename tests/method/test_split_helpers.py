@@ -1,0 +1,161 @@
+"""`compile_parallel` with the student's call per view size (`compile_student_graphs=per_view_size`): the helpers
+of the local views' graph and of both graphs' backwards, their files, command lines and the run's gates."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+from helpers import compose_cfg
+
+import scfs.training.background_compile as bgc
+import scfs.training.compile_helpers as ch
+
+SPLIT = "compile_student_graphs=per_view_size"
+# what the method asks its gate for in a split step, in order
+ASKED_SPLIT = ["student", ch.LOCAL_PART, ch.HEADS_PART, "teacher", "loss", ch.BACKWARD_PART]
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    ([SPLIT], True),
+    ([], False),
+    ([SPLIT, "crops.n_local=0"], False),
+], ids=["split", "one-graph", "no-local-views"])
+def test_a_run_splits_the_student_call_only_per_view_size_with_local_views(overrides, expected):
+    assert ch.splits_student(compose_cfg(overrides)) is expected
+
+
+def test_the_helpers_roles_and_files_follow_the_options(tmp_path):
+    assert ch.helper_roles(False, True, True) == ()
+    assert ch.helper_roles(True, False, False) == ("parts",)
+    assert ch.helper_roles(True, True, False) == ("backward", "parts")
+    assert ch.helper_roles(True, False, True) == ("local", "parts")
+    assert ch.helper_roles(True, True, True) == ("backward", "local_backward", "local", "parts")
+    paths = ch.early_paths(tmp_path, backward=True, split=True)
+    assert list(paths) == ["backward", "local_backward", "local", "parts"]
+    assert len({p.name for p in paths.values()}) == 4 and paths["parts"] == tmp_path / ch.STATUS_FILE
+    assert ch.early_paths(tmp_path, backward=True) == {"backward": tmp_path / ch.BACKWARD_STATUS_FILE,
+                                                        "parts": tmp_path / ch.STATUS_FILE}
+
+
+@pytest.mark.parametrize("role, flags", [
+    ("parts", {"--helper"}), ("backward", {"--backward"}), ("local", {"--local"}),
+    ("local_backward", {"--backward", "--local"}),
+])
+def test_each_roles_command_line_names_its_part_and_carries_the_runs_settings(tmp_path, role, flags):
+    cmd = bgc.role_child_command(role, tmp_path / "s.json", "cuda:0")
+    assert {f for f in cmd if f in ("--helper", "--backward", "--local")} == flags
+    assert cmd[cmd.index("--steps") + 1] == str(ch.ROLES[role][3]) and "--settings" in cmd
+    early = ch.role_command(role, tmp_path / "s.json", "cuda:0", wait_go=True)
+    assert "--wait-go" in early and "--settings" not in early
+
+
+def test_the_local_views_helper_refuses_a_one_graph_config_in_its_status(tmp_path):
+    """A local views' helper started for a config that compiles the student's call as one graph has no such graph
+    to compile: it fails with one line in its status and writes no part file (the run then compiles it)."""
+    from omegaconf import OmegaConf
+
+    cfg = ch.child_config(compose_cfg(["compile=true", "compile_parallel=true"]), batch_size=8)
+    OmegaConf.save(cfg, tmp_path / "c.yaml")
+    status = bgc.compile_in_child(tmp_path / "c.yaml", tmp_path / "l.json", "cpu", steps=0, local=True)
+    assert not status["ok"] and "compile_student_graphs=per_view_size" in status["error"]
+    assert not bgc.part_path(tmp_path / "l.json", ch.LOCAL_PART).exists()
+
+
+def _gates(tmp_path: Path, begun: tuple[str, ...], wait_s: float = 60.0) -> bgc.HelperGates:
+    """The run's gates beside the four helpers of a split step (none of them ends); `begun`: the roles whose
+    part has begun."""
+    paths = {role: tmp_path / ch.ROLES[role][0] for role in ch.helper_roles(True, True, True)}
+    for role in begun:
+        for part in ch.ROLES[role][1]:
+            bgc.write_status(bgc.started_path(paths[role], part), {"ok": True})
+    return bgc.HelperGates.for_helpers(paths, {role: (lambda: False) for role in paths}, wait_s)
+
+
+def _later(path: Path, after_s: float) -> None:
+    threading.Timer(after_s, lambda: bgc.write_status(path, {"ok": True})).start()
+
+
+@pytest.mark.parametrize("local_aot_hits", [0, 1], ids=["local-built-here", "local-from-aot-cache"])
+def test_the_run_waits_for_the_local_views_graph_and_its_backward_only_when_needed(tmp_path, monkeypatch,
+                                                                                   local_aot_hits):
+    """The run waits for the local helper's forward (begun), and at the backward for the local backward's helper
+    unless AOTAutograd's cache brought that graph's backward along (a hit during the local views' graph); the
+    global views' backward is waited for because the run compiled that graph (misses during it)."""
+    deltas = {"n": 0}
+
+    def fake_deltas(since=None):  # first read: the global views' graph (2 misses); second: the local one's
+        deltas["n"] += 1
+        return (0, 2, 0, 0) if deltas["n"] == 1 else (1, 0, local_aot_hits, 0)
+
+    monkeypatch.setattr(bgc, "cache_deltas", fake_deltas)
+    gates = _gates(tmp_path, begun=("local", "local_backward", "backward"))
+    path = {role: tmp_path / ch.ROLES[role][0] for role in ch.ROLES}
+    _later(bgc.part_path(path["local"], ch.LOCAL_PART), 0.3)
+    _later(bgc.part_path(path["backward"], ch.BACKWARD_PART), 0.6)
+    _later(bgc.part_path(path["local_backward"], ch.LOCAL_BACKWARD_PART), 0.9)
+    for part in ASKED_SPLIT:
+        gates(part)
+    timeline = gates.timeline()
+    assert timeline["student_compiled"] is True and timeline["local_brought_backward"] is bool(local_aot_hits)
+    assert list(timeline["asked_s"]) == ["teacher", "loss", ch.BACKWARD_PART, ch.LOCAL_PART,
+                                         ch.LOCAL_BACKWARD_PART]
+    assert timeline["waited_s"][ch.LOCAL_PART] >= 0.2
+    assert timeline["waited_s"][ch.BACKWARD_PART] >= 0.2
+    if local_aot_hits:
+        assert timeline["waited_s"][ch.LOCAL_BACKWARD_PART] == 0.0
+        assert ch.LOCAL_BACKWARD_PART in timeline["built_here"]
+    else:
+        assert timeline["waited_s"][ch.LOCAL_BACKWARD_PART] >= 0.1  # written 0.3 s after the global one's
+        assert ch.LOCAL_BACKWARD_PART not in timeline["built_here"]
+    assert ch.LOCAL_PART not in timeline["built_here"]
+    stopped = gates.stop_behind({})
+    assert set(stopped) == {"parts", "backward", "local", "local_backward"} and not any(stopped.values())
+
+
+def test_the_heads_mark_is_no_helpers_part(tmp_path):
+    """"student_heads" only marks where the local views' graph ended: it is never waited for nor counted as a
+    part built here (which would stop the parts' helper after the first step)."""
+    gates = _gates(tmp_path, begun=())
+    gates("student")
+    gates(ch.LOCAL_PART)
+    gates(ch.HEADS_PART)
+    timeline = gates.timeline()
+    assert ch.HEADS_PART not in timeline["asked_s"] and ch.HEADS_PART not in timeline["built_here"]
+    assert timeline["built_here"] == [ch.LOCAL_PART]  # not begun by its helper: built here at once
+
+
+def test_the_callback_starts_all_four_helpers_and_reports_each(tmp_path, monkeypatch):
+    """`ParallelCompile` of a split run names the four helpers' files (per node), starts the three besides the parts'
+    one with their roles' command lines, and puts each one's status in the summary under its own key."""
+    from types import SimpleNamespace
+
+    import torch
+
+    started: list[tuple[Path, list[str]]] = []
+
+    class Proc:
+        pid, returncode = 1, None
+
+        def poll(self):
+            return None
+
+    def start_child(cfg, batch_size, status_path, device, command=None, **kw):
+        started.append((status_path, command() if callable(command) else command))
+        return Proc()
+
+    monkeypatch.setattr(bgc, "start_child", start_child)
+    monkeypatch.setattr(bgc.ChildCompile, "_start_child", lambda self, trainer: None)
+    strategy = SimpleNamespace(barrier=lambda name=None: None, root_device=torch.device("cpu"))
+    trainer = SimpleNamespace(num_nodes=1, node_rank=0, local_rank=0, strategy=strategy)
+    cfg = compose_cfg(["compile=true", "compile_parallel=true", "compile_parallel_backward=true", SPLIT])
+    par = bgc.ParallelCompile(cfg, tmp_path, 8, backward=True)
+    module = SimpleNamespace(compile_gate=None)
+    par.on_fit_start(trainer, module)
+    assert [p.name for p, _ in started] == [ch.BACKWARD_STATUS_FILE, ch.LOCAL_BACKWARD_STATUS_FILE,
+                                            ch.LOCAL_STATUS_FILE]
+    assert ["--local" in cmd for _, cmd in started] == [False, True, True]
+    assert set(par._gate.gates()) == {"parts", "backward", "local", "local_backward"}
+    bgc.write_status(tmp_path / ch.LOCAL_STATUS_FILE, {"ok": True, "local_s": 1.0})
+    assert par.summary_entry()["local_helper"] == {"ok": True, "local_s": 1.0}

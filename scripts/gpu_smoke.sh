@@ -158,9 +158,11 @@ run pytest-gpu "python -m pytest -m gpu" \
 # the child's and the helpers' cache entries are the run's: two or three cold compiles each, beside a loaded GPU
 # and host, so rows of their own with a longer limit
 LIMIT=450 run pytest-gpu-background "python -m pytest -m gpu" \
-  "-q -p no:cacheprovider tests/method/test_background_compile.py -k 'not backward_helper'" &
+  "-q -p no:cacheprovider tests/method/test_background_compile.py -k 'not backward_helper and not split_student'" &
 LIMIT=450 run pytest-gpu-backward-helper "python -m pytest -m gpu" \
-  "-q -p no:cacheprovider tests/method/test_background_compile.py -k backward_helper" &
+  "-q -p no:cacheprovider tests/method/test_background_compile.py -k 'backward_helper and not split_student'" &
+LIMIT=450 run pytest-gpu-split-student "python -m pytest -m gpu" \
+  "-q -p no:cacheprovider tests/method/test_background_compile.py -k split_student" &
 V="python -m scfs.train +experiment=cifar10_vit"  # the ViT rows: compiled as written, DINO eager, ViT-S/16 eager
 run cifar10-vit "$V" "$SHORT name=smoke-vit" &
 run cifar10-vit-dino "$V method=dino" "$E $SHORT name=smoke-vit-dino" &

@@ -563,11 +563,12 @@ def test_the_helpers_views_graphs_are_the_runs(tmp_path, shapes_root, monkeypatc
     _parallel_hits(tmp_path, monkeypatch, shapes_root, VIEWS)
 
 
-def _parallel_hits(tmp_path, monkeypatch, shapes_root, extra, backward=False, early=None):
+def _parallel_hits(tmp_path, monkeypatch, shapes_root, extra, backward=False, early=None, split=False):
     """A run with compile_parallel=true and the real helper on an empty cache folder; `backward`: with
     compile_parallel_backward=true and its real helper too; `early`: the helpers started before the run's set-up
     (`scfs.training.compile_helpers.start_early_helpers`), checked: "gpu" as a GPU run starts them, "cpu" the same
-    on the CPU."""
+    on the CPU; `split`: the student's call per view size (compile_student_graphs=per_view_size), with the local
+    views' helper and, with `backward`, its backward's."""
     import torch._dynamo
 
     torch._dynamo.reset()
@@ -577,9 +578,11 @@ def _parallel_hits(tmp_path, monkeypatch, shapes_root, extra, backward=False, ea
         monkeypatch.setattr(ch, "early_device", lambda: "cpu")
     views = "compile_views=true" in extra  # then handed to the helper and asked for at the second batch
     extra = [*extra, "compile_parallel_backward=true"] if backward else extra
+    extra = [*extra, "compile_student_graphs=per_view_size"] if split else extra
     bg, calls = _parallel_run(monkeypatch, tmp_path / "run", shapes_root, None, extra=extra)
     torch._dynamo.reset()
-    assert calls == ([*ASKED, "views", *ASKED] if views else ASKED), bg.report
+    asked = ["student", ch.LOCAL_PART, ch.HEADS_PART, *ASKED[1:]] if split else ASKED
+    assert calls == ([*asked, "views", *asked] if views else asked), bg.report
     if views:  # the second batch built both view sizes' graphs from the helper's entries: hits, no new miss
         first, through = (tuple(int(v) for v in text.replace(" miss", "").split(" hit / "))
                           for text in (bg.report["fx_cache"], bg.report["through_views"]["fx_cache"]))
@@ -587,14 +590,25 @@ def _parallel_hits(tmp_path, monkeypatch, shapes_root, extra, backward=False, ea
         assert through[0] >= first[0] + 2 and through[1] == first[1], bg.report
     hits, misses = (int(v) for v in bg.report["fx_cache"].replace(" miss", "").split(" hit / "))
     # the teacher's forward and the losses' forward and backward from the helper; the student's two compiled here,
-    # or with the backward's helper its forward here and its backward from that helper
-    assert hits >= 3 + backward and misses >= 2 - backward, bg.report
+    # or with the backward's helper its forward here and its backward from that helper. Per view size: the local
+    # views' forward from its helper and, with the backward's helpers, both views' backwards; the global views'
+    # forward and the heads' two graphs compiled here
+    if split:
+        assert hits >= 4 + 2 * backward and misses >= 3 + (not backward) * 2, bg.report
+        assert ch.LOCAL_PART not in bg.report["built_here"], bg.report
+        assert json.loads((tmp_path / "run" / ch.LOCAL_STATUS_FILE).read_text())["ok"]
+    else:
+        assert hits >= 3 + backward and misses >= 2 - backward, bg.report
     aot_hits = int(bg.report["aot_cache"].split(" hit")[0])
     assert aot_hits >= 2, bg.report
     if backward:  # the run compiled its student's forward, so it waited for the backward's entry and used it
         assert bg.report["student_compiled"] and bgc.BACKWARD_PART not in bg.report["built_here"], bg.report
         status = json.loads((tmp_path / "run" / bgc.BACKWARD_STATUS_FILE).read_text())
         assert status["ok"], status
+    if backward and split:  # nor did its local views' graph bring its backward: it used the fourth helper's
+        assert bg.report["local_brought_backward"] is False, bg.report
+        assert ch.LOCAL_BACKWARD_PART not in bg.report["built_here"], bg.report
+        assert json.loads((tmp_path / "run" / ch.LOCAL_BACKWARD_STATUS_FILE).read_text())["ok"]
     if early:  # the run gave the go to the helpers it started before its set-up, and started no others
         assert bg.report["early_s"] > 0, bg.report
         status = json.loads((tmp_path / "run" / bgc.STATUS_FILE).read_text())
@@ -645,6 +659,26 @@ def test_the_backward_helpers_entry_is_the_runs_student_backward_on_the_gpu(tmp_
     _parallel_hits(tmp_path, monkeypatch, shapes_root,
                    [*TINY_RESNET18, "trainer.accelerator=gpu", "trainer.devices=1", "trainer.precision=bf16-mixed",
                     "compile_mode=reduce-overhead", "++backbone.channels_last=true"], backward=True, early="gpu")
+
+
+@pytest.mark.gpu
+def test_the_split_student_helpers_entries_are_the_runs_on_the_gpu(tmp_path, shapes_root, monkeypatch):
+    """The student's call per view size with all four helpers, started before the set-up, with what the GPU recipes
+    ship (bf16 autocast, channels_last, CUDA graphs): the run compiles only its global views' forward and its heads;
+    the local views' forward and both views' backwards come from the helpers."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    _parallel_hits(tmp_path, monkeypatch, shapes_root,
+                   [*TINY_RESNET18, "trainer.accelerator=gpu", "trainer.devices=1", "trainer.precision=bf16-mixed",
+                    "compile_mode=reduce-overhead", "++backbone.channels_last=true"], backward=True, early="gpu",
+                   split=True)
+
+
+@pytest.mark.slow
+def test_the_split_student_helpers_entries_are_the_runs(tmp_path, shapes_root, monkeypatch):
+    """The same on the CPU (inductor's C++) in a real Lightning run, the helpers started at fit. 5-10 minutes on 2
+    shared cores."""
+    _parallel_hits(tmp_path, monkeypatch, shapes_root, [], backward=True, split=True)
 
 
 def test_the_backward_helper_is_refused_without_compile_parallel_in_one_line():

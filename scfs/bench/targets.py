@@ -143,6 +143,11 @@ def targets(records_dir: Path) -> list[Target]:
                                                              "`compile_inductor=lean`", COMPILE_S),
                                   ("parallel-backward-cudnn-warmup", "first compile, empty cache, as shipped and "
                                                                      "`compile_cudnn_warmup=auto`", COMPILE_S),
+                                  ("parallel-split", "first compile, empty cache, as shipped and "
+                                                     "`compile_student_graphs=per_view_size` (four helpers)",
+                                   COMPILE_S),
+                                  ("split", "first compile, empty cache, no helper, "
+                                            "`compile_student_graphs=per_view_size`", COMPILE_S),
                                   ("cudnn-warmup", "first compile, empty cache, no helper, "
                                                    "`compile_cudnn_warmup=auto`", COMPILE_S),
                                   ("cold", "first compile, empty cache, no helper", COMPILE_S),

@@ -45,7 +45,8 @@ def records(tmp_path: Path) -> Path:
                                                                         ("cifar10", "warm", 12.0)]))
     _write(d, "compile-h200-2026-01-02-y.json", _compile("2026-01-02", [("cifar10", "cold", 90.0),
                                                                         ("imagenet", "cold", 130.0),
-                                                                        ("imagenet", "lean", 100.0)]))
+                                                                        ("imagenet", "lean", 100.0),
+                                                                        ("imagenet", "parallel-split", 55.0)]))
     _write(d, "compile-cpu-2026-01-05-z.json", _compile("2026-01-05", [("cifar10", "cold", 1.0)], device="cpu"))
     _write(d, "step-h200-2026-01-02-same-call.json", {
         "meta": {"suite": "resnet50", "date": "2026-01-02"}, "published_same_call": {"rows": []},
@@ -81,6 +82,8 @@ def test_verdicts_over_the_newest_day(records: Path) -> None:
     assert _find(ts, "CIFAR-10", "as shipped (both helpers").verdict() == "not measured"
     assert _find(ts, "CIFAR-10", "second run").verdict() == "**met**"
     assert _find(ts, "CIFAR-10", "carried").verdict() == "not measured"
+    assert _find(ts, "ResNet-50", "per_view_size` (four helpers)").verdict() == "**met**"
+    assert _find(ts, "ResNet-50", "no helper, `compile_student_graphs").verdict() == "not measured"
 
 
 def test_a_compile_row_that_made_the_views_says_so(records: Path) -> None:

@@ -238,7 +238,7 @@ def helper_process(model: Any, cfg: Any, device: str, early: Any = None) -> Any:
     @contextlib.contextmanager
     def run() -> Any:
         with tempfile.TemporaryDirectory(prefix="scfs-helper-") as tmp:
-            paths = {role: Path(tmp) / ROLES[role][0] for role in roles}
+            paths = {role: Path(tmp) / ROLES[role].status_file for role in roles}
             if early is not None:
                 paths = {role: early.paths.get(role, path) for role, path in paths.items()}
             procs: dict[str, Any] = {}  # the gates' clocks start before the helpers do

@@ -89,10 +89,10 @@ def child_command(cfg_path: Path, status_path: Path, device: str, steps: int = 2
 
 def role_child_command(role: str, status_path: Path, device: str) -> list[str]:
     """The command line of the helper of `role` (`ROLES`), with this process's `key_settings` (`child_command`)."""
-    _, _, flags, steps = ROLES[role]
+    flags = ROLES[role].flags
     local = {"local": True} if "--local" in flags else {}
-    return child_command(status_path.with_suffix(".yaml"), status_path, device, steps, helper="--helper" in flags,
-                         backward="--backward" in flags, **local)
+    return child_command(status_path.with_suffix(".yaml"), status_path, device, ROLES[role].steps,
+                         helper="--helper" in flags, backward="--backward" in flags, **local)
 
 
 def key_settings() -> dict[str, Any]:
@@ -440,7 +440,7 @@ class HelperGates:
     def for_helpers(cls, paths: dict[str, Path], ended: dict[str, Callable[[], Any]], wait_s: float) -> HelperGates:
         """The gates of the helpers writing `paths` (by role, `ROLES`; "parts" always there), each helper's log
         beside its status file; `ended[role]()` says whether that helper ended."""
-        gates = {role: PartGate(path, ended[role], wait_s, path.with_suffix(".log"), parts=ROLES[role][1])
+        gates = {role: PartGate(path, ended[role], wait_s, path.with_suffix(".log"), parts=ROLES[role].parts)
                  for role, path in paths.items()}
         return cls(gates["parts"], gates.get("backward"), gates.get("local"), gates.get("local_backward"))
 
@@ -705,7 +705,7 @@ class ParallelCompile(ChildCompile):
         self.roles = helper_roles(True, self.backward, splits_student(cfg))
         self.early = early  # helpers `scfs.train` started before its set-up, waiting for the go
         # the helpers other than the parts' one (`ChildCompile.status_path`, `proc`), by role
-        self.side_paths = {role: self.run_dir / ROLES[role][0] for role in self.roles if role != "parts"}
+        self.side_paths = {role: self.run_dir / ROLES[role].status_file for role in self.roles if role != "parts"}
         self.side_procs: dict[str, subprocess.Popen | None] = {}
         self._first_t: float | None = None
         self._gate: HelperGates | None = None
@@ -736,7 +736,7 @@ class ParallelCompile(ChildCompile):
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.t0 = time.monotonic()
         self.status_path = self._node_path(trainer, STATUS_FILE)
-        self.side_paths = {role: self._node_path(trainer, ROLES[role][0]) for role in self.side_paths}
+        self.side_paths = {role: self._node_path(trainer, ROLES[role].status_file) for role in self.side_paths}
         # the gates' clocks first, then the helpers
         ended = {"parts": self._poll_child, **{role: self._poller(role) for role in self.side_paths}}
         self._gate = HelperGates.for_helpers({"parts": self.status_path, **self.side_paths}, ended, self.wait_s)

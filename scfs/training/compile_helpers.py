@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -44,12 +44,23 @@ HEADS_PART = "student_heads"
 LOCAL_BACKWARD_PART = "student_local_backward"
 LOCAL_STATUS_FILE = "background_compile_local.json"
 LOCAL_BACKWARD_STATUS_FILE = "background_compile_local_backward.json"
-# each helper's role: its status file, the parts it writes, its command-line flags (`helper_command`) and steps
-ROLES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...], int]] = {
-    "parts": (STATUS_FILE, (*PARTS, VIEWS_PART), ("--helper",), 1),
-    "backward": (BACKWARD_STATUS_FILE, (BACKWARD_PART,), ("--backward",), 0),
-    "local": (LOCAL_STATUS_FILE, (LOCAL_PART,), ("--local",), 0),
-    "local_backward": (LOCAL_BACKWARD_STATUS_FILE, (LOCAL_BACKWARD_PART,), ("--backward", "--local"), 0),
+
+
+class HelperRole(NamedTuple):
+    """What one helper does: its status file's name, the parts it writes, its command-line flags
+    (`helper_command`) and the steps it runs."""
+
+    status_file: str
+    parts: tuple[str, ...]
+    flags: tuple[str, ...]
+    steps: int
+
+
+ROLES: dict[str, HelperRole] = {
+    "parts": HelperRole(STATUS_FILE, (*PARTS, VIEWS_PART), ("--helper",), 1),
+    "backward": HelperRole(BACKWARD_STATUS_FILE, (BACKWARD_PART,), ("--backward",), 0),
+    "local": HelperRole(LOCAL_STATUS_FILE, (LOCAL_PART,), ("--local",), 0),
+    "local_backward": HelperRole(LOCAL_BACKWARD_STATUS_FILE, (LOCAL_BACKWARD_PART,), ("--backward", "--local"), 0),
 }
 AUTO_MIN_CORES = 8  # `auto` starts the helpers only with this many CPU cores: they compile beside the run
 SPAWNED_AT_ENV = "SCFS_HELPER_SPAWNED_AT"  # the wall clock at the helper's start, for its start-up seconds
@@ -164,9 +175,10 @@ def helper_command(cfg_path: Path, status_path: Path, device: str, steps: int = 
 
 def role_command(role: str, status_path: Path, device: str, wait_go: bool = False) -> list[str]:
     """The command line of the helper of `role` (`ROLES`) writing `status_path`, its config beside it."""
-    _, _, flags, steps = ROLES[role]
-    return helper_command(status_path.with_suffix(".yaml"), status_path, device, steps, helper="--helper" in flags,
-                          backward="--backward" in flags, wait_go=wait_go, local="--local" in flags)
+    flags = ROLES[role].flags
+    return helper_command(status_path.with_suffix(".yaml"), status_path, device, ROLES[role].steps,
+                          helper="--helper" in flags, backward="--backward" in flags, wait_go=wait_go,
+                          local="--local" in flags)
 
 
 def child_env() -> dict[str, str]:
@@ -184,7 +196,7 @@ def launch(cfg: DictConfig, batch_size: int, status_path: Path,
     """Start a child with `command` (or the command line `command()` makes, once the files are cleared), its files
     of an earlier run removed first: the run's config beside its status file (`.yaml`), its output there too
     (`.log`)."""
-    parts = tuple(part for _, written, _, _ in ROLES.values() for part in written)
+    parts = tuple(part for role in ROLES.values() for part in role.parts)
     for path in (status_path, go_path(status_path), *(f(status_path, part) for part in parts
                                                       for f in (part_path, started_path))):
         path.unlink(missing_ok=True)
@@ -271,7 +283,7 @@ def early_device() -> str:
 def early_paths(run_dir: Path, backward: bool, split: bool = False) -> dict[str, Path]:
     """The helpers' status files in a single-node run folder by role, in their start order (`helper_roles`;
     `ParallelCompile` names the same ones)."""
-    return {role: run_dir / ROLES[role][0] for role in helper_roles(True, backward, split)}
+    return {role: run_dir / ROLES[role].status_file for role in helper_roles(True, backward, split)}
 
 
 def start_early_helpers(cfg: DictConfig, run_dir: Path, batch_size: int | None = None) -> EarlyHelpers | None:

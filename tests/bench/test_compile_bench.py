@@ -478,7 +478,7 @@ def test_the_parallel_split_row_starts_four_helpers_and_waits_for_each_graph(mon
 
     def command(cfg_path, status_path, device, steps=2, helper=False, backward=False, local=False):
         role = "parts" if helper else ("local_backward" if local else "backward") if backward else "local"
-        parts = ch.ROLES[role][1][:2] if role == "parts" else ch.ROLES[role][1]  # no views in this recipe
+        parts = ch.ROLES[role].parts[:2] if role == "parts" else ch.ROLES[role].parts  # no views in this recipe
         for part in parts:  # begun as it starts
             bgc.write_status(bgc.started_path(status_path, part), {"ok": True})
         return [sys.executable, "-c", write, str(status_path), json.dumps(list(parts))]

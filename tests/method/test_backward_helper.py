@@ -134,7 +134,7 @@ def test_the_split_student_calls_helpers_write_the_runs_local_forward_and_both_b
     assert roles == ("backward", "local_backward", "local", "parts")
     procs = {}
     for role in roles[:-1]:
-        path = tmp_path / ch.ROLES[role][0]
+        path = tmp_path / ch.ROLES[role].status_file
         procs[role] = (path, bgc.start_child(cfg, int(cfg.batch_size), path, "cpu",
                                              command=lambda role=role, path=path: bgc.role_child_command(
                                                  role, path, "cpu")))
@@ -144,7 +144,7 @@ def test_the_split_student_calls_helpers_write_the_runs_local_forward_and_both_b
         assert status["ok"] and status["steps"] == 0, status
         assert status.get("graph", "local") == {"backward": "global", "local_backward": "local",
                                                 "local": "local"}[role], status
-        assert all(bgc.part_path(path, part).exists() for part in ch.ROLES[role][1]), role
+        assert all(bgc.part_path(path, part).exists() for part in ch.ROLES[role].parts), role
 
     torch._dynamo.reset()
     torch.manual_seed(int(cfg.seed))

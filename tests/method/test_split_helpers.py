@@ -46,7 +46,7 @@ def test_the_helpers_roles_and_files_follow_the_options(tmp_path):
 def test_each_roles_command_line_names_its_part_and_carries_the_runs_settings(tmp_path, role, flags):
     cmd = bgc.role_child_command(role, tmp_path / "s.json", "cuda:0")
     assert {f for f in cmd if f in ("--helper", "--backward", "--local")} == flags
-    assert cmd[cmd.index("--steps") + 1] == str(ch.ROLES[role][3]) and "--settings" in cmd
+    assert cmd[cmd.index("--steps") + 1] == str(ch.ROLES[role].steps) and "--settings" in cmd
     early = ch.role_command(role, tmp_path / "s.json", "cuda:0", wait_go=True)
     assert "--wait-go" in early and "--settings" not in early
 
@@ -66,9 +66,9 @@ def test_the_local_views_helper_refuses_a_one_graph_config_in_its_status(tmp_pat
 def _gates(tmp_path: Path, begun: tuple[str, ...], wait_s: float = 60.0) -> bgc.HelperGates:
     """The run's gates beside the four helpers of a split step (none of them ends); `begun`: the roles whose
     part has begun."""
-    paths = {role: tmp_path / ch.ROLES[role][0] for role in ch.helper_roles(True, True, True)}
+    paths = {role: tmp_path / ch.ROLES[role].status_file for role in ch.helper_roles(True, True, True)}
     for role in begun:
-        for part in ch.ROLES[role][1]:
+        for part in ch.ROLES[role].parts:
             bgc.write_status(bgc.started_path(paths[role], part), {"ok": True})
     return bgc.HelperGates.for_helpers(paths, {role: (lambda: False) for role in paths}, wait_s)
 
@@ -91,7 +91,7 @@ def test_the_run_waits_for_the_local_views_graph_and_its_backward_only_when_need
 
     monkeypatch.setattr(bgc, "cache_deltas", fake_deltas)
     gates = _gates(tmp_path, begun=("local", "local_backward", "backward"))
-    path = {role: tmp_path / ch.ROLES[role][0] for role in ch.ROLES}
+    path = {role: tmp_path / ch.ROLES[role].status_file for role in ch.ROLES}
     _later(bgc.part_path(path["local"], ch.LOCAL_PART), 0.3)
     _later(bgc.part_path(path["backward"], ch.BACKWARD_PART), 0.6)
     _later(bgc.part_path(path["local_backward"], ch.LOCAL_BACKWARD_PART), 0.9)

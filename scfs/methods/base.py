@@ -149,10 +149,9 @@ class SelfDistillation(L.LightningModule):
         self._loss_prepared = False
         # compile_parallel: called with "student", "teacher", "loss" before those calls (and with the student's call
         # per view size, "student_local" and "student_heads" before its local views' and its heads' graphs),
-        # "student_backward" before
-        # the backward and "views" before the views it handed over (`hand_views_to_helper`) while other processes
-        # compile them (`scfs.training.background_compile.ParallelCompile`): waits for their cache entries; None
-        # otherwise
+        # "student_backward" before the backward and "views" before the views it handed over
+        # (`hand_views_to_helper`) while other processes compile them
+        # (`scfs.training.background_compile.ParallelCompile`): waits for their cache entries; None otherwise
         self.compile_gate: Callable[[str], None] | None = None
         # compile_parallel with the views compiled (`hand_views_to_helper`): "eager" until the first batch's views
         # are made, "ask" until the next batch has asked `compile_gate` for "views"; None otherwise

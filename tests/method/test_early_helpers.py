@@ -52,8 +52,10 @@ GPU = ["compile=true", "compile_parallel=auto", "compile_parallel_backward=auto"
     (GPU, {"LOCAL_RANK": "1"}, None),
     (GPU, {"SLURM_LOCALID": "2"}, None),
     (GPU, {"SLURM_LOCALID": "0"}, ["backward", "parts"]),
+    ([*GPU, "compile_student_graphs=per_view_size"], {}, ["backward", "local_backward", "local", "parts"]),
+    ([*GPU, "compile_student_graphs=per_view_size", "compile_parallel_backward=false"], {}, ["local", "parts"]),
 ], ids=["gpu-auto", "no-backward", "true", "cpu-trainer", "false", "eager", "blocks", "multi-node", "second-rank",
-        "second-slurm-task", "first-slurm-task"])
+        "second-slurm-task", "first-slurm-task", "per-view-size", "per-view-size-no-backward"])
 def test_a_gpu_run_starts_its_helpers_before_its_set_up_only_where_it_would_start_them(
         tmp_path, monkeypatch, overrides, env, roles):
     launched: list[tuple[str, list[str], dict]] = []
@@ -75,7 +77,8 @@ def test_a_gpu_run_starts_its_helpers_before_its_set_up_only_where_it_would_star
     assert list(early.paths) == roles and early.device == "cuda:0"  # the backward's first: the longest compile
     assert [name for name, _, _ in launched] == [early.paths[r].name for r in roles]
     for (_, command, child), role in zip(launched, roles):
-        assert "--wait-go" in command and ("--backward" if role == "backward" else "--helper") in command
+        flags = {f for f in command if f in ("--helper", "--backward", "--local")}
+        assert "--wait-go" in command and flags == set(ch.ROLES[role].flags), (role, command)
         assert "--settings" not in command  # the run's settings come with the go
         assert child["batch_size"] == 8 and child["compile_parallel"] is False
     assert early.fits("cuda:0", {r: early.paths[r] for r in roles}) and not early.fits("cuda:1", early.paths)

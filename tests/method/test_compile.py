@@ -151,7 +151,7 @@ def test_the_split_student_call_is_three_graphs_and_asks_the_gate_between_them()
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("local_heads", [True, False])
+@pytest.mark.parametrize("local_heads", [True, pytest.param(False, marks=pytest.mark.slow)])
 def test_the_split_student_call_matches_the_eager_call_with_gradients(local_heads):
     """The three graphs of `compile_student_graphs=per_view_size` (inductor) give `student_forward`'s eager
     outputs and weight gradients, with and without the stage heads on the local views."""

@@ -43,7 +43,7 @@ def test_smoke_runs_every_readme_command_and_reports_failures(tmp_path):
     assert res.returncode == 1, res.stdout + res.stderr  # one row fails on purpose
     rows = list(by_id.values())
     expected = {"cifar10", "cifar10-eager", "cifar10-cudagraphs", "cifar10-background", "pytest-gpu",
-                "pytest-gpu-background", "pytest-gpu-backward-helper", "cifar10-dino",
+                "pytest-gpu-background", "pytest-gpu-backward-helper", "pytest-gpu-split-student", "cifar10-dino",
                 "search-hard", "search-softmax", "search-roi", "search-none", "imagenet", "resume-stop", "resume-auto",
                 "search-check", "bench-step", "knn", "linear-fast", "linear-full", "detect", "precision",
                 "notebook-02", "search-centred", "precision-centred", "cifar10-vit", "cifar10-vit-dino",
@@ -54,7 +54,7 @@ def test_smoke_runs_every_readme_command_and_reports_failures(tmp_path):
     # PASS = the README still holds the command (else "not in README.md") and the stand-in ran it
     assert all(r[1] == "PASS" for i, r in by_id.items() if i != "detect"), [r for r in rows if r[1] != "PASS"]
     record = next((tmp_path / "rec").glob("gpu-smoke-*.md")).read_text()
-    assert "36 of 37 PASS" in record and "Commit `test`" in record
+    assert "37 of 38 PASS" in record and "Commit `test`" in record
     # a device call returns at most 8 files: the rows' scratch stays out of $OUT, the work after the smoke needs room
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["gpu-smoke.md", "smoke-logs.tgz"]
 
@@ -107,7 +107,7 @@ def test_rows_out_of_gpu_memory_side_by_side_run_again_alone(tmp_path):
     assert res.returncode == 1, res.stdout + res.stderr
     lines = (tmp_path / "work" / "rows.tsv").read_text().splitlines()
     by_id = {r[0]: r for r in (line.split("\t") for line in lines)}
-    assert len(lines) == len(by_id) == 37
+    assert len(lines) == len(by_id) == 38
     again = "run again alone after: CUDA out of memory side by side"
     assert by_id["cifar10-dino"][1] == "PASS" and by_id["cifar10-dino"][5] == again
     assert by_id["resume-stop"][1] == "PASS" and by_id["resume-stop"][5] == again
@@ -120,4 +120,4 @@ def test_rows_out_of_gpu_memory_side_by_side_run_again_alone(tmp_path):
     # a row with a time limit of its own keeps it when it runs again alone
     assert by_id["pytest-gpu-background"][1] == "PASS" and by_id["pytest-gpu-background"][5] == again
     assert (tmp_path / "mark" / "background-limits").read_text().split() == ["450", "450"]
-    assert "36 of 37 PASS" in next((tmp_path / "rec").glob("gpu-smoke-*.md")).read_text()
+    assert "37 of 38 PASS" in next((tmp_path / "rec").glob("gpu-smoke-*.md")).read_text()

@@ -6,17 +6,28 @@ from __future__ import annotations
 import pytest
 import torch
 import torch._dynamo
-from helpers import TINY_RESNET18, compose_cfg, train_losses
+from helpers import CONF, TINY, TINY_RESNET18, compose_cfg, train_losses
+from hydra import compose, initialize_config_dir
 from torch import nn
 
 SPLIT = "compile_student_graphs=per_view_size"
 
 
+VIT = ["backbone=vit_micro", "search.stages=[block1,last]"]
+
+
 def _build(overrides: list[str]):
+    """The tests' tiny config with `overrides` and its method; with the micro ViT (`VIT` in `overrides`) without
+    the CNN width keys of the tiny config."""
     from scfs.train import build
 
     torch.manual_seed(0)
-    cfg = compose_cfg(overrides)
+    if VIT[0] in overrides:
+        with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+            cfg = compose(config_name="config",
+                          overrides=[*(o for o in TINY if not o.startswith("backbone.")), *overrides])
+    else:
+        cfg = compose_cfg(overrides)
     return cfg, build(cfg)[1]
 
 
@@ -41,17 +52,17 @@ def test_one_graph_stays_the_default():
     assert model.compile_student_graphs == "one" and model._student_fn is student_forward
 
 
-def test_per_view_size_trains_as_the_eager_step():
-    """Three real training steps of the tiny SCFS through the split student call (traced by dynamo and
-    AOTAutograd, `compile_backend=cudagraphs`, which on the CPU runs the traced graphs as they are) match the
-    eager steps' losses in float32, with no graph break."""
+@pytest.mark.parametrize("backbone", [TINY_RESNET18, VIT], ids=["resnet", "vit"])
+def test_per_view_size_trains_as_the_eager_step(backbone):
+    """Three real training steps of the tiny SCFS (ResNet and ViT) through the split student call (traced by
+    dynamo and AOTAutograd, `compile_backend=cudagraphs`, which on the CPU runs the traced graphs as they are) match
+    the eager steps' losses in float32, with no graph break."""
     from torch._dynamo.utils import counters
 
-    cfg_e, eager = _build(TINY_RESNET18)
+    cfg_e, eager = _build(backbone)
     torch._dynamo.reset()
     counters.clear()
-    cfg_c, split = _build([*TINY_RESNET18, "compile=true", "compile_backend=cudagraphs", "compile_mode=default",
-                           SPLIT])
+    cfg_c, split = _build([*backbone, "compile=true", "compile_backend=cudagraphs", "compile_mode=default", SPLIT])
     want = train_losses(eager, cfg_e, 3)
     got = train_losses(split, cfg_c, 3)
     torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-5, atol=1e-5)

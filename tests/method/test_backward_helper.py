@@ -63,11 +63,6 @@ def test_the_runs_student_backward_loads_the_backward_helpers_entry(tmp_path, mo
     `reduce-overhead` on the CPU: the run's forward turns CUDA graphs off (CPU nodes), which the backward's key
     records, so the helper must turn them off too (`forward_disables_cudagraphs`). 2-4 minutes each on 2 shared
     cores."""
-    import torch._dynamo
-
-    from scfs.train import build
-    from scfs.training.plain_step import cache_counters, make_step
-
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
     cfg = compose_cfg(["compile=true", "compile_parallel=true", "compile_parallel_backward=true",
                        f"compile_mode={mode}"])
@@ -77,6 +72,20 @@ def test_the_runs_student_backward_loads_the_backward_helpers_entry(tmp_path, mo
     status = json.loads(status_path.read_text())
     assert status["ok"] and status["steps"] == 0 and status["backward_s"] > 0, status
     assert bgc.part_path(status_path, bgc.BACKWARD_PART).exists()
+
+    marks, start, end = _first_step_marks(cfg)
+    before = dict(marks)["student_backward"]
+    assert before[0] - start[0] == 0 and before[1] - start[1] >= 3, (start, before)  # student, teacher, losses
+    assert (end[0] - before[0], end[1] - before[1]) == (1, 1), (before, end)  # its entry, the losses' backward
+
+
+def _first_step_marks(cfg):
+    """The run's first step of `cfg` in this process (a fresh dynamo), compiled: what its gate was asked, each with
+    the cache counters then, and the counters before and after the step."""
+    import torch._dynamo
+
+    from scfs.train import build
+    from scfs.training.plain_step import cache_counters, make_step
 
     torch._dynamo.reset()
     torch.manual_seed(int(cfg.seed))
@@ -89,9 +98,7 @@ def test_the_runs_student_backward_loads_the_backward_helpers_entry(tmp_path, mo
     step(0)
     end = cache_counters()
     torch._dynamo.reset()
-    before = dict(marks)["student_backward"]
-    assert before[0] - start[0] == 0 and before[1] - start[1] >= 3, (start, before)  # student, teacher, losses
-    assert (end[0] - before[0], end[1] - before[1]) == (1, 1), (before, end)  # its entry, the losses' backward
+    return marks, start, end
 
 
 def test_the_helper_turns_cuda_graphs_off_where_the_compiled_forward_would():
@@ -122,11 +129,6 @@ def test_the_split_student_calls_helpers_write_the_runs_local_forward_and_both_b
     views' graph (misses), builds the local views' forward from the helper's entry (one inductor hit, no miss)
     and, at the backward, finds both graphs' backwards (two hits; the heads' and the losses' backwards, which no
     helper compiled, miss). 4-6 minutes on 2 shared cores."""
-    import torch._dynamo
-
-    from scfs.train import build
-    from scfs.training.plain_step import cache_counters, make_step
-
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
     cfg = compose_cfg(["compile=true", "compile_parallel=true", "compile_parallel_backward=true",
                        "compile_student_graphs=per_view_size"])
@@ -146,17 +148,7 @@ def test_the_split_student_calls_helpers_write_the_runs_local_forward_and_both_b
                                                 "local": "local"}[role], status
         assert all(bgc.part_path(path, part).exists() for part in ch.ROLES[role].parts), role
 
-    torch._dynamo.reset()
-    torch.manual_seed(int(cfg.seed))
-    _, model = build(cfg)
-    model.train()
-    step = make_step(model, cfg, "cpu", model.configure_optimizers())
-    marks = []
-    model.compile_gate = lambda part: marks.append((part, cache_counters()))
-    start = cache_counters()
-    step(0)
-    end = cache_counters()
-    torch._dynamo.reset()
+    marks, start, end = _first_step_marks(cfg)
     at = dict(marks)
     assert [p for p, _ in marks] == ["student", ch.LOCAL_PART, ch.HEADS_PART, "teacher", "loss", "student_backward"]
     local, heads, back = at[ch.LOCAL_PART], at[ch.HEADS_PART], at["student_backward"]

@@ -92,27 +92,40 @@ def test_compiled_student_call_matches_eager_with_gradients():
     torch.manual_seed(0)
     eager_net = _tiny_network()
     compiled_net = copy.deepcopy(eager_net)
+    torch._dynamo.reset()
+    _assert_same_call_and_gradients(eager_net, compiled_net, torch.compile(student_forward, dynamic=False), True)
+    torch._dynamo.reset()
+
+
+def _assert_same_call_and_gradients(eager_net, other_net, other_call, local_heads: bool) -> None:
+    """`other_call` on `other_net` (a copy of `eager_net`) gives eager `student_forward`'s outputs on `eager_net`,
+    and a loss on them the same weight gradients, on one batch of global and local views."""
+    from scfs.methods.networks import student_forward
+
     stages = ("layer2", "layer3", "layer4")
     g, loc = torch.randn(4, 3, 32, 32), torch.randn(8, 3, 16, 16)
-    torch._dynamo.reset()
     outs = []
-    for net, fn in ((eager_net, student_forward), (compiled_net, torch.compile(student_forward, dynamic=False))):
-        out = fn(net, g, loc, stages, True)
+    for net, fn in ((eager_net, student_forward), (other_net, other_call)):
+        out = fn(net, g, loc, stages, local_heads)
         loss = out["logits"].square().mean() + sum(v.square().mean() for k in ("stage_global", "stage_local")
                                                    for v in out[k].values())
         loss.backward()
         outs.append(out)
-    torch._dynamo.reset()
     for k in ("pooled_global", "logits"):
         torch.testing.assert_close(outs[1][k], outs[0][k], rtol=1e-4, atol=1e-5)
+    assert outs[1]["stage_local"].keys() == outs[0]["stage_local"].keys() == (set(stages) if local_heads else set())
     for k in ("stage_global", "stage_local", "queries"):
-        assert outs[1][k].keys() == outs[0][k].keys() == set(stages)
-        for s in stages:
+        for s in outs[0][k]:
             torch.testing.assert_close(outs[1][k][s], outs[0][k][s], rtol=1e-4, atol=1e-5, msg=f"{k}.{s}")
+    assert set(outs[0]["queries"]) == set(outs[0]["stage_global"]) == set(stages)
     assert outs[1]["local_size"] == outs[0]["local_size"] == {"layer2": 8, "layer3": 4, "layer4": 2}
-    for (name, p), q in zip(eager_net.named_parameters(), compiled_net.parameters()):
+    grads = 0
+    for (name, p), q in zip(eager_net.named_parameters(), other_net.parameters(), strict=True):
+        assert (p.grad is None) == (q.grad is None), name
         if p.grad is not None:
+            grads += 1
             torch.testing.assert_close(q.grad, p.grad, rtol=1e-3, atol=1e-5, msg=name)
+    assert grads > 0
 
 
 def _split_call(backend: str | object = "inductor"):
@@ -155,37 +168,14 @@ def test_the_split_student_call_is_three_graphs_and_asks_the_gate_between_them()
 def test_the_split_student_call_matches_the_eager_call_with_gradients(local_heads):
     """The three graphs of `compile_student_graphs=per_view_size` (inductor) give `student_forward`'s eager
     outputs and weight gradients, with and without the stage heads on the local views."""
-    from scfs.methods.networks import student_forward
 
     torch.manual_seed(0)
     eager_net = _tiny_network()
     split_net = copy.deepcopy(eager_net)
-    stages = ("layer2", "layer3", "layer4")
-    g, loc = torch.randn(4, 3, 32, 32), torch.randn(8, 3, 16, 16)
     torch._dynamo.reset()
     call, _ = _split_call()
-    outs = []
-    for net, fn in ((eager_net, student_forward), (split_net, call)):
-        out = fn(net, g, loc, stages, local_heads)
-        loss = out["logits"].square().mean() + sum(v.square().mean() for k in ("stage_global", "stage_local")
-                                                   for v in out[k].values())
-        loss.backward()
-        outs.append(out)
+    _assert_same_call_and_gradients(eager_net, split_net, call, local_heads)
     torch._dynamo.reset()
-    for k in ("pooled_global", "logits"):
-        torch.testing.assert_close(outs[1][k], outs[0][k], rtol=1e-4, atol=1e-5)
-    assert outs[1]["stage_local"].keys() == outs[0]["stage_local"].keys() == (set(stages) if local_heads else set())
-    for k in ("stage_global", "stage_local", "queries"):
-        for s in outs[0][k]:
-            torch.testing.assert_close(outs[1][k][s], outs[0][k][s], rtol=1e-4, atol=1e-5, msg=f"{k}.{s}")
-    assert outs[1]["local_size"] == outs[0]["local_size"] == {"layer2": 8, "layer3": 4, "layer4": 2}
-    grads = 0
-    for (name, p), q in zip(eager_net.named_parameters(), split_net.parameters(), strict=True):
-        assert (p.grad is None) == (q.grad is None), name
-        if p.grad is not None:
-            grads += 1
-            torch.testing.assert_close(q.grad, p.grad, rtol=1e-3, atol=1e-5, msg=name)
-    assert grads > 0
 
 
 def _method_and_outputs(overrides: list[str], device: str = "cpu"):

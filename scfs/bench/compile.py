@@ -272,7 +272,7 @@ def helper_process(model: Any, cfg: Any, device: str, early: Any = None) -> Any:
                 status.update(bgc.read_status(paths["parts"]) or {})
                 for role in roles:
                     if role != "parts":
-                        status[bgc.ParallelCompile.status_keys[role]] = bgc.read_status(paths[role]) or {}
+                        status[ROLES[role].summary_key] = bgc.read_status(paths[role]) or {}
                 if early_s is not None:
                     status["early_s"] = early_s
 
@@ -624,18 +624,14 @@ def parallel_lines(rows: list[dict[str, Any]]) -> list[str]:
                             f"{r.get('peak_GiB', '–')} GiB).")
             if par.get("helper", {}).get("early_s") is not None:
                 out[-1] += " " + early_sentence(par["helper"])
-            back = par.get("helper", {}).get("backward_helper")
-            if back is not None:  # compile_parallel_backward: the second helper
-                out[-1] += (" The backward's helper: " + (
-                    f"its compile took {back.get('backward_s', '–')} s, inductor cache {back.get('fx_cache', '–')}"
-                    + (f", peak GPU memory {back['peak_GiB']} GiB" if back.get("peak_GiB") is not None else "")
-                    if back.get("ok") else f"no entry ({back.get('error', 'it had not ended')})") + ".")
-            for key, what, seconds in (("local_helper", "The local views' helper", "local_s"),
+            for key, what, seconds in (("backward_helper", "The backward's helper", "backward_s"),
+                                       ("local_helper", "The local views' helper", "local_s"),
                                        ("local_backward_helper", "The local views' backward's helper", "backward_s")):
                 side = par.get("helper", {}).get(key)
-                if side is not None:  # compile_student_graphs=per_view_size: the third and fourth helpers
+                if side is not None:  # the helpers beside the first (compile_parallel_backward, per view size)
                     out[-1] += (f" {what}: " + (
                         f"its compile took {side.get(seconds, '–')} s, inductor cache {side.get('fx_cache', '–')}"
+                        + (f", peak GPU memory {side['peak_GiB']} GiB" if side.get("peak_GiB") is not None else "")
                         if side.get("ok") else f"no entry ({side.get('error', 'it had not ended')})") + ".")
             if par.get("local_brought_backward"):
                 out[-1] += " The run's local views' graph came with its backward from the cache: no wait for it."

@@ -89,10 +89,10 @@ def child_command(cfg_path: Path, status_path: Path, device: str, steps: int = 2
 
 def role_child_command(role: str, status_path: Path, device: str) -> list[str]:
     """The command line of the helper of `role` (`ROLES`), with this process's `key_settings` (`child_command`)."""
-    flags = ROLES[role].flags
-    local = {"local": True} if "--local" in flags else {}
-    return child_command(status_path.with_suffix(".yaml"), status_path, device, ROLES[role].steps,
-                         helper="--helper" in flags, backward="--backward" in flags, **local)
+    flags = ROLES[role].command_flags()
+    if not flags["local"]:  # left out where false: the command lines of the helpers before the split take none
+        del flags["local"]
+    return child_command(status_path.with_suffix(".yaml"), status_path, device, ROLES[role].steps, **flags)
 
 
 def key_settings() -> dict[str, Any]:
@@ -693,8 +693,6 @@ class ParallelCompile(ChildCompile):
     summary_key = "compile_parallel"  # the first step, its waits for the helpers and its cache hits
     started_message = ("compile_parallel: process %d compiles the teacher's call and the losses into %s (log: %s) "
                        "while this one compiles the student's")
-    # the summary's key of each other helper's status
-    status_keys = {"backward": "backward_helper", "local": "local_helper", "local_backward": "local_backward_helper"}
 
     def __init__(self, cfg: DictConfig, run_dir: Path, batch_size: int, steps: int = 1,
                  wait_s: float = 900.0, backward: bool = False, early: EarlyHelpers | None = None) -> None:
@@ -722,10 +720,8 @@ class ParallelCompile(ChildCompile):
         return self.side_procs.get("backward")
 
     def backward_command(self, device: str) -> list[str]:
-        """The backward helper's command line (`child_command` with `backward`), as `command` is the first
-        helper's."""
-        return child_command(self.backward_status_path.with_suffix(".yaml"), self.backward_status_path, device, 0,
-                             backward=True)
+        """The backward helper's command line (`role_child_command`), as `command` is the first helper's."""
+        return role_child_command("backward", self.backward_status_path, device)
 
     def side_command(self, role: str, device: str) -> list[str]:
         """The command line of the helper of `role` (other than the parts')."""
@@ -750,9 +746,8 @@ class ParallelCompile(ChildCompile):
                     proc = start_child(self.cfg, self.batch_size, path, device,
                                        command=lambda role=role: self.side_command(role, device))
                     self.side_procs[role] = proc
-                    log.info("compile_parallel: process %d compiles the student's %s (log: %s)", proc.pid,
-                             {"backward": "backward graph", "local": "local views' graph",
-                              "local_backward": "local views' backward graph"}[role], path.with_suffix(".log"))
+                    log.info("compile_parallel: process %d compiles %s (log: %s)", proc.pid, ROLES[role].what,
+                             path.with_suffix(".log"))
             self._start_child(trainer)
         self._first_t, self._counters = time.monotonic(), cache_counters()
         pl_module.compile_gate = self.wait_for
@@ -789,7 +784,7 @@ class ParallelCompile(ChildCompile):
         """The first step's report and each helper's status once it ended (its cache counts, seconds, peak GPU
         memory)."""
         out = dict(self.report)
-        helpers = [("helper", self.status_path)] + [(self.status_keys[role], path)
+        helpers = [("helper", self.status_path)] + [(ROLES[role].summary_key, path)
                                                      for role, path in self.side_paths.items()]
         for key, path in helpers:
             status = read_status(path)
@@ -832,10 +827,8 @@ class ParallelCompile(ChildCompile):
         if self._gate is not None:
             self.report.update(self._gate.timeline())
             stopped = self._gate.stop_behind({"parts": self.proc, **self.side_procs})
-            self.report["helper_stopped"] = stopped.get("parts", False)
-            for role, key in self.status_keys.items():
-                if role in stopped:
-                    self.report[f"{key}_stopped"] = stopped[role]
+            for role, was_stopped in stopped.items():  # helper_stopped, backward_helper_stopped, ...
+                self.report[f"{ROLES[role].summary_key}_stopped"] = was_stopped
         self._first_t = None
         log.info("compile_parallel: the first step took %.1f s, %s s of it waiting for the helpers (inductor cache "
                  "%s)%s",

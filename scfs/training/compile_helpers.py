@@ -48,19 +48,31 @@ LOCAL_BACKWARD_STATUS_FILE = "background_compile_local_backward.json"
 
 class HelperRole(NamedTuple):
     """What one helper does: its status file's name, the parts it writes, its command-line flags
-    (`helper_command`) and the steps it runs."""
+    (`helper_command`), the steps it runs, the key of its status in the run's summary and what it compiles (for
+    the log and the records)."""
 
     status_file: str
     parts: tuple[str, ...]
     flags: tuple[str, ...]
     steps: int
+    summary_key: str
+    what: str
+
+    def command_flags(self) -> dict[str, bool]:
+        """`helper_command`'s keyword flags of this role."""
+        return {"helper": "--helper" in self.flags, "backward": "--backward" in self.flags,
+                "local": "--local" in self.flags}
 
 
 ROLES: dict[str, HelperRole] = {
-    "parts": HelperRole(STATUS_FILE, (*PARTS, VIEWS_PART), ("--helper",), 1),
-    "backward": HelperRole(BACKWARD_STATUS_FILE, (BACKWARD_PART,), ("--backward",), 0),
-    "local": HelperRole(LOCAL_STATUS_FILE, (LOCAL_PART,), ("--local",), 0),
-    "local_backward": HelperRole(LOCAL_BACKWARD_STATUS_FILE, (LOCAL_BACKWARD_PART,), ("--backward", "--local"), 0),
+    "parts": HelperRole(STATUS_FILE, (*PARTS, VIEWS_PART), ("--helper",), 1, "helper",
+                        "the teacher's call and the losses"),
+    "backward": HelperRole(BACKWARD_STATUS_FILE, (BACKWARD_PART,), ("--backward",), 0, "backward_helper",
+                           "the student's backward graph"),
+    "local": HelperRole(LOCAL_STATUS_FILE, (LOCAL_PART,), ("--local",), 0, "local_helper",
+                        "the student's local views' graph"),
+    "local_backward": HelperRole(LOCAL_BACKWARD_STATUS_FILE, (LOCAL_BACKWARD_PART,), ("--backward", "--local"), 0,
+                                 "local_backward_helper", "the student's local views' backward graph"),
 }
 AUTO_MIN_CORES = 8  # `auto` starts the helpers only with this many CPU cores: they compile beside the run
 SPAWNED_AT_ENV = "SCFS_HELPER_SPAWNED_AT"  # the wall clock at the helper's start, for its start-up seconds
@@ -175,10 +187,8 @@ def helper_command(cfg_path: Path, status_path: Path, device: str, steps: int = 
 
 def role_command(role: str, status_path: Path, device: str, wait_go: bool = False) -> list[str]:
     """The command line of the helper of `role` (`ROLES`) writing `status_path`, its config beside it."""
-    flags = ROLES[role].flags
     return helper_command(status_path.with_suffix(".yaml"), status_path, device, ROLES[role].steps,
-                          helper="--helper" in flags, backward="--backward" in flags, wait_go=wait_go,
-                          local="--local" in flags)
+                          wait_go=wait_go, **ROLES[role].command_flags())
 
 
 def child_env() -> dict[str, str]:

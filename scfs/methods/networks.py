@@ -161,7 +161,7 @@ def student_head_outputs(student: nn.ModuleDict, f_g: dict[str, Any], f_l: dict[
     heads = student["stage_heads"]
     stage_global, stage_local = {}, {}
     stacked_g = stacked_l = None
-    local = f_l is not None and bool(stages) and len(f_l["stage_pooled"]) == len(stages)
+    local = f_l is not None and len(f_l["stage_pooled"]) > 0  # the stage heads run on the local views too
     if stages and all(heads[s].proj.rows_independent for s in stages):
         # every stage's projection on its global and local rows in one stacked call (`stacked_dino_heads`)
         xs = [f_g["stage_pooled"][s] for s in stages]

@@ -89,10 +89,8 @@ def child_command(cfg_path: Path, status_path: Path, device: str, steps: int = 2
 
 def role_child_command(role: str, status_path: Path, device: str) -> list[str]:
     """The command line of the helper of `role` (`ROLES`), with this process's `key_settings` (`child_command`)."""
-    flags = ROLES[role].command_flags()
-    if not flags["local"]:  # left out where false: the command lines of the helpers before the split take none
-        del flags["local"]
-    return child_command(status_path.with_suffix(".yaml"), status_path, device, ROLES[role].steps, **flags)
+    return child_command(status_path.with_suffix(".yaml"), status_path, device, ROLES[role].steps,
+                         **ROLES[role].command_flags())
 
 
 def key_settings() -> dict[str, Any]:

@@ -220,7 +220,7 @@ def test_the_background_row_switches_when_the_status_appears_not_when_the_child_
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.setattr(bgc, "child_command", lambda cfg_path, status_path, device, steps=2, helper=False,
-                        backward=False: [sys.executable, "-c", STAND_IN, str(status_path)])
+                        backward=False, local=False: [sys.executable, "-c", STAND_IN, str(status_path)])
     cfg = bench.compose("default", "cpu", True, "model", True, ["compile_background=true"])
     torch.manual_seed(0)
     _, model = build(cfg)
@@ -260,7 +260,7 @@ def test_the_parallel_row_waits_for_the_helpers_parts(monkeypatch, eager_backend
              "    write_status(part_path(Path(sys.argv[1]), part), {'ok': True})\n"
              "write_status(Path(sys.argv[1]), {'ok': True, 'peak_GiB': 1.5})\n")
 
-    def command(cfg_path, status_path, device, steps=2, helper=False, backward=False):
+    def command(cfg_path, status_path, device, steps=2, helper=False, backward=False, local=False):
         for part in bgc.PARTS:  # begun as it starts, so that the step (faster than its imports) waits for it
             bgc.write_status(bgc.started_path(status_path, part), {"ok": True})
         return [sys.executable, "-c", write, str(status_path)]
@@ -317,7 +317,7 @@ def test_a_recipe_with_compiled_views_makes_them_in_each_step_and_hands_them_to_
              "    write_status(part_path(Path(sys.argv[1]), part), {'ok': True})\n"
              "write_status(Path(sys.argv[1]), {'ok': True})\n")
 
-    def command(cfg_path, status_path, device, steps=2, helper=False, backward=False):
+    def command(cfg_path, status_path, device, steps=2, helper=False, backward=False, local=False):
         for part in (*bgc.PARTS, "views"):
             bgc.write_status(bgc.started_path(status_path, part), {"ok": True})
         return [sys.executable, "-c", write, str(status_path)]
@@ -353,7 +353,7 @@ def test_the_parallel_backward_row_starts_both_helpers_and_reports_the_backwards
              "write_status(p, {'ok': True, 'backward_s': 0.9, 'fx_cache': '0 hit / 2 miss'} if backward else "
              "{'ok': True})\n")
 
-    def command(cfg_path, status_path, device, steps=2, helper=False, backward=False):
+    def command(cfg_path, status_path, device, steps=2, helper=False, backward=False, local=False):
         for part in (bgc.BACKWARD_PART,) if backward else bgc.PARTS:  # begun as it starts
             bgc.write_status(bgc.started_path(status_path, part), {"ok": True})
         return [sys.executable, "-c", write, str(status_path), "backward" if backward else "parts"]

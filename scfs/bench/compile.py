@@ -37,7 +37,7 @@ share the seed, so a cache that changed the numbers would show). Where the recip
   (`compile_student_graphs=per_view_size`: one graph per view batch and one for the heads); with the helpers, a
   third compiles the local views' graph and a fourth its backward while the run compiles the global views' graph
   and the backward's helper that graph's backward. `split` says what the split costs the step and the compile
-  alone.
+  alone; `parallel-split-lean` adds `compile_inductor=lean` (`LEAN`), the shortest cold compile the options give.
 * `lean`: an empty cache with inductor's options that spend compile time on step time turned off (`LEAN`: no
   launch-config benchmarks of pointwise kernels, no loop reordering after fusion; `compile_inductor`): what they
   cost the first compile, and what dropping them costs the step.
@@ -86,7 +86,7 @@ from scfs.names import CONF_DIR
 ROWS = ("eager", "cold", "warm", "carried", "blocks", "blocks-carried", "cudagraphs", "background", "parallel",
         "parallel-warm", "lean", "parallel-lean", "parallel-backward", "parallel-backward-warm",
         "parallel-backward-lean", "parallel-backward-cudnn-warmup", "cudnn-warmup", "heuristics", "split",
-        "parallel-split")
+        "parallel-split", "parallel-split-lean")
 # the `lean` row's inductor options (`compile_inductor`): the defaults that spend compile time to win step time
 LEAN = ("compile_inductor=lean",)
 # the `parallel-backward*` rows: a second helper compiles the student's backward graph
@@ -517,6 +517,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "split": dict(cache_dir=d / "split", scope="model", extra=SPLIT),
                     "parallel-split": dict(cache_dir=d / "parallel-split", scope="model", parallel=True,
                                            extra=(*BACKWARD, *SPLIT)),
+                    "parallel-split-lean": dict(cache_dir=d / "parallel-split-lean", scope="model", parallel=True,
+                                                extra=(*BACKWARD, *SPLIT, *LEAN)),
                 }
                 for name in rows:
                     if name == "eager" and rep:

@@ -146,6 +146,9 @@ def targets(records_dir: Path) -> list[Target]:
                                   ("parallel-split", "first compile, empty cache, as shipped and "
                                                      "`compile_student_graphs=per_view_size` (four helpers)",
                                    COMPILE_S),
+                                  ("parallel-split-lean", "first compile, empty cache, as shipped, "
+                                                          "`compile_student_graphs=per_view_size` (four helpers) and "
+                                                          "`compile_inductor=lean`", COMPILE_S),
                                   ("split", "first compile, empty cache, no helper, "
                                             "`compile_student_graphs=per_view_size`", COMPILE_S),
                                   ("cudnn-warmup", "first compile, empty cache, no helper, "

@@ -388,6 +388,32 @@ def test_a_table_row_gives_each_timed_column_as_the_median_over_the_repeats():
 OFF = "compile_cudnn_warmup=false"
 
 
+def test_every_row_has_a_plan_and_its_name_says_its_settings(monkeypatch, tmp_path):
+    """Each named row runs (none is missing from the plan), and a row's name is what it sets: `parallel*` starts the
+    helpers, `backward`/`split` start the backward's helper, `split` splits the student's call, `lean` is lean."""
+    import argparse
+
+    seen: dict[str, dict] = {}
+
+    def fake_row(args, recipe, name, cache_dir, scope, **kw):
+        seen[name] = kw
+        return {"recipe": recipe, "setting": name, "first_s": 1.0}
+
+    monkeypatch.setattr(bench, "run_row", fake_row)
+    monkeypatch.setattr(bench, "save_record", lambda *a, **k: None)
+    monkeypatch.setattr(bench, "table_rows", lambda rows: rows)
+    args = argparse.Namespace(device="cpu", tiny=True, first=1, steady=1, recipe=["cifar10"], rows=list(bench.ROWS),
+                              repeats=1, argv=[], out=str(tmp_path / "c.json"), override=[])
+    bench.run(args)
+    assert set(seen) == set(bench.ROWS)
+    for name, kw in seen.items():
+        extra = set(kw.get("extra", ()))
+        assert bool(kw.get("parallel")) == name.startswith("parallel"), name
+        assert (set(bench.BACKWARD) <= extra) == ("backward" in name or "split" in name and "parallel" in name), name
+        assert (set(bench.SPLIT) <= extra) == ("split" in name), name
+        assert (set(bench.LEAN) <= extra) == (name.endswith("lean") or name == "lean"), name
+
+
 @pytest.mark.parametrize("parallel, extra, user, expected", [
     (False, (), [], ["compile_parallel=false", "compile_parallel_backward=false", OFF]),
     (True, (), [], ["compile_parallel=true", "compile_parallel_backward=false", OFF]),

@@ -117,8 +117,9 @@ def targets(records_dir: Path) -> list[Target]:
     def pct(v: float) -> str:
         return f"{100 * v:.1f} %"
 
-    def secs(v: float) -> str:
-        return f"{v:.1f} s"
+    def secs_within(limit: float) -> Callable[[float], str]:
+        """Seconds in tenths, in hundredths where tenths would round a value onto `limit` or a miss to nothing."""
+        return lambda v: f"{v:.2f} s" if round(v, 1) in (limit, 0.0) and v not in (limit, 0.0) else f"{v:.1f} s"
 
     def times(v: float) -> str:
         return f"{v:.2f}x"
@@ -161,7 +162,8 @@ def targets(records_dir: Path) -> list[Target]:
                                   ("carried", "first compile with a carried `compile_artifacts` file", COMPILE_S),
                                   ("warm", "second run, cache warm", SECOND_RUN_S)):
         for recipe, title in RECIPES.items():
-            t = Target(f"{title}: {label}, <= {limit:.0f} s (the first 3 steps)", limit, False, secs)
+            t = Target(f"{title}: {label}, <= {limit:.0f} s (the first 3 steps)", limit, False,
+                       secs_within(limit))
             t.measured = [(rec.date, row["first_s"], compile_source(rec.name, row)) for rec in compiles
                           for row in rec.data.get("table", [])
                           if row.get("recipe") == recipe and row.get("setting") == setting and row.get("first_s")]
@@ -171,7 +173,7 @@ def targets(records_dir: Path) -> list[Target]:
                        ("lost_s", "`compile_background=true`: what the compile costs the run against a step compiled "
                                   "from step 0")):
         for recipe, title in RECIPES.items():
-            t = Target(f"{title}: {label}, <= {COMPILE_S:.0f} s", COMPILE_S, False, secs)
+            t = Target(f"{title}: {label}, <= {COMPILE_S:.0f} s", COMPILE_S, False, secs_within(COMPILE_S))
             t.measured = [(rec.date, row[key], rec.name) for rec in compiles for row in rec.data.get("table", [])
                           if row.get("recipe") == recipe and row.get("setting") == "background" and row.get(key)]
             out.append(t)

@@ -139,3 +139,15 @@ def test_the_committed_table_is_what_the_committed_records_give(tmp_path: Path) 
     table = [ln for ln in tg.markdown(fresh).splitlines() if ln.startswith("| ")]
     assert [ln for ln in committed[-1].read_text().splitlines() if ln.startswith("| ")] == table, \
         "run python -m scfs.bench.targets and commit its record"
+
+
+def test_a_miss_that_tenths_would_round_away_reads_in_hundredths(tmp_path: Path) -> None:
+    """60.05 s against a 60 s limit reads 60.05 s, missed by 0.05 s (in tenths: 60.0 s, missed by 0.0 s)."""
+    d = tmp_path / "results"
+    d.mkdir()
+    _write(d, "compile-h200-2026-01-02-x.json", _compile("2026-01-02", [("cifar10", "cold", 60.05),
+                                                                        ("imagenet", "cold", 71.23)]))
+    ts = tg.targets(d)
+    cifar = _find(ts, "CIFAR-10", "first compile, empty cache, no helper, <=")
+    assert cifar.verdict() == "**missed** by 0.05 s" and cifar.show(60.05) == "60.05 s"
+    assert _find(ts, "ResNet-50", "first compile, empty cache, no helper, <=").verdict() == "**missed** by 11.2 s"

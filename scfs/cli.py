@@ -14,7 +14,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from scfs.errors import ReportedError
-from scfs.reliability import offline_by_default, one_line
+from scfs.reliability import is_cuda_oom, offline_by_default, one_line
 
 
 def _config_errors() -> tuple[type[BaseException], ...]:
@@ -90,7 +90,7 @@ def run_reporting_errors(prog: str, fn: Any, *args: Any) -> Any:
     except _run_errors() as err:
         _fail(1, "error", err, prog)
     except RuntimeError as err:
-        if type(err).__name__ != "OutOfMemoryError":  # torch.cuda.OutOfMemoryError, without importing torch here
+        if not is_cuda_oom(err):
             raise
         _fail(1, "error", RuntimeError(_oom_outside_step(err, args[0] if args else None)), prog)
 

@@ -12,9 +12,10 @@
 # in step. Independent commands run side by side (the GPU and 16 cores have room), so the wall time is the
 # longest chain, not the sum. On a machine with 2+ GPUs it adds a DDP CIFAR run next to one GPU at the same
 # global batch.
-# A row that ran out of GPU memory side by side (the GPU shared with other work, a study say) runs again alone
-# once both waves are done, with the rows of wave 2 that failed after it (they may have lacked its checkpoint);
-# its row says so. A command that exits 0 but logs a failure it swallowed (the end-of-run figure) fails its row.
+# A row that ran out of GPU memory or time side by side (the GPU shared with other work, a study say, or a GPU
+# with less memory than an H200's) runs again alone once both waves are done, with the rows of wave 2 that failed
+# after it (they may have lacked its checkpoint); its row says so. A failed row gives the line of its log that
+# says why (`failure_line`), not what the command printed after it. A command that exits 0 but logs a failure it swallowed (the end-of-run figure) fails its row.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 OMP_NUM_THREADS=2 WANDB_MODE=offline
 OUT=${OUT:-/tmp/gpu-smoke}; mkdir -p "$OUT"
@@ -28,6 +29,7 @@ NGPU=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l)
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
 ROWS="$WK/rows.tsv"; : > "$ROWS"; rm -rf "$WK/args"; mkdir -p "$WK/args"
 . "$(dirname "$0")/python_shim.sh"; python_shim /tmp/smoke-bin   # the README says `python`
+. "$(dirname "$0")/failure_line.sh"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 SHORT="trainer.max_epochs=1 +trainer.limit_train_batches=4"   # a few steps of every training command
 STUDY=smoke/study-$COMMIT   # the multirun folder of the study rows: runs/multirun/<date>/<time> in the README
@@ -62,7 +64,7 @@ run() {
   if [ $rc -eq 0 ] && grep -q "$SWALLOWED" "$WK/logs/$id.log"; then
     rc=1; why=$(grep -m 1 "$SWALLOWED" "$WK/logs/$id.log" | sed 's/.*\('"$SWALLOWED"'\)/\1/')
   elif [ $rc -ne 0 ]; then
-    why=$(grep -v '^\s*$' "$WK/logs/$id.log" | tail -n 1)
+    why=$(failure_line "$WK/logs/$id.log")
   fi
   [ $rc -eq 124 ] && why="timed out after ${LIMIT:-330} s"
   [ -n "${RETRY:-}" ] && why="run again alone after: ${RETRY}${why:+; now: $why}"
@@ -73,14 +75,18 @@ run() {
   echo "+$(( $(date +%s) - T0 )) s $id $([ $rc -eq 0 ] && echo PASS || echo FAIL) in $(( $(date +%s) - t )) s${why:+: $why}"
   return $rc
 }
-# The rows that ran out of GPU memory side by side, one after the other on the GPU alone, and once any row of
-# wave 1 ran again, every row of wave 2 that failed or did not run; a row that never ran (its chain stopped
+# The rows that ran out of GPU memory or time side by side, one after the other on the GPU alone, and once any row
+# of wave 1 ran again, every row of wave 2 that failed or did not run; a row that never ran (its chain stopped
 # before it) gets a FAIL row when nothing runs it again.
+crowded() {  # ID: the row failed for want of what the rows beside it took (GPU memory, or time)
+  grep -q "^$1${TAB}FAIL" "$ROWS" || return 1
+  grep -qi "out of memory" "$WK/logs/$1.log" 2>/dev/null || grep "^$1$TAB" "$ROWS" | cut -f6 | grep -q "^timed out"
+}
 retry_alone() {
   local f id wave again="" redo2=0 first
   for f in $(ls "$WK/args" | sort); do
     id=${f#*-}
-    grep -q "^$id${TAB}FAIL" "$ROWS" && grep -qi "out of memory" "$WK/logs/$id.log" 2>/dev/null || continue
+    crowded "$id" || continue
     again="$again $f"; [ "$(sed -n 4p "$WK/args/$f")" = 1 ] && redo2=1
   done
   for f in $(ls "$WK/args" | sort); do
@@ -98,6 +104,7 @@ retry_alone() {
     id=${f#*-}
     first=$(grep "^$id$TAB" "$ROWS" | cut -f6); [ -n "$first" ] || first="did not run side by side"
     grep -qi "out of memory" "$WK/logs/$id.log" 2>/dev/null && first="CUDA out of memory side by side"
+    [[ $first == "timed out"* ]] && first="$first side by side"
     [ -f "$WK/logs/$id.log" ] && mv "$WK/logs/$id.log" "$WK/logs/$id.side-by-side.log"
     grep -v "^$id$TAB" "$ROWS" > "$ROWS.tmp"; mv "$ROWS.tmp" "$ROWS"
     RETRY=$first CKRUN=$(sed -n 3p "$WK/args/$f") LIMIT=$(sed -n 5p "$WK/args/$f") \

@@ -114,6 +114,9 @@ from pathlib import Path
 import hydra
 from hydra.core.hydra_config import HydraConfig
 
+class AcceleratorError(RuntimeError):
+    pass
+
 @hydra.main(version_base="1.3", config_path=None, config_name=None)
 def main(cfg):
     out = Path(HydraConfig.get().runtime.output_dir)
@@ -122,6 +125,10 @@ def main(cfg):
     time.sleep(float(cfg.sleep))
     if str(cfg.x) == "fail":
         raise SystemExit("stand-in: this job fails")
+    if str(cfg.x) == "oom":  # as torch says a CUDA runtime call could not allocate: advice after the error
+        print("Epoch 0:   0%|          | 0/4 [00:05<?, ?it/s]", flush=True)
+        raise AcceleratorError("CUDA error: out of memory\\nCompile with `TORCH_USE_CUDA_DSA` to enable "
+                               "device-side assertions.")
     record = {"cuda": os.environ.get("CUDA_VISIBLE_DEVICES"), "start": t0, "end": time.time(), "x": cfg.x,
               "threads": os.environ["OMP_NUM_THREADS"]}
     (out / "job.json").write_text(json.dumps(record))
@@ -161,6 +168,14 @@ def test_local_gpus_without_gpus_runs_per_gpu_jobs_at_a_time_and_names_failures(
     assert [j["x"] for j in done] == [1, 3] and all(j["cuda"] is None for j in done)
     assert all(j["threads"] == str(max(1, (os.cpu_count() or 1) // 2)) for j in done)
     assert "[local_gpus] #1 +x=fail FAILED: stand-in: this job fails" in res.stdout
+
+
+def test_a_failed_jobs_line_is_its_error_not_what_it_printed_after(tmp_path):
+    """A job whose error is followed by more output (CUDA's advice, Hydra's hint) is named by its error line."""
+    res = _app(tmp_path, "+x=oom", "+sleep=0", "hydra.launcher.gpus=[]", "hydra.launcher.per_gpu=1")
+    assert res.returncode == 1
+    assert "[local_gpus] #0 FAILED: AcceleratorError: CUDA error: out of memory" in res.stdout, \
+        res.stdout
 
 
 def test_a_terminated_local_gpus_multirun_stops_its_jobs(tmp_path):

@@ -5,8 +5,9 @@ own CUDA context and a crash or an out-of-memory stays in its job. `per_gpu` job
 fill an H200), each pinned to its GPU with `CUDA_VISIBLE_DEVICES`; `gpus` picks the GPUs (null: all visible). On a
 machine without CUDA, `per_gpu` is the number of jobs at a time, and each job gets an equal share of the CPU cores
 (`OMP_NUM_THREADS`, unless set). A job's output goes to `<job folder>/stdout.log`; its last line (the run's
-one-line summary, or its one-line error) is printed when it ends. SIGTERM or Ctrl-C stops the running jobs too
-(each has written `last.ckpt` every `checkpoint.every_n_train_steps` steps: the next multirun resumes them).
+one-line summary) is printed when it ends, or where it failed the line that says why (`scfs.errors.failure_line`).
+SIGTERM or Ctrl-C stops the running jobs too (each has written `last.ckpt` every `checkpoint.every_n_train_steps`
+steps: the next multirun resumes them).
 """
 
 import json
@@ -62,11 +63,17 @@ def app_command() -> list[str]:
     return [sys.executable, sys.argv[0]]
 
 
-def last_line(path: Path) -> str:
+def log_line(path: Path, failed: bool) -> str:
+    """A job's last line, or where it failed the line that says why."""
+    from scfs.errors import failure_line
+
     try:
-        lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+        text = path.read_text(errors="replace")
     except OSError:
         return ""
+    if failed:
+        return failure_line(text)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     return lines[-1][:500] if lines else ""
 
 
@@ -167,7 +174,7 @@ class LocalGpusLauncher(Launcher):
     def _result(self, job: dict[str, Any], rc: int) -> JobReturn:
         ret = JobReturn(overrides=job["overrides"], cfg=job["cfg"], hydra_cfg=job["cfg"], working_dir=str(job["dir"]),
                         task_name=str(job["cfg"].hydra.job.name))
-        line = last_line(job["dir"] / "stdout.log")
+        line = log_line(job["dir"] / "stdout.log", failed=rc != 0)
         summary = job["dir"] / "summary.json"
         if rc == 0:
             ret.status = JobStatus.COMPLETED

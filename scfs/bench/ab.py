@@ -41,7 +41,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from scfs.bench.records import last_line, provenance, run_logged, save_record
+from scfs.bench.records import provenance, run_logged, save_record, why_it_failed
 
 Key = tuple[str, int, str]  # (method, B, setting): a row of a step record
 
@@ -106,9 +106,9 @@ def run_tree(name: str, tree: Path, rnd: int, step_args: list[str], scratch: Pat
     path = find_record(out)
     if rc != 0:
         entry["error"] = (f"timed out after {timeout:.0f} s" if rc == 124 and timeout else f"exit {rc}") + (
-            f": {last_line(log)}")
+            f": {why_it_failed(log)}")
     elif path is None:
-        entry["error"] = f"no step record in its --out folder: {last_line(log)}"
+        entry["error"] = f"no step record in its --out folder: {why_it_failed(log)}"
     if path is not None:  # a run that failed late may still have written some rows
         try:
             entry["record"] = json.loads(path.read_text())

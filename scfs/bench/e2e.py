@@ -71,7 +71,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from scfs.bench.records import last_line, provenance, record_stem, run_logged, save_record, source_commit
+from scfs.bench.records import provenance, record_stem, run_logged, save_record, source_commit, why_it_failed
 from scfs.names import DATA_DECODE
 
 TARGET = 0.95  # e2e img/s over the step benchmark's at the same batch
@@ -663,7 +663,7 @@ def main(argv: list[str] | None = None) -> int:
                                    "returncode": rc, "wall_s": round(secs, 1), "settings": run_settings(run_dir)}
             summary_file = run_dir / "summary.json"
             if rc != 0 or not summary_file.is_file():
-                why = last_line(log)
+                why = why_it_failed(log)
                 row["error"] = ("timed out" if rc == 124 else f"exit {rc}") + f": {why}"
                 failed = True
             else:
@@ -691,7 +691,7 @@ def main(argv: list[str] | None = None) -> int:
             rows = [r for f in sorted(step_out.glob("step-*.json")) for r in json.loads(f.read_text())["rows"]]
             row = step_row(rows, args.method, args.batch, setting)
             if rc != 0 or row is None or "error" in row:
-                step["error"] = (row or {}).get("error") or f"exit {rc}: {last_line(work / 'step.log')}"
+                step["error"] = (row or {}).get("error") or f"exit {rc}: {why_it_failed(work / 'step.log')}"
                 failed = True
             else:
                 step.update({k: row.get(k) for k in ("img_per_s", "step_ms", "warmup_s", "peak_GiB", "aug_ms")})

@@ -324,8 +324,8 @@ def run(tree: Path, batches: Sequence[int], settings: Sequence[str], methods: Se
 def run_subprocess(tree: Path, batches: Sequence[int], settings: Sequence[str], device: str, warmup: int,
                    steps: int, tiny: bool = False) -> dict[str, Any]:
     """`run` in a child process (the checkout's `models` and `utils` packages and its process group stay out of
-    the caller's); its result, or {"error": ...} with the last line it printed."""
-    from scfs.bench.records import last_line, run_logged
+    the caller's); its result, or {"error": ...} with the line it printed that says why."""
+    from scfs.bench.records import run_logged, why_it_failed
 
     with tempfile.TemporaryDirectory() as tmp:
         out, log = Path(tmp) / "published.json", Path(tmp) / "published.log"
@@ -335,7 +335,7 @@ def run_subprocess(tree: Path, batches: Sequence[int], settings: Sequence[str], 
                *[a for s in settings for a in ("--setting", s)], *(["--tiny"] if tiny else [])]
         rc, _ = run_logged(cmd, log, timeout=None)
         if rc != 0 or not out.is_file():
-            return {"error": f"the published step did not run (exit status {rc}): {last_line(log)}"}
+            return {"error": f"the published step did not run (exit status {rc}): {why_it_failed(log)}"}
         return json.loads(out.read_text())
 
 

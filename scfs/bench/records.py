@@ -66,7 +66,9 @@ def run_logged(cmd: list[str], log: Path, timeout: float | None, env: dict[str, 
     return rc, time.perf_counter() - t0
 
 
-def last_line(log: Path) -> str:
-    """The last non-empty line of a log: a failing scfs CLI's one-line error."""
-    lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()] if log.is_file() else []
-    return lines[-1][:300] if lines else "no output"
+def why_it_failed(log: Path) -> str:
+    """The line of a failed command's log that says why (`scfs.errors.failure_line`: a failing scfs CLI's
+    one-line error, else the traceback's exception)."""
+    from scfs.errors import failure_line
+
+    return (failure_line(log.read_text(errors="replace"), limit=300) if log.is_file() else "") or "no output"

@@ -230,6 +230,15 @@ class BatchTooLargeError(ReportedError, RuntimeError):
     """CUDA ran out of memory during training; the message says which batch size to try."""
 
 
+def is_cuda_oom(err: BaseException) -> bool:
+    """CUDA ran out of memory: the caching allocator's `torch.OutOfMemoryError`, or a CUDA runtime call that could
+    not allocate (cuBLAS' or cuDNN's own workspace, a kernel launch's), which torch raises as `torch.AcceleratorError`
+    with "CUDA error: out of memory". Both mean the same to a user (a smaller batch, or a GPU with more free
+    memory). By class name, so a caller need not import torch."""
+    names = {c.__name__ for c in type(err).__mro__}
+    return "OutOfMemoryError" in names or ("AcceleratorError" in names and "out of memory" in str(err))
+
+
 def oom_message(batch_size: int, step: int, checkpoint: str | None, devices: Any = 1) -> str:
     half = max(batch_size // 2, 1)
     fix = (f"try batch_size={half} (per device; e.g. python -m scfs.train ... batch_size={half}), "

@@ -19,27 +19,24 @@ def fit(cfg: DictConfig, trainer: Any, model: Any, dm: Any, resume: dict[str, An
         budget: Any) -> None:
     """Train `model` on `dm`, from the `resume` checkpoint when given. `last` is the run's `LastCheckpoint`,
     `budget` its `WallClockBudget` or None."""
-    import torch
-
-    from scfs.reliability import BatchTooLargeError, oom_message
+    from scfs.reliability import BatchTooLargeError, is_cuda_oom, oom_message
     from scfs.training.checkpointing import RunAlreadyCompleteError
 
     ckpt_path = resume["path"] if resume else None
     logger = trainer.logger
     try:
         trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
-    except torch.cuda.OutOfMemoryError as err:
-        finish_logger(logger, failed=True)
-        raise BatchTooLargeError(oom_message(per_device_batch_size(cfg), trainer.global_step,
-                                             last_good(last, ckpt_path), cfg.trainer.get("devices", 1))) from err
     except FloatingPointError as err:
         finish_logger(logger, failed=True)
         good = last_good(last, ckpt_path)
         hint = (f" Last good checkpoint: {good}; after fixing the cause continue with resume={good}" if good
                 else " No checkpoint was written before it")
         raise type(err)(f"{err}.{hint}") from err
-    except BaseException:
+    except BaseException as err:
         finish_logger(logger, failed=True)
+        if is_cuda_oom(err):
+            raise BatchTooLargeError(oom_message(per_device_batch_size(cfg), trainer.global_step,
+                                                 last_good(last, ckpt_path), cfg.trainer.get("devices", 1))) from err
         raise
 
     if (resume and trainer.global_step == resume["global_step"] and not trainer.interrupted

@@ -75,11 +75,16 @@ def test_oom_in_an_eval_feature_pass_is_one_line_with_the_batch_size(tmp_path, s
     assert "CUDA out of memory outside a training step" in line and "batch_size=256 (it was 512" in line
 
 
-def test_oom_in_the_knn_pass_of_training_is_one_line(tmp_path, shapes_root, monkeypatch, capsys):
+def _runtime_oom(*args, **kwargs):
+    raise torch.AcceleratorError("CUDA error: out of memory")
+
+
+@pytest.mark.parametrize("oom", [_oom, _runtime_oom], ids=["allocator", "cuda-runtime"])
+def test_oom_in_the_knn_pass_of_training_is_one_line(tmp_path, shapes_root, monkeypatch, capsys, oom):
     """The kNN of the network at init runs before trainer.fit, outside the training step's OOM handling."""
     import scfs.train as train_mod
 
-    monkeypatch.setattr(train_mod, "teacher_knn", _oom)
+    monkeypatch.setattr(train_mod, "teacher_knn", oom)
     with pytest.raises(SystemExit) as code:
         run_reporting_errors("scfs.train", run, compose_cfg(["eval.knn_at_start=true"], data_root=shapes_root),
                              tmp_path)

@@ -85,11 +85,25 @@ def test_nan_gradient_stops_before_the_weights_change(tmp_path, shapes_root, mon
     assert _last(tmp_path)["global_step"] == 1
 
 
-def test_cuda_out_of_memory_names_the_batch_size_to_try(tmp_path, shapes_root, monkeypatch):
+@pytest.mark.parametrize("error", [torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+                                   torch.AcceleratorError("CUDA error: out of memory")],
+                         ids=["allocator", "cuda-runtime"])
+def test_cuda_out_of_memory_names_the_batch_size_to_try(tmp_path, shapes_root, monkeypatch, error):
+    """The caching allocator's out-of-memory, and a CUDA runtime call's (cuBLAS' or cuDNN's own allocation, raised
+    as `torch.AcceleratorError`), both name the batch size to try."""
     def oom(self, batch, batch_idx):
-        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        raise error
 
     monkeypatch.setattr(SelfDistillation, "training_step", oom)
     with pytest.raises(BatchTooLargeError, match=r"batch_size=16 per device.*try batch_size=8") as info:
         run(compose_cfg(EVERY_STEP, data_root=shapes_root), tmp_path)
-    assert isinstance(info.value.__cause__, torch.cuda.OutOfMemoryError)
+    assert info.value.__cause__ is error
+
+
+def test_another_cuda_runtime_error_is_not_called_out_of_memory(tmp_path, shapes_root, monkeypatch):
+    def crash(self, batch, batch_idx):
+        raise torch.AcceleratorError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(SelfDistillation, "training_step", crash)
+    with pytest.raises(torch.AcceleratorError, match="illegal memory access"):
+        run(compose_cfg(EVERY_STEP, data_root=shapes_root), tmp_path)

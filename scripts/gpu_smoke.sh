@@ -27,6 +27,17 @@ COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 STAMP=$(date +%F); T0=$(date +%s)
 NGPU=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l)
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+# rows at once: all of a wave on a GPU of an H200's memory (about 139 GiB); on a smaller one (an H100's 80 GiB) so
+# many side by side ran eight rows out of memory, and running them again alone took longer than fewer at once, so
+# one row per 5 GiB there. SMOKE_PARALLEL sets it (0: no limit).
+GIB=$(( $(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -n 1 | tr -dc 0-9) + 0 ))
+GIB=$(( GIB / 1024 ))
+PARALLEL=${SMOKE_PARALLEL:-$([ "$GIB" -gt 0 ] && [ "$GIB" -lt 120 ] && echo $(( GIB / 5 )) || echo 0)}
+[ "$PARALLEL" -gt 0 ] && echo "at most $PARALLEL rows at once (GPU memory ${GIB} GiB)"
+slot() {  # wait until fewer than $PARALLEL rows run (none of that with 0)
+  [ "$PARALLEL" -gt 0 ] || return 0
+  while [ "$(jobs -rp | wc -l)" -ge "$PARALLEL" ]; do wait -n 2>/dev/null || sleep 0.2; done
+}
 ROWS="$WK/rows.tsv"; : > "$ROWS"; rm -rf "$WK/args"; mkdir -p "$WK/args"
 . "$(dirname "$0")/python_shim.sh"; python_shim /tmp/smoke-bin   # the README says `python`
 . "$(dirname "$0")/failure_line.sh"
@@ -134,78 +145,79 @@ echo "data ready after $(( $(date +%s) - T0 )) s"
 # other training rows add compile=false (the eager row of the README), since eight compiles side by side would
 # outlast the budget; bench-step's and cifar10's rows cover the compiled path.
 C="python -m scfs.train +experiment=cifar10"; E="compile=false"
-run cifar10 "$C" "$SHORT name=smoke-graphs" &
-run cifar10-eager "$C compile=false" "$SHORT name=smoke-scfs" &
-# compiled without kernel generation (the step's own kernels replayed as CUDA graphs, the loss eager)
-run cifar10-cudagraphs "$C compile_backend=cudagraphs compile_mode=default" \
-  "$SHORT name=smoke-cudagraphs eval.knn_at_start=false" &
-# eager steps while a child process compiles the step (a few steps: the run ends first and stops the child)
-run cifar10-background "$C compile_background=true" "$SHORT name=smoke-background eval.knn_at_start=false" &
-run cifar10-dino "$C method=dino" "$E $SHORT name=smoke-dino" &
-for m in hard softmax roi none; do  # the README's loop over the modes; soft is the default (row cifar10)
-  run "search-$m" "$C search=\$m" "$E $SHORT name=smoke-search-$m eval.knn_at_start=false" &
-done
-# the centred search (search.centre=true) compiled as shipped: its kernel op plus the rank-one term in the loss graph
-run search-centred "$C search.centre=true" "$SHORT name=smoke-search-centred eval.knn_at_start=false" &
-run imagenet "python -m scfs.train +experiment=imagenet" \
-  "data.root=data/imagenet-smoke global_batch_size=32 num_workers=4 $E $SHORT name=smoke-imagenet" &
-RA="python -m scfs.train resume=auto"
-RX="+experiment=cifar10 $E name=smoke-resume trainer.max_epochs=2 +trainer.limit_train_batches=4 eval.knn_at_start=false"
-( run resume-stop "$C" "$E $SHORT name=smoke-resume eval.knn_at_start=false" && run resume-auto "$RA" "$RX" \
-  || note_args resume-auto "$RA" "$RX" ) &
-# the seeds study through the local-GPU launcher, cut to seed 0 (SCFS and DINO side by side on GPU 0)
-rm -rf "runs/multirun/$STUDY"
-run study-local-gpus "python -m scfs.train -m +study=cifar10_seeds hydra/launcher=local_gpus hydra.launcher.per_gpu=3" \
-  "seed=0 hydra.sweep.dir=runs/multirun/$STUDY hydra.sweeper.reuse=false $E $SHORT eval.knn_at_start=false" &
-run search-check "python -m scfs.search.check --quick" "" &
-# the GPU tests of the compiled paths that only a GPU can check (CUDA graph replays against eager; the step's calls
+# The longest rows first, so that they start at once also where fewer rows run at once than the wave holds (`slot`).
+# The GPU tests of the compiled paths that only a GPU can check (CUDA graph replays against eager; the step's calls
 # traced whole on CUDA, with this machine's torch; the compiled backward's cuDNN algorithms chosen by the warm-up)
-run pytest-gpu "python -m pytest -m gpu" \
+slot; run pytest-gpu "python -m pytest -m gpu" \
   "-q -p no:cacheprovider tests/method/test_compile_backend.py tests/data/test_batch_aug.py tests/method/test_compile.py tests/method/test_cudnn_warmup.py" &
 # the child's and the helpers' cache entries are the run's: two or three cold compiles each, beside a loaded GPU
 # and host, so rows of their own with a longer limit
-LIMIT=450 run pytest-gpu-background "python -m pytest -m gpu" \
+slot; LIMIT=450 run pytest-gpu-background "python -m pytest -m gpu" \
   "-q -p no:cacheprovider tests/method/test_background_compile.py -k 'not backward_helper and not split_student'" &
-LIMIT=450 run pytest-gpu-backward-helper "python -m pytest -m gpu" \
+slot; LIMIT=450 run pytest-gpu-backward-helper "python -m pytest -m gpu" \
   "-q -p no:cacheprovider tests/method/test_background_compile.py -k 'backward_helper and not split_student'" &
-LIMIT=450 run pytest-gpu-split-student "python -m pytest -m gpu" \
+slot; LIMIT=450 run pytest-gpu-split-student "python -m pytest -m gpu" \
   "-q -p no:cacheprovider tests/method/test_background_compile.py -k split_student" &
+slot; run cifar10 "$C" "$SHORT name=smoke-graphs" &
+slot; run cifar10-eager "$C compile=false" "$SHORT name=smoke-scfs" &
+# compiled without kernel generation (the step's own kernels replayed as CUDA graphs, the loss eager)
+slot; run cifar10-cudagraphs "$C compile_backend=cudagraphs compile_mode=default" \
+  "$SHORT name=smoke-cudagraphs eval.knn_at_start=false" &
+# eager steps while a child process compiles the step (a few steps: the run ends first and stops the child)
+slot; run cifar10-background "$C compile_background=true" "$SHORT name=smoke-background eval.knn_at_start=false" &
+slot; run cifar10-dino "$C method=dino" "$E $SHORT name=smoke-dino" &
+for m in hard softmax roi none; do  # the README's loop over the modes; soft is the default (row cifar10)
+  slot; run "search-$m" "$C search=\$m" "$E $SHORT name=smoke-search-$m eval.knn_at_start=false" &
+done
+# the centred search (search.centre=true) compiled as shipped: its kernel op plus the rank-one term in the loss graph
+slot; run search-centred "$C search.centre=true" "$SHORT name=smoke-search-centred eval.knn_at_start=false" &
+slot; run imagenet "python -m scfs.train +experiment=imagenet" \
+  "data.root=data/imagenet-smoke global_batch_size=32 num_workers=4 $E $SHORT name=smoke-imagenet" &
+RA="python -m scfs.train resume=auto"
+RX="+experiment=cifar10 $E name=smoke-resume trainer.max_epochs=2 +trainer.limit_train_batches=4 eval.knn_at_start=false"
+slot; ( run resume-stop "$C" "$E $SHORT name=smoke-resume eval.knn_at_start=false" && run resume-auto "$RA" "$RX" \
+  || note_args resume-auto "$RA" "$RX" ) &
+# the seeds study through the local-GPU launcher, cut to seed 0 (SCFS and DINO side by side on GPU 0)
+rm -rf "runs/multirun/$STUDY"
+slot; run study-local-gpus "python -m scfs.train -m +study=cifar10_seeds hydra/launcher=local_gpus hydra.launcher.per_gpu=3" \
+  "seed=0 hydra.sweep.dir=runs/multirun/$STUDY hydra.sweeper.reuse=false $E $SHORT eval.knn_at_start=false" &
+slot; run search-check "python -m scfs.search.check --quick" "" &
 V="python -m scfs.train +experiment=cifar10_vit"  # the ViT rows: compiled as written, DINO eager, ViT-S/16 eager
-run cifar10-vit "$V" "$SHORT name=smoke-vit" &
-run cifar10-vit-dino "$V method=dino" "$E $SHORT name=smoke-vit-dino" &
-run imagenet-vit "python -m scfs.train +experiment=imagenet_vit" \
+slot; run cifar10-vit "$V" "$SHORT name=smoke-vit" &
+slot; run cifar10-vit-dino "$V method=dino" "$E $SHORT name=smoke-vit-dino" &
+slot; run imagenet-vit "python -m scfs.train +experiment=imagenet_vit" \
   "data.root=data/imagenet-smoke batch_size=16 num_workers=4 $E $SHORT name=smoke-imagenet-vit" &
-run search-check-vit "python -m scfs.search.check --shapes vit" "" &
-run bench-step "python -m scfs.bench.step --quick" "--out $WK/step --steps 10 --warmup 3" &
-run bench-step-vit "python -m scfs.bench.step --suite vit" "--quick --out $WK/step-vit --steps 10 --warmup 3" &
-run imagenet-gpu-decode "python -m scfs.train +experiment=imagenet data.decode=gpu" \
+slot; run search-check-vit "python -m scfs.search.check --shapes vit" "" &
+slot; run bench-step "python -m scfs.bench.step --quick" "--out $WK/step --steps 10 --warmup 3" &
+slot; run bench-step-vit "python -m scfs.bench.step --suite vit" "--quick --out $WK/step-vit --steps 10 --warmup 3" &
+slot; run imagenet-gpu-decode "python -m scfs.train +experiment=imagenet data.decode=gpu" \
   "data.root=data/imagenet-smoke global_batch_size=32 num_workers=4 $E $SHORT name=smoke-imagenet-gpu-decode" &
-run bench-loader "python -m scfs.bench.loader --photos data/imagenet-samples --repeat 8 --decode cpu gpu" \
+slot; run bench-loader "python -m scfs.bench.loader --photos data/imagenet-samples --repeat 8 --decode cpu gpu" \
   "--batches 6 --warmup 2 --out $WK/loader" &
-run bench-e2e "python -m scfs.bench.e2e --archive .gpudata/imagenet-samples-100.tar.xz --profile" \
+slot; run bench-e2e "python -m scfs.bench.e2e --archive .gpudata/imagenet-samples-100.tar.xz --profile" \
   "--photos data/imagenet-samples --tree data/imagenet-e2e --repeat 2 --batch 16 --epochs 2 --setting bf16_cl \
   --override compile=false --out $WK/e2e" &
 if [ "$NGPU" -ge 2 ]; then  # DDP next to one GPU at the same global batch: time per epoch and kNN side by side
-  run ddp-2gpu "python -m scfs.train +experiment=cifar10 trainer=ddp trainer.devices=2 sync_bn=true" \
+  slot; run ddp-2gpu "python -m scfs.train +experiment=cifar10 trainer=ddp trainer.devices=2 sync_bn=true" \
     "global_batch_size=512 trainer.max_epochs=2 $E name=smoke-ddp" &
-  CUDA_VISIBLE_DEVICES=0 run ddp-1gpu-same-batch "$C" "global_batch_size=512 trainer.max_epochs=2 $E name=smoke-1gpu" &
+  slot; CUDA_VISIBLE_DEVICES=0 run ddp-1gpu-same-batch "$C" "global_batch_size=512 trainer.max_epochs=2 $E name=smoke-1gpu" &
 fi
 wait
 echo "wave 1 done after $(( $(date +%s) - T0 )) s"
 
 # --- wave 2: the evaluation CLIs and notebook 02 on the checkpoints of wave 1
 export WAVE=2
-run knn "python -m scfs.eval.knn ckpt=<ckpt>" "" &
-run study-table "python -m scfs.eval.compare runs/multirun/<date>/<time>" "" &
-run linear-fast "python -m scfs.eval.linear ckpt=<ckpt> fast=true" "probe.epochs=2" &
-run linear-full "python -m scfs.eval.linear ckpt=<ckpt>" "probe.epochs=1" &
-run detect "python -m scfs.eval.detect ckpt=<ckpt>" "schedule.max_iters=20" &
-run precision "python -m scfs.eval.precision SCFS=<scfs ckpt> DINO=<dino ckpt> random" "--limit 40" &
-run precision-centred "python -m scfs.eval.precision SCFS=<scfs ckpt> DINO=<dino ckpt> random --centre" "--limit 40" &
-run notebook-02 "" "env SCFS_NB_SMALL=1 SCFS_NB_STATIC=1 CKPT=<ckpt> $PY scripts/run_notebook_cells.py notebooks/02_searched_regions.ipynb" &
-CKRUN=smoke-vit run attention "python -m scfs.workbench.docs_figures attention <ckpt> --folder data/imagenet-samples" \
+slot; run knn "python -m scfs.eval.knn ckpt=<ckpt>" "" &
+slot; run study-table "python -m scfs.eval.compare runs/multirun/<date>/<time>" "" &
+slot; run linear-fast "python -m scfs.eval.linear ckpt=<ckpt> fast=true" "probe.epochs=2" &
+slot; run linear-full "python -m scfs.eval.linear ckpt=<ckpt>" "probe.epochs=1" &
+slot; run detect "python -m scfs.eval.detect ckpt=<ckpt>" "schedule.max_iters=20" &
+slot; run precision "python -m scfs.eval.precision SCFS=<scfs ckpt> DINO=<dino ckpt> random" "--limit 40" &
+slot; run precision-centred "python -m scfs.eval.precision SCFS=<scfs ckpt> DINO=<dino ckpt> random --centre" "--limit 40" &
+slot; run notebook-02 "" "env SCFS_NB_SMALL=1 SCFS_NB_STATIC=1 CKPT=<ckpt> $PY scripts/run_notebook_cells.py notebooks/02_searched_regions.ipynb" &
+slot; CKRUN=smoke-vit run attention "python -m scfs.workbench.docs_figures attention <ckpt> --folder data/imagenet-samples" \
   "--size 32 --out $WK/attention.png" &
-CKRUN=smoke-vit run knn-vit "python -m scfs.eval.knn ckpt=<ckpt>" "" &
+slot; CKRUN=smoke-vit run knn-vit "python -m scfs.eval.knn ckpt=<ckpt>" "" &
 wait
 unset WAVE
 retry_alone

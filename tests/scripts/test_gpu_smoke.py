@@ -132,3 +132,35 @@ def test_rows_out_of_gpu_memory_side_by_side_run_again_alone(tmp_path):
     assert by_id["pytest-gpu-background"][1] == "PASS" and by_id["pytest-gpu-background"][5] == again
     assert (tmp_path / "mark" / "background-limits").read_text().split() == ["450", "450"]
     assert "37 of 38 PASS" in next((tmp_path / "rec").glob("gpu-smoke-*.md")).read_text()
+
+
+COUNTING_PY = """#!/bin/sh
+# each row notes itself as running for a moment and keeps the most rows it saw running at once
+touch "$MARK/run.$$"; sleep 0.3
+n=$(ls "$MARK" | grep -c '^run\\.')
+[ "$n" -gt "$(cat "$MARK/most" 2>/dev/null || echo 0)" ] && echo "$n" > "$MARK/most"
+rm -f "$MARK/run.$$"
+exit 0
+"""
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+@pytest.mark.parametrize("memory_mib, parallel, most", [("81559", None, 15), ("143771", "3", 3)],
+                         ids=["h100-memory", "set"])
+def test_a_smaller_gpu_runs_fewer_rows_at_once(tmp_path, memory_mib, parallel, most):
+    """On a GPU with less memory than an H200's, at most one row per 5 GiB runs at once (SMOKE_PARALLEL sets it):
+    fewer rows then run out of memory side by side and have to run again alone."""
+    (tmp_path / "mark").mkdir()
+    smi = ("#!/bin/sh\ncase \"$*\" in *index*) echo 0;; *memory.total*) echo " + memory_mib
+           + ";; *name*) echo Stand-in;; esac\n")
+    for name, text in (("fakepy", COUNTING_PY), ("nvidia-smi", smi)):
+        (tmp_path / name).write_text(text)
+        (tmp_path / name).chmod(0o755)
+    env = {**os.environ, "PY": str(tmp_path / "fakepy"), "OUT": str(tmp_path / "out"), "COMMIT": "test",
+           "SMOKE_WORK": str(tmp_path / "work"), "REC_DIR": str(tmp_path / "rec"), "MARK": str(tmp_path / "mark"),
+           "PATH": f"{tmp_path}:{os.environ['PATH']}", **({"SMOKE_PARALLEL": parallel} if parallel else {})}
+    res = subprocess.run(["bash", "scripts/gpu_smoke.sh"], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"at most {most} rows at once" in res.stdout
+    assert 2 <= int((tmp_path / "mark" / "most").read_text()) <= most

@@ -32,6 +32,18 @@ def compose_cfg(overrides: list[str] | None = None, data_root: str | Path | None
         return compose(config_name=config_name, overrides=[*TINY, *extra, *(overrides or [])])
 
 
+def assert_compiled_build_refused(overrides: list[str], match: str) -> None:
+    """Building the tiny config compiled with `overrides` raises one `ConfigError` line matching `match`."""
+    import pytest
+
+    from scfs.config import ConfigError
+    from scfs.train import build
+
+    with pytest.raises(ConfigError, match=match) as err:
+        build(compose_cfg(["compile=true", *overrides]))
+    assert "\n" not in str(err.value)
+
+
 def assert_same_tensors(a: Any, b: Any, name: str) -> None:
     """Every tensor in the nested dicts / lists `a` and `b` equal bit for bit (rtol=0, atol=0), same structure."""
     if isinstance(a, torch.Tensor):

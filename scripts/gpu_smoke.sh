@@ -12,9 +12,11 @@
 # in step. Independent commands run side by side (the GPU and 16 cores have room), so the wall time is the
 # longest chain, not the sum. On a machine with 2+ GPUs it adds a DDP CIFAR run next to one GPU at the same
 # global batch.
-# A row that ran out of GPU memory or time side by side (the GPU shared with other work, a study say, or a GPU
-# with less memory than an H200's) runs again alone once both waves are done, with the rows of wave 2 that failed
-# after it (they may have lacked its checkpoint); its row says so. A failed row gives the line of its log that
+# A row that failed side by side (the GPU shared with other work, a study say, or a GPU with less memory than an
+# H200's) runs again alone once both waves are done, with the rows of wave 2 that failed after it (they may have
+# lacked its checkpoint); its row says so, with the first failure. Sharing the GPU fails more than out of memory or
+# time: cuDNN benchmarks again an algorithm it chose whose workspace it can no longer allocate, which a GPU test of
+# the cuDNN warm-up counts. A row the README lacks did not run and does not run again. A failed row gives the line of its log that
 # says why (`failure_line`), not what the command printed after it. A command that exits 0 but logs a failure it swallowed (the end-of-run figure) fails its row.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 OMP_NUM_THREADS=2 WANDB_MODE=offline
@@ -78,7 +80,9 @@ run() {
     why=$(failure_line "$WK/logs/$id.log")
   fi
   [ $rc -eq 124 ] && why="timed out after ${LIMIT:-330} s"
-  [ -n "${RETRY:-}" ] && why="run again alone after: ${RETRY}${why:+; now: $why}"
+  # run again alone: a pass names the failure side by side; a failure its own line first (its log beside the
+  # first one's, <id>.side-by-side.log)
+  if [ -n "${RETRY:-}" ]; then why=${why:+$why (failed alone too)}; why=${why:-"run again alone after: $RETRY"}; fi
   why=$(printf '%s' "$why" | cut -c1-200 | tr '\t|' '  ')
   printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$id" "$([ $rc -eq 0 ] && echo PASS || echo FAIL)" "$(( $(date +%s) - t ))" \
     "$readme" "$extra" "$why" >> "$ROWS"
@@ -86,12 +90,12 @@ run() {
   echo "+$(( $(date +%s) - T0 )) s $id $([ $rc -eq 0 ] && echo PASS || echo FAIL) in $(( $(date +%s) - t )) s${why:+: $why}"
   return $rc
 }
-# The rows that ran out of GPU memory or time side by side, one after the other on the GPU alone, and once any row
-# of wave 1 ran again, every row of wave 2 that failed or did not run; a row that never ran (its chain stopped
-# before it) gets a FAIL row when nothing runs it again.
-crowded() {  # ID: the row failed for want of what the rows beside it took (GPU memory, or time)
+# The rows that failed side by side, one after the other on the GPU alone, and once any row of wave 1 ran again,
+# every row of wave 2 that failed or did not run; a row that never ran (its chain stopped before it) gets a FAIL
+# row when nothing runs it again.
+crowded() {  # ID: the row ran and failed beside others (whose GPU memory, time or cuDNN workspace it may have lacked)
   grep -q "^$1${TAB}FAIL" "$ROWS" || return 1
-  grep -qi "out of memory" "$WK/logs/$1.log" 2>/dev/null || grep "^$1$TAB" "$ROWS" | cut -f6 | grep -q "^timed out"
+  ! grep "^$1$TAB" "$ROWS" | cut -f6 | grep -q "^not in README.md"
 }
 retry_alone() {
   local f id wave again="" redo2=0 first
@@ -115,7 +119,7 @@ retry_alone() {
     id=${f#*-}
     first=$(grep "^$id$TAB" "$ROWS" | cut -f6); [ -n "$first" ] || first="did not run side by side"
     grep -qi "out of memory" "$WK/logs/$id.log" 2>/dev/null && first="CUDA out of memory side by side"
-    [[ $first == "timed out"* ]] && first="$first side by side"
+    [[ $first == *"side by side" ]] || first="$first side by side"
     [ -f "$WK/logs/$id.log" ] && mv "$WK/logs/$id.log" "$WK/logs/$id.side-by-side.log"
     grep -v "^$id$TAB" "$ROWS" > "$ROWS.tmp"; mv "$ROWS.tmp" "$ROWS"
     RETRY=$first CKRUN=$(sed -n 3p "$WK/args/$f") LIMIT=$(sed -n 5p "$WK/args/$f") \

@@ -244,7 +244,10 @@ def test_gpu_the_compiled_backward_benchmarks_nothing_after_the_warmup(monkeypat
             assert report["done_s"] is not None and "error" not in report, report
         counts[name] = (backward_kernels(model, cfg), backward_kernels(model, cfg))
     assert counts["cold"][0] > counts["cold"][1], counts  # the benchmarks show in a cold first backward
-    assert counts["warmed"][0] == counts["warmed"][1], counts
+    free, total = torch.cuda.mem_get_info()
+    # cuDNN benchmarks again a chosen algorithm whose workspace it cannot allocate: a GPU shared with other work
+    assert counts["warmed"][0] == counts["warmed"][1], f"{counts}; GPU memory free now {free / 2**30:.1f} of " \
+        f"{total / 2**30:.0f} GiB"
     seen = cw.run_backwards(cw.conv_calls(model, cfg, "cuda")[:1], "cuda")
     assert seen["autograd_thread"] != threading.current_thread().name
     torch._dynamo.reset()

@@ -48,6 +48,12 @@ share the seed, so a cache that changed the numbers would show). Where the recip
   what those benchmarks cost the first steps, and what they win on the step.
 * `eager`: `compile=false`, the steady step to compare with.
 
+Before the first row a throwaway process primes the machine (`--no-prime` skips it): it imports what a row imports
+and builds the recipe's model on the device, nothing compiled. A freshly started machine's first process reads the
+libraries from disk and sets the driver up; without the prime the first row pays that (on an H100, a row's helper
+built its model 68.9 s after its start as the first row, 20.9–30.7 s as a later one), and a comparison of rows
+would charge it to whichever came first. Its seconds are in the record (`prime_s`).
+
 Every compiled row's `compile cost` is the seconds its compile cost the run against a step compiled from the
 start: the wall seconds of its steps minus that many steps at its steady pace.
 
@@ -409,6 +415,40 @@ def child(args: argparse.Namespace) -> int:
     return 0
 
 
+def prime(args: argparse.Namespace) -> int:
+    """`--prime`: import what a row imports and build the first recipe's model on the device, then exit (module
+    docstring); torch's compiler and, on CUDA, Triton are imported too, nothing is compiled."""
+    cfg = compose(args.recipe[0], args.device, args.tiny, "model", False, list(args.override or []))
+    import torch
+    import torch._inductor.compile_fx  # noqa: F401 - the compiler's modules, read from disk as a row reads them
+
+    from scfs.train import build
+    from scfs.training import compile_helpers, plain_step  # noqa: F401
+
+    if args.device.startswith("cuda"):
+        import triton  # noqa: F401
+
+    torch.manual_seed(int(cfg.seed))
+    _, model = build(cfg)
+    model.to(args.device)
+    if args.device.startswith("cuda"):
+        torch.cuda.synchronize()
+    return 0
+
+
+def run_prime(args: argparse.Namespace) -> float:
+    """Run `--prime` in a fresh process (as a row runs); its wall seconds."""
+    cmd = [sys.executable, "-m", "scfs.bench.compile", "--prime", "--recipe", args.recipe[0], "--device",
+           args.device, *(["--tiny"] if args.tiny else [])]
+    for o in args.override or []:
+        cmd += ["--override", o]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"priming the machine failed: {' '.join(cmd)}\n{proc.stderr[-3000:]}")
+    return round(time.perf_counter() - t0, 1)
+
+
 def _children_cpu_s() -> float:
     """CPU seconds (user + system) of the finished child processes, the compiler's own processes included: on a
     shared machine a better gauge of the compile's work than wall seconds, which other jobs' load stretches."""
@@ -482,6 +522,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                               "first_steps": args.first, "steady_steps": args.steady,
                               "command": "python -m scfs.bench.compile " + " ".join(args.argv),
                               "commit": source_commit(), "rows": []}
+    if args.prime:
+        result["prime_s"] = run_prime(args)
     stem = Path(args.out) / f"compile-{dt.date.today().isoformat()}" if not args.out.endswith("json") \
         else Path(args.out).with_suffix("")
     with tempfile.TemporaryDirectory(prefix="scfs-compile-bench-") as tmp:
@@ -557,6 +599,10 @@ def markdown(result: dict[str, Any]) -> str:
                      f"{r['fx_cache']} | {r['aot_cache']} | {r.get('artifacts_mb') or ''} | {r['loss']:.5f} |")
     table = result.get("table", [])
     lines += cudnn_lines(table) + views_lines(table)
+    if result.get("prime_s") is not None:
+        lines.append(f"\nBefore the first row a throwaway process primed the machine in {result['prime_s']} s (the "
+                     "modules a row imports, the model built on the device; nothing compiled), so that no row pays "
+                     "a freshly started machine's first reads of its libraries.")
     return "\n".join(lines + parallel_lines(table) + background_table(table) + phase_table(table)) + "\n"
 
 
@@ -721,7 +767,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steady", type=int, default=10, help="steps timed after them (median)")
     p.add_argument("--override", action="append", help="an extra config override (repeatable)")
     p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--no-prime", dest="prime", action="store_false",
+                   help="no throwaway process before the first row (module docstring)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--prime", dest="prime_child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--eager", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--scope", default="model", help=argparse.SUPPRESS)
     p.add_argument("--artifacts-in", help=argparse.SUPPRESS)
@@ -730,6 +779,8 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.child:
         return child(args)
+    if args.prime_child:
+        return prime(args)
     result = run(args)
     print(markdown(result))
     return 0

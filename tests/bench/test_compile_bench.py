@@ -11,7 +11,8 @@ from scfs.bench import compile as bench
 
 
 def test_eager_row_writes_a_table(tmp_path):
-    """The eager row (no compile: seconds) goes through the whole harness: child process, JSON, record."""
+    """The eager row (no compile: seconds) goes through the whole harness: the machine primed by a process of its
+    own, the row's child process, JSON, record."""
     out = tmp_path / "rec.json"
     assert bench.main(["--device", "cpu", "--tiny", "--recipe", "default", "--rows", "eager", "--first", "1",
                        "--steady", "1", "--out", str(out)]) == 0
@@ -23,6 +24,7 @@ def test_eager_row_writes_a_table(tmp_path):
     assert "| default | eager |" in md and row["phases"] == {}
     assert row["cudnn_benchmark"] is False and "off (cuDNN's heuristics) in default eager." in md  # the CPU
     assert "Where the first steps' compile went" not in md  # nothing compiled: no phase table
+    assert rec["prime_s"] > 0 and f"primed the machine in {rec['prime_s']} s" in md
 
 
 @pytest.mark.parametrize(("recipe", "device", "extra", "expected"), [
@@ -59,8 +61,8 @@ def test_cold_and_carried_rows_hit_the_carried_cache(tmp_path):
     """The tiny step compiled cold, then in a fresh process on an empty cache with the cold row's file: every
     inductor graph is a hit there, and the loss is the cold row's to the bit. 10-20 minutes on 2 shared cores."""
     out = tmp_path / "rec.json"
-    bench.main(["--device", "cpu", "--tiny", "--recipe", "default", "--rows", "cold", "carried", "--first", "2",
-                "--steady", "1", "--out", str(out)])
+    bench.main(["--device", "cpu", "--tiny", "--no-prime", "--recipe", "default", "--rows", "cold", "carried",
+                "--first", "2", "--steady", "1", "--out", str(out)])
     rows = {r["setting"]: r for r in json.loads(out.read_text())["table"]}
     assert rows["cold"]["fx_cache"].startswith("0 hit") and rows["cold"]["artifacts_mb"] > 0
     assert rows["carried"]["fx_cache"].endswith(" 0 miss") and rows["carried"]["loaded_artifacts"] > 0
@@ -108,8 +110,8 @@ def test_cudagraphs_row_traces_the_step_without_generating_kernels(tmp_path):
     """`compile_backend=cudagraphs` on the CPU (the traced graphs run without CUDA graphs there): dynamo builds the
     step's graphs, inductor compiles none, and the tiny step ends at the eager row's loss. About 30 s."""
     out = tmp_path / "rec.json"
-    assert bench.main(["--device", "cpu", "--tiny", "--recipe", "default", "--rows", "eager", "cudagraphs",
-                       "--first", "2", "--steady", "2", "--out", str(out)]) == 0
+    assert bench.main(["--device", "cpu", "--tiny", "--no-prime", "--recipe", "default", "--rows", "eager",
+                       "cudagraphs", "--first", "2", "--steady", "2", "--out", str(out)]) == 0
     rows = {r["setting"]: r for r in json.loads(out.read_text())["table"]}
     assert rows["cudagraphs"]["graphs"] >= 2 and rows["eager"]["graphs"] == 0
     assert rows["cudagraphs"]["fx_cache"] == "0 hit / 0 miss"
@@ -181,8 +183,8 @@ def test_the_background_row_trains_eagerly_then_switches_to_the_childs_graphs(tm
     """The `background` row on the CPU: eager steps while the child compiles the tiny step (C++), then the switch
     to the compiled step, built from the child's cache (inductor hits only). 5-15 minutes on 2 shared cores."""
     out = tmp_path / "rec.json"
-    assert bench.main(["--device", "cpu", "--tiny", "--recipe", "default", "--rows", "background", "--first", "1",
-                       "--steady", "2", "--out", str(out)]) == 0
+    assert bench.main(["--device", "cpu", "--tiny", "--no-prime", "--recipe", "default", "--rows", "background",
+                       "--first", "1", "--steady", "2", "--out", str(out)]) == 0
     (row,) = json.loads(out.read_text())["table"]
     bg = row["background"]
     assert bg["eager_steps"] >= 1 and bg["child_fx_cache"].startswith("0 hit") and bg["ready_s"] > 0
@@ -394,18 +396,22 @@ def test_every_row_has_a_plan_and_its_name_says_its_settings(monkeypatch, tmp_pa
     import argparse
 
     seen: dict[str, dict] = {}
+    order: list[str] = []
 
     def fake_row(args, recipe, name, cache_dir, scope, **kw):
         seen[name] = kw
+        order.append(name)
         return {"recipe": recipe, "setting": name, "first_s": 1.0}
 
     monkeypatch.setattr(bench, "run_row", fake_row)
+    monkeypatch.setattr(bench, "run_prime", lambda args: order.append("prime") or 2.0)
     monkeypatch.setattr(bench, "save_record", lambda *a, **k: None)
     monkeypatch.setattr(bench, "table_rows", lambda rows: rows)
     args = argparse.Namespace(device="cpu", tiny=True, first=1, steady=1, recipe=["cifar10"], rows=list(bench.ROWS),
-                              repeats=1, argv=[], out=str(tmp_path / "c.json"), override=[])
-    bench.run(args)
+                              repeats=1, argv=[], out=str(tmp_path / "c.json"), override=[], prime=True)
+    assert bench.run(args)["prime_s"] == 2.0
     assert set(seen) == set(bench.ROWS)
+    assert order.count("prime") == 1 and order[0] == "prime"  # once, before the first row
     for name, kw in seen.items():
         extra = set(kw.get("extra", ()))
         assert bool(kw.get("parallel")) == name.startswith("parallel"), name

@@ -75,7 +75,8 @@ def test_start_without_a_queue_file_says_what_to_give(tmp_path):
 @pytest.mark.parametrize("queue", ["speed", "compile", "vit"])
 def test_the_shipped_queues_parse_and_fit_two_windows(queue):
     """Every line of a shipped queue is `<name> <seconds> <command>`, the command one of the project's modules or
-    scripts, and the whole queue asks for at most two windows of 25 minutes."""
+    scripts (a compile job's rows the benchmark's), and the whole queue asks for at most two windows of 25
+    minutes."""
     lines = [ln for ln in (REPO / "scripts" / "queues" / f"{queue}.queue").read_text().splitlines()
              if ln.strip() and not ln.startswith("#")]
     names = [ln.split()[0] for ln in lines]
@@ -83,3 +84,9 @@ def test_the_shipped_queues_parse_and_fit_two_windows(queue):
     assert len(set(names)) == len(names)
     assert all(any(run in ln.split(maxsplit=2)[2] for run in ("python -m scfs.", "python scripts/")) for ln in lines)
     assert all(s <= 25 * 60 for s in secs) and sum(secs) <= 2 * 25 * 60
+    from scfs.bench.compile import ROWS
+
+    for ln in lines:  # a compile job names rows the benchmark has
+        if "scfs.bench.compile" in ln:
+            rows = ln.split("--rows", 1)[1].split("--")[0].split()
+            assert rows and set(rows) <= set(ROWS), ln

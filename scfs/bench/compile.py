@@ -661,11 +661,13 @@ def parallel_lines(rows: list[dict[str, Any]]) -> list[str]:
             out += ["", f"{r['recipe']} {r['setting']}: the first steps waited for the helper's "
                         f"entries: {waits}" + (" (the views at the second step)" if "views" in par["waited_s"]
                                                else "") + "."]
-            if par.get("asked_s"):  # the timeline, seconds since the helper started
+            if par.get("asked_s"):  # the timeline, from the gates' making: the helpers' start, or their go
                 parts = [f"{k}: asked at {par['asked_s'][k]} s, " + (
                     f"begun by the helper at {par['started_s'][k]} s, " if k in par.get("started_s", {}) else "")
                     + f"written by the helper at {par.get('ready_s', {}).get(k, '–')} s" for k in par["asked_s"]]
-                out[-1] += " Seconds since the helper started: " + "; ".join(parts) + "."
+                clock = "the helpers' go at the first step" if par.get("helper", {}).get("early_s") is not None \
+                    else "the helper started"
+                out[-1] += f" Seconds since {clock}: " + "; ".join(parts) + "."
                 out[-1] += tail_sentence(r)
             if par.get("helper", {}).get("peak_GiB") is not None:
                 out[-1] += (f" The helper's peak GPU memory: {par['helper']['peak_GiB']} GiB (the run's: "

@@ -490,6 +490,7 @@ def test_a_row_gives_the_helpers_started_at_its_processs_start_the_go_at_its_fir
     assert (f"The helpers were started at the process's start, {par['helper']['early_s']} s before the first step "
             "(as `scfs.train` starts them, before its set-up); each had built its model 0.5 s (the first helper) "
             "after its start.") in md
+    assert "Seconds since the helpers' go at the first step: teacher: asked at" in md  # the gates' clock
 
 
 def test_the_parallel_split_row_starts_four_helpers_and_waits_for_each_graph(monkeypatch, eager_backend):

@@ -17,8 +17,7 @@
 # Each line of the queue's own log ($Q/queue.log) says when a job started, ended (exit status, seconds) or was left.
 # SKIP='<name> <name>' leaves out the jobs an earlier window has done (their records committed).
 # The queue lives as long as the machine, which goes back shortly after a call ends (the device status's
-# idle_release_s: 30 s on 2026-12-05, when a job running between calls was lost): follow each call at once with
-# the next `watch`, and read what came back after the last one.
+# idle_release_s, seconds): follow each call at once with the next `watch`, and read what came back after the last.
 # `watch SECONDS` waits at most SECONDS while the queue runs, prints that log and copies back what there is;
 # `collect SECONDS` is the same, for the last command of a window. What comes back: $OUT/queue.tgz (every job's
 # folder without checkpoints, its log, the queue's log) and the jobs' *.md records beside it, as <job>--<record>.md.

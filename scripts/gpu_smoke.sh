@@ -98,13 +98,20 @@ crowded() {  # ID: the row ran and failed beside others (whose GPU memory, time 
   grep -q "^$1${TAB}FAIL" "$ROWS" || return 1
   ! grep "^$1$TAB" "$ROWS" | cut -f6 | grep -q "^not in README.md"
 }
+# More than RETRY_MAX rows (about a third) failed side by side is a broken commit, not a crowded GPU: none runs
+# again (running each alone would spend the window on it), and the record says so.
+RETRY_MAX=${SMOKE_RETRY_MAX:-12}; NOT_RETRIED=""
 retry_alone() {
-  local f id wave again="" redo2=0 first
+  local f id wave again="" redo2=0 first n=0
   for f in $(ls "$WK/args" | sort); do
     id=${f#*-}
     crowded "$id" || continue
-    again="$again $f"; [ "$(sed -n 4p "$WK/args/$f")" = 1 ] && redo2=1
+    again="$again $f"; n=$((n + 1)); [ "$(sed -n 4p "$WK/args/$f")" = 1 ] && redo2=1
   done
+  if [ $n -gt "$RETRY_MAX" ]; then
+    NOT_RETRIED="$n rows failed side by side, more than SMOKE_RETRY_MAX=$RETRY_MAX: none ran again alone."
+    again=""; redo2=0
+  fi
   for f in $(ls "$WK/args" | sort); do
     id=${f#*-}; wave=$(sed -n 4p "$WK/args/$f")
     [[ " $again " == *" $f "* ]] && continue
@@ -237,6 +244,7 @@ NPASS=$(awk -F'\t' '$2 == "PASS"' "$ROWS" | wc -l); NROWS=$(wc -l < "$ROWS")
   echo "Commit \`$COMMIT\`; $GPU x $NGPU; $WALL s wall; torch $($PY -c 'import torch; print(torch.__version__)'), lightning \
 $($PY -c 'import lightning; print(lightning.__version__)'). Made by \`COMMIT=$COMMIT OUT=\$OUT bash scripts/gpu_smoke.sh\`:"
   echo "each README command as written there, then only the overrides that cut it to a few steps."
+  [ -n "$NOT_RETRIED" ] && echo "$NOT_RETRIED"
   [ "$NGPU" -lt 2 ] && echo "$NGPU GPU(s): the 2-GPU DDP rows did not run."
   echo
   echo "| step | result | s | README command | + overrides | why it failed, or ran again |"

@@ -97,13 +97,9 @@ exit 0
 """
 
 
-@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
-def test_rows_out_of_gpu_memory_side_by_side_run_again_alone(tmp_path):
-    """A GPU shared with other work can run a row out of memory (a study's job too: the CUDA runtime's error), out
-    of time, or fail it otherwise (cuDNN benchmarks again where it cannot allocate a chosen algorithm's workspace):
-    that row runs again alone (under its own time limit), with the rows of wave 2 that failed for want of its
-    checkpoint and the chain's step that never ran, in order; a command that exits 0 but logs a failure it
-    swallowed fails its row, alone too, and its row keeps both failures."""
+def run_oom_once(tmp_path: Path, **env_extra: str) -> tuple[list[str], dict[str, list[str]], str]:
+    """The smoke script with the stand-in interpreter that fails some rows side by side only (`OOM_ONCE_PY`), on
+    a copy of the repository's scripts and README: its rows, by id, and its record."""
     repo = tmp_path / "repo"
     repo.mkdir()
     shutil.copytree(REPO / "scripts", repo / "scripts")
@@ -114,13 +110,24 @@ def test_rows_out_of_gpu_memory_side_by_side_run_again_alone(tmp_path):
     (tmp_path / "nvidia-smi").write_text("#!/bin/sh\nexit 1\n")
     (tmp_path / "nvidia-smi").chmod(0o755)
     env = {**os.environ, "PY": str(tmp_path / "fakepy"), "OUT": str(tmp_path / "out"), "COMMIT": "test",
-           "SMOKE_WORK": str(tmp_path / "work"),
-           "REC_DIR": str(tmp_path / "rec"), "MARK": str(tmp_path / "mark"), "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+           "SMOKE_WORK": str(tmp_path / "work"), "REC_DIR": str(tmp_path / "rec"), "MARK": str(tmp_path / "mark"),
+           "PATH": f"{tmp_path}:{os.environ['PATH']}", **env_extra}
     res = subprocess.run(["bash", "scripts/gpu_smoke.sh"], cwd=repo, env=env, capture_output=True, text=True,
                          timeout=120)
     assert res.returncode == 1, res.stdout + res.stderr
     lines = (tmp_path / "work" / "rows.tsv").read_text().splitlines()
-    by_id = {r[0]: r for r in (line.split("\t") for line in lines)}
+    record = next((tmp_path / "rec").glob("gpu-smoke-*.md")).read_text()
+    return lines, {r[0]: r for r in (line.split("\t") for line in lines)}, record
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_rows_out_of_gpu_memory_side_by_side_run_again_alone(tmp_path):
+    """A GPU shared with other work can run a row out of memory (a study's job too: the CUDA runtime's error), out
+    of time, or fail it otherwise (cuDNN benchmarks again where it cannot allocate a chosen algorithm's workspace):
+    that row runs again alone (under its own time limit), with the rows of wave 2 that failed for want of its
+    checkpoint and the chain's step that never ran, in order; a command that exits 0 but logs a failure it
+    swallowed fails its row, alone too, and its row keeps both failures."""
+    lines, by_id, _ = run_oom_once(tmp_path)
     assert len(lines) == len(by_id) == 38
     again = "run again alone after: CUDA out of memory side by side"
     assert by_id["cifar10-dino"][1] == "PASS" and by_id["cifar10-dino"][5] == again
@@ -142,6 +149,18 @@ def test_rows_out_of_gpu_memory_side_by_side_run_again_alone(tmp_path):
     assert by_id["pytest-gpu-background"][1] == "PASS" and by_id["pytest-gpu-background"][5] == again
     assert (tmp_path / "mark" / "background-limits").read_text().split() == ["450", "450"]
     assert "37 of 38 PASS" in next((tmp_path / "rec").glob("gpu-smoke-*.md")).read_text()
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_more_failures_side_by_side_than_the_cap_run_none_again(tmp_path):
+    """More rows failed side by side than `SMOKE_RETRY_MAX` is a broken commit, not a crowded GPU: no row runs
+    again alone, each keeps its first failure, and the record says why."""
+    lines, by_id, record = run_oom_once(tmp_path, SMOKE_RETRY_MAX="2")
+    assert len(lines) == len(by_id) == 38
+    assert by_id["cifar10-dino"][1] == "FAIL" and "CUDA out of memory" in by_id["cifar10-dino"][5]
+    assert by_id["pytest-gpu"][5] == "timed out after 330 s"
+    assert not any(r[5].startswith("run again alone") or "alone too" in r[5] for r in by_id.values())
+    assert "rows failed side by side, more than SMOKE_RETRY_MAX=2: none ran again alone." in record
 
 
 COUNTING_PY = """#!/bin/sh

@@ -60,7 +60,9 @@ start: the wall seconds of its steps minus that many steps at its steady pace.
 Each compiled row also says where its compile went: torch's own compile timers (`torch._dynamo.utils.compile_times`,
 inclusive seconds per phase: dynamo's tracing, AOTAutograd's joint graph and partition, inductor's lowering,
 scheduling, code generation and kernel builds, the lazily compiled backward), all of them in the JSON, the main
-ones as a second table. A phase that dominates the cold row is the one a shorter first compile has to cut.
+ones as a second table. A phase that dominates the cold row is the one a shorter first compile has to cut. A third
+table lists the run's own compiles in order (`frame_compiles`: each graph and each backward, when it began, how long
+it took, its cache hits), which says which graph the run's longest path spent its seconds on.
 
 Kernel searches, evaluation passes and the data path are not in the first-steps time (a training run adds them).
 On the CPU inductor compiles C++ instead of Triton kernels: CPU times only indicate which way a setting moves.
@@ -306,6 +308,7 @@ def measure_steps(model: Any, device: str, step: Any, first: int, steady: int, l
     counters.clear()
     phases0 = compile_phase_seconds()
     sync()
+    wall0 = time.time()
     clock, loss = time_steps(step, first, steady, device.startswith("cuda"),
                              after_warmup=after_warmup)
     times = clock.step_ms(first)
@@ -317,6 +320,7 @@ def measure_steps(model: Any, device: str, step: Any, first: int, steady: int, l
            **({"peak_GiB": round(torch.cuda.max_memory_allocated() / 2**30, 2)} if device.startswith("cuda") else {}),
            "phases": {k: round(v - phases0.get(k, 0.0), 3) for k, v in compile_phase_seconds().items()
                       if v - phases0.get(k, 0.0) >= 0.0005},
+           "compiles": frame_compiles(wall0),
            # why a graph was split, and where the code went on after the break (dynamo's resume functions are
            # named after the function and line): each break is a graph more to compile
            "graph_breaks": {break_reason(k): int(v) for k, v in counters["graph_break"].items()},
@@ -392,6 +396,36 @@ def compile_phase_seconds() -> dict[str, float]:
 
     names, values = compile_times(repr="csv", aggregate=True)
     return {str(n): float(v) for n, v in zip(names, values)}
+
+
+def frame_compiles(wall0: float) -> list[dict[str, Any]]:
+    """This process's compiles that began after `wall0` (`time.time()`), in order: one per dynamo frame and one
+    per backward compiled at its first run (torch's per-frame compile metrics). The phase table sums each timer over
+    the graphs; this says which graph the run's own path spent its seconds on: `graph` (the frame's function, or
+    `backward of` it), `at_s` (when it began, from `wall0`), `s` (how long), `ops` (the graph's op count where torch
+    gives it), `inductor_cache` and `aot_cache` (hit, miss, or empty where that cache was not asked)."""
+    from torch._dynamo.utils import get_compilation_metrics
+
+    def cache(m: Any, prefix: str) -> str:
+        hit, miss = getattr(m, f"{prefix}_hit_count", None), getattr(m, f"{prefix}_miss_count", None)
+        return "hit" if hit else "miss" if miss else ""
+
+    names: dict[str, str] = {}
+    out = []
+    for m in get_compilation_metrics():
+        start, forward = getattr(m, "start_time", None), bool(getattr(m, "is_forward", True))
+        if forward and getattr(m, "co_name", None):
+            names[str(m.compile_id)] = str(m.co_name)
+        if start is None or start < wall0:
+            continue
+        took = getattr(m, "duration_us", None)
+        out.append({"graph": names.get(str(m.compile_id), "?") if forward
+                    else f"backward of {names.get(str(m.compile_id), '?')}",
+                    "compile_id": str(m.compile_id), "at_s": round(start - wall0, 2),
+                    "s": None if took is None else round(took / 1e6, 2), "ops": getattr(m, "graph_op_count", None),
+                    "inductor_cache": cache(m, "inductor_fx_local_cache"),
+                    "aot_cache": cache(m, "aotautograd_local_cache")})
+    return out
 
 
 def child(args: argparse.Namespace) -> int:
@@ -749,11 +783,30 @@ def phase_table(rows: list[dict[str, Any]]) -> list[str]:
     for label, name in PHASES:
         cells = " | ".join(f"{r['phases'][name]:.1f}" if name in r["phases"] else "–" for r in compiled)
         out.append(f"| {label} (`{name}`) | {cells} |")
+    out += compiles_table(rows)
     for r in compiled:
         if r.get("graph_breaks"):
             why = "; ".join(f"{k} (x{v})" for k, v in r["graph_breaks"].items())
             where = ", ".join(r.get("resumes") or {}) or "not reported"
             out += ["", f"Graph breaks of {r['recipe']} {r['setting']}: {why}; resumed in {where}."]
+    return out
+
+
+def compiles_table(rows: list[dict[str, Any]]) -> list[str]:
+    """The run's own compiles in each compiled row's first steps, in order (`frame_compiles`; the markdown lines,
+    none without them)."""
+    listed = [r for r in rows if r.get("compiles")]
+    if not listed:
+        return []
+    out = ["", "The run's own compiles in its first steps, in order (torch's per-frame compile metrics; seconds "
+           "from the first step; a part built from a helper's entry is a short compile with cache hits):", "",
+           "| row | graph | began at s | took s | ops | inductor cache | AOT cache |",
+           "|---|---|---:|---:|---:|---|---|"]
+    for r in listed:
+        for c in r["compiles"]:
+            out.append(f"| {r['recipe']} {r['setting']} | `{c['graph']}` | {c['at_s']} | "
+                       f"{'' if c['s'] is None else c['s']} | {'' if c['ops'] is None else c['ops']} | "
+                       f"{c['inductor_cache']} | {c['aot_cache']} |")
     return out
 
 

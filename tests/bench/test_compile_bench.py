@@ -86,8 +86,9 @@ def test_a_row_is_timed_by_the_step_benchmarks_clock(monkeypatch):
     row = bench.measure(cfg, "cpu", 2, 3, None, None)
     assert seen == [(2, 3)]
     assert set(row) == {"first_s", "step_ms", "lost_s", "graphs", "loss", "loaded_artifacts", "fx_cache", "aot_cache",
-                        "phases", "graph_breaks", "resumes", "cudnn_benchmark"}  # no peak_GiB on the CPU
+                        "phases", "compiles", "graph_breaks", "resumes", "cudnn_benchmark"}  # no peak_GiB on the CPU
     assert row["first_s"] > 0 and row["step_ms"] > 0 and row["graphs"] == 0 and isinstance(row["loss"], float)
+    assert row["compiles"] == []  # eager: nothing compiled
 
 
 def test_a_compiled_run_traces_one_loss_graph_for_logging_and_other_steps(eager_backend):
@@ -100,6 +101,9 @@ def test_a_compiled_run_traces_one_loss_graph_for_logging_and_other_steps(eager_
     row = bench.measure(bench.compose("default", "cpu", True, "model", True, []), "cpu", 2, 1, None, None)
     torch._dynamo.reset()
     assert row["graphs"] == 3
+    # the run's own compiles, in order, each of the three graphs once
+    assert [c["graph"] for c in row["compiles"]] == ["student_forward", "teacher_forward", "step_losses"]
+    assert [c["at_s"] for c in row["compiles"]] == sorted(c["at_s"] for c in row["compiles"])
     from scfs.train import build
 
     _, eager = build(bench.compose("default", "cpu", True, "model", False, []))
@@ -531,3 +535,31 @@ def test_the_parallel_split_row_starts_four_helpers_and_waits_for_each_graph(mon
     assert "The local views' helper: its compile took 0.7 s, inductor cache 0 hit / 1 miss." in md
     assert "The local views' backward's helper: its compile took 0.8 s" in md
     assert f"{ch.LOCAL_PART}: asked at {par['asked_s'][ch.LOCAL_PART]} s" in md
+
+
+def test_the_runs_compiles_are_listed_in_order_with_their_backward_and_caches(tmp_path, monkeypatch):
+    """`frame_compiles`: one entry per compiled frame and per backward compiled at its first run, from the given
+    moment on (an earlier compile is left out), with inductor's and AOTAutograd's cache outcome; the record shows
+    them as a table."""
+    import time
+
+    import torch
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch._dynamo.reset()
+    torch.compile(lambda x: x.cos() * 3, backend="eager")(torch.randn(3))  # before the moment: not listed
+    lin = torch.nn.Linear(4, 4)
+
+    def loss_of(x: torch.Tensor) -> torch.Tensor:
+        return lin(x).relu().sum()
+
+    wall0 = time.time()
+    torch.compile(loss_of)(torch.randn(2, 4)).backward()
+    compiles = bench.frame_compiles(wall0)
+    torch._dynamo.reset()
+    assert [c["graph"] for c in compiles] == ["loss_of", "backward of loss_of"], compiles
+    forward = compiles[0]
+    assert forward["inductor_cache"] == "miss" and forward["aot_cache"] == "miss" and forward["ops"] >= 2
+    assert 0 <= forward["at_s"] <= compiles[1]["at_s"] and forward["s"] > 0
+    md = "\n".join(bench.compiles_table([{"recipe": "cifar10", "setting": "cold", "compiles": compiles}]))
+    assert f"| cifar10 cold | `loss_of` | {forward['at_s']} | {forward['s']} | {forward['ops']} | miss | miss |" in md

@@ -404,7 +404,10 @@ def frame_compiles(wall0: float) -> list[dict[str, Any]]:
     the graphs; this says which graph the run's own path spent its seconds on: `graph` (the frame's function, or
     `backward of` it), `at_s` (when it began, from `wall0`), `s` (how long), `ops` (the graph's op count where torch
     gives it), `inductor_cache` and `aot_cache` (hit, miss, or empty where that cache was not asked)."""
-    from torch._dynamo.utils import get_compilation_metrics
+    try:
+        from torch._dynamo.utils import get_compilation_metrics
+    except ImportError:  # a torch without per-frame metrics: the phase table alone
+        return []
 
     def cache(m: Any, prefix: str) -> str:
         hit, miss = getattr(m, f"{prefix}_hit_count", None), getattr(m, f"{prefix}_miss_count", None)

@@ -640,7 +640,8 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append(f"\nBefore the first row a throwaway process primed the machine in {result['prime_s']} s (the "
                      "modules a row imports, the model built on the device; nothing compiled), so that no row pays "
                      "a freshly started machine's first reads of its libraries.")
-    return "\n".join(lines + parallel_lines(table) + background_table(table) + phase_table(table)) + "\n"
+    return "\n".join(lines + parallel_lines(table) + background_table(table) + phase_table(table)
+                     + compiles_table(table)) + "\n"
 
 
 def cudnn_lines(rows: list[dict[str, Any]]) -> list[str]:
@@ -786,7 +787,6 @@ def phase_table(rows: list[dict[str, Any]]) -> list[str]:
     for label, name in PHASES:
         cells = " | ".join(f"{r['phases'][name]:.1f}" if name in r["phases"] else "–" for r in compiled)
         out.append(f"| {label} (`{name}`) | {cells} |")
-    out += compiles_table(rows)
     for r in compiled:
         if r.get("graph_breaks"):
             why = "; ".join(f"{k} (x{v})" for k, v in r["graph_breaks"].items())

@@ -24,16 +24,21 @@ case "$*" in *index*) printf '0\\n1\\n';; *name*) printf 'Stand-in GPU\\nStand-i
 """
 
 
+def smoke_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """The smoke script's environment in a test: the stand-in interpreter (`fakepy`) and any stand-in tools in
+    `tmp_path` first on PATH, its scratch, record and marks there."""
+    return {**os.environ, "PY": str(tmp_path / "fakepy"), "OUT": str(tmp_path / "out"), "COMMIT": "test",
+            "SMOKE_WORK": str(tmp_path / "work"), "REC_DIR": str(tmp_path / "rec"), "MARK": str(tmp_path / "mark"),
+            "PATH": f"{tmp_path}:{os.environ['PATH']}", **extra}
+
+
 def run_smoke(tmp_path: Path, gpus: int) -> tuple[subprocess.CompletedProcess, dict[str, list[str]]]:
     """The smoke script with the stand-in interpreter; with gpus=2 a stand-in nvidia-smi lists two GPUs."""
     for name, text in (("fakepy", FAKE_PY), ("nvidia-smi", FAKE_NVIDIA_SMI if gpus else "#!/bin/sh\nexit 1\n")):
         (tmp_path / name).write_text(text)
         (tmp_path / name).chmod(0o755)
-    env = {**os.environ, "PY": str(tmp_path / "fakepy"), "OUT": str(tmp_path / "out"), "COMMIT": "test",
-           "SMOKE_WORK": str(tmp_path / "work"),
-           "REC_DIR": str(tmp_path / "rec"), "PATH": f"{tmp_path}:{os.environ['PATH']}"}
-    res = subprocess.run(["bash", "scripts/gpu_smoke.sh"], cwd=REPO, env=env, capture_output=True, text=True,
-                         timeout=120)
+    res = subprocess.run(["bash", "scripts/gpu_smoke.sh"], cwd=REPO, env=smoke_env(tmp_path), capture_output=True,
+                         text=True, timeout=120)
     rows = [line.split("\t") for line in (tmp_path / "work" / "rows.tsv").read_text().splitlines()]
     return res, {r[0]: r for r in rows}
 
@@ -109,11 +114,8 @@ def run_oom_once(tmp_path: Path, **env_extra: str) -> tuple[list[str], dict[str,
     (tmp_path / "fakepy").chmod(0o755)
     (tmp_path / "nvidia-smi").write_text("#!/bin/sh\nexit 1\n")
     (tmp_path / "nvidia-smi").chmod(0o755)
-    env = {**os.environ, "PY": str(tmp_path / "fakepy"), "OUT": str(tmp_path / "out"), "COMMIT": "test",
-           "SMOKE_WORK": str(tmp_path / "work"), "REC_DIR": str(tmp_path / "rec"), "MARK": str(tmp_path / "mark"),
-           "PATH": f"{tmp_path}:{os.environ['PATH']}", **env_extra}
-    res = subprocess.run(["bash", "scripts/gpu_smoke.sh"], cwd=repo, env=env, capture_output=True, text=True,
-                         timeout=120)
+    res = subprocess.run(["bash", "scripts/gpu_smoke.sh"], cwd=repo, env=smoke_env(tmp_path, **env_extra),
+                         capture_output=True, text=True, timeout=120)
     assert res.returncode == 1, res.stdout + res.stderr
     lines = (tmp_path / "work" / "rows.tsv").read_text().splitlines()
     record = next((tmp_path / "rec").glob("gpu-smoke-*.md")).read_text()
@@ -185,9 +187,7 @@ def test_a_smaller_gpu_runs_fewer_rows_at_once(tmp_path, memory_mib, parallel, m
     for name, text in (("fakepy", COUNTING_PY), ("nvidia-smi", smi)):
         (tmp_path / name).write_text(text)
         (tmp_path / name).chmod(0o755)
-    env = {**os.environ, "PY": str(tmp_path / "fakepy"), "OUT": str(tmp_path / "out"), "COMMIT": "test",
-           "SMOKE_WORK": str(tmp_path / "work"), "REC_DIR": str(tmp_path / "rec"), "MARK": str(tmp_path / "mark"),
-           "PATH": f"{tmp_path}:{os.environ['PATH']}", **({"SMOKE_PARALLEL": parallel} if parallel else {})}
+    env = smoke_env(tmp_path, **({"SMOKE_PARALLEL": parallel} if parallel else {}))
     res = subprocess.run(["bash", "scripts/gpu_smoke.sh"], cwd=REPO, env=env, capture_output=True, text=True,
                          timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import Counter
 
 import pytest
 import torch
@@ -208,9 +209,11 @@ def test_gpu_the_compiled_backward_benchmarks_nothing_after_the_warmup(monkeypat
     """On a GPU, with cuDNN benchmarking: the first backward of the compiled student call launches more kernels than
     the second (cuDNN times its candidates) where no warm-up ran, and exactly as many where it did: the compiled
     backward's convolutions found every algorithm chosen. The warm-up's backward ran on autograd's device thread, not
-    the calling one. Counted are the kernels of neither Triton (triton_*: the first run's launch-config benchmarks)
-    nor ATen's own templates (at::native: the copies and cache flushes around those benchmarks); cuDNN's, cuBLAS's
-    and CUTLASS's kernels remain."""
+    the calling one. Counted are cuDNN's, cuBLAS's and CUTLASS's kernels: not Triton's (triton_*: the first run's
+    launch-config benchmarks), nor ATen's own templates (at::native: the cache flushes around them), nor the copies
+    and fills (Memcpy, Memset: inductor benchmarks a kernel's launch configs on copies of its arguments, about 7,500
+    device-to-device copies in a tiny ResNet-18's first compiled backward on an H100 when inductor's cache has not
+    tuned its kernels yet)."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     from torch.profiler import ProfilerActivity, profile
@@ -220,7 +223,7 @@ def test_gpu_the_compiled_backward_benchmarks_nothing_after_the_warmup(monkeypat
            "backbone.channels_last=true"]
     fn = torch.compile(student_forward, dynamic=False)
 
-    def backward_kernels(model, cfg) -> int:
+    def backward_kernels(model, cfg) -> Counter:
         model.zero_grad(set_to_none=True)  # both backwards assign, neither accumulates
         g, loc = random_views(cfg, "cuda", True)
         with autocast_for(str(cfg.trainer.precision), "cuda"):
@@ -230,10 +233,10 @@ def test_gpu_the_compiled_backward_benchmarks_nothing_after_the_warmup(monkeypat
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             loss.backward()
             torch.cuda.synchronize()
-        return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
-                   and not e.name.startswith("triton") and "at::native" not in e.name)
+        return Counter(e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+                       and not e.name.startswith(("triton", "Memcpy", "Memset")) and "at::native" not in e.name)
 
-    counts = {}
+    counts, extra = {}, {}
     for name, batch in (("cold", 12), ("warmed", 10)):  # batch sizes no other test benchmarked in this process
         cfg, model = _build([*TINY_RESNET18, *gpu, f"batch_size={batch}"])
         model = model.cuda()
@@ -242,12 +245,13 @@ def test_gpu_the_compiled_backward_benchmarks_nothing_after_the_warmup(monkeypat
             warmup.join(300)
             report = warmup.report()
             assert report["done_s"] is not None and "error" not in report, report
-        counts[name] = (backward_kernels(model, cfg), backward_kernels(model, cfg))
+        first, second = backward_kernels(model, cfg), backward_kernels(model, cfg)
+        counts[name], extra[name] = (first.total(), second.total()), (first - second).most_common(3)
     assert counts["cold"][0] > counts["cold"][1], counts  # the benchmarks show in a cold first backward
     free, total = torch.cuda.mem_get_info()
     # cuDNN benchmarks again a chosen algorithm whose workspace it cannot allocate: a GPU shared with other work
-    assert counts["warmed"][0] == counts["warmed"][1], f"{counts}; GPU memory free now {free / 2**30:.1f} of " \
-        f"{total / 2**30:.0f} GiB"
+    assert counts["warmed"][0] == counts["warmed"][1], f"{counts}; the warmed first backward's extra kernels " \
+        f"{extra['warmed']}; GPU memory free now {free / 2**30:.1f} of {total / 2**30:.0f} GiB"
     seen = cw.run_backwards(cw.conv_calls(model, cfg, "cuda")[:1], "cuda")
     assert seen["autograd_thread"] != threading.current_thread().name
     torch._dynamo.reset()

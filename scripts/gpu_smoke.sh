@@ -15,8 +15,8 @@
 # A row that failed side by side (the GPU shared with other work, a study say, or a GPU with less memory than an
 # H200's) runs again alone once both waves are done, with the rows of wave 2 that failed after it (they may have
 # lacked its checkpoint): a pass then names the first failure, a failure says "(failed alone too)". Sharing the GPU
-# fails more than out of memory or time: cuDNN benchmarks again an algorithm it chose whose workspace it can no
-# longer allocate, which a GPU test of the cuDNN warm-up counts. A row the README lacks did not run and does not
+# fails more than out of memory or time (cuDNN benchmarks again an algorithm it chose whose workspace it can no
+# longer allocate, for one). A row the README lacks did not run and does not
 # run again. A failed row gives the line of its log that says why (`failure_line`), not what the command printed
 # after it. A command that exits 0 but logs a failure it swallowed (the end-of-run figure) fails its row.
 set -uo pipefail

@@ -136,20 +136,23 @@ def targets(records_dir: Path) -> list[Target]:
 
     compiles = [rec for rec in load(records_dir.glob("compile-*.json"))
                 if str(rec.data.get("device", "")).startswith("cuda") and not rec.data.get("tiny")]
-    # the recipes ship both helpers (`compile_parallel=auto` on a GPU machine: the `parallel-backward` row)
-    for setting, label, limit in (("parallel-backward", "first compile, empty cache, as shipped (both helpers: "
-                                                        "`compile_parallel=true` and `compile_parallel_backward=true`)",
+    # the recipes ship both helpers (`compile_parallel=auto` on a GPU machine) and the cuDNN warm-up
+    # (`compile_cudnn_warmup=auto`): the `parallel-backward-cudnn-warmup` row
+    for setting, label, limit in (("parallel-backward-cudnn-warmup", "first compile, empty cache, as shipped (both "
+                                   "helpers: `compile_parallel=true` and `compile_parallel_backward=true`; "
+                                   "`compile_cudnn_warmup=auto`)", COMPILE_S),
+                                  ("parallel-backward", "first compile, empty cache, both helpers, "
+                                                        "`compile_cudnn_warmup=false`", COMPILE_S),
+                                  ("parallel-backward-lean", "first compile, empty cache, both helpers, "
+                                                             "`compile_cudnn_warmup=false` and `compile_inductor=lean`",
                                    COMPILE_S),
-                                  ("parallel-backward-lean", "first compile, empty cache, as shipped and "
-                                                             "`compile_inductor=lean`", COMPILE_S),
-                                  ("parallel-backward-cudnn-warmup", "first compile, empty cache, as shipped and "
-                                                                     "`compile_cudnn_warmup=auto`", COMPILE_S),
-                                  ("parallel-split", "first compile, empty cache, as shipped and "
-                                                     "`compile_student_graphs=per_view_size` (four helpers)",
+                                  ("parallel-split", "first compile, empty cache, four helpers "
+                                                     "(`compile_student_graphs=per_view_size`), "
+                                                     "`compile_cudnn_warmup=false`", COMPILE_S),
+                                  ("parallel-split-lean", "first compile, empty cache, four helpers "
+                                                          "(`compile_student_graphs=per_view_size`), "
+                                                          "`compile_cudnn_warmup=false` and `compile_inductor=lean`",
                                    COMPILE_S),
-                                  ("parallel-split-lean", "first compile, empty cache, as shipped, "
-                                                          "`compile_student_graphs=per_view_size` (four helpers) and "
-                                                          "`compile_inductor=lean`", COMPILE_S),
                                   ("split", "first compile, empty cache, no helper, "
                                             "`compile_student_graphs=per_view_size`", COMPILE_S),
                                   ("cudnn-warmup", "first compile, empty cache, no helper, "

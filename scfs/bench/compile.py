@@ -30,9 +30,10 @@ share the seed, so a cache that changed the numbers would show). Where the recip
 * `parallel-backward`, `parallel-backward-warm`, `parallel-backward-lean`: the `parallel`, `parallel-warm` and
   `parallel-lean` rows with `compile_parallel_backward=true`: a second helper compiles the student's backward graph
   while the run compiles the student's forward (`scfs.training.backward_helper`).
-* `parallel-backward-cudnn-warmup`, `cudnn-warmup`: the `parallel-backward` and `cold` rows with cuDNN's backward
-  convolution algorithms benchmarked on a side thread during the compile (`compile_cudnn_warmup=auto`,
-  `scfs.training.cudnn_warmup`); every other row turns that off.
+* `parallel-backward-cudnn-warmup`, `cudnn-warmup`, `parallel-split-cudnn-warmup`: the `parallel-backward`, `cold`
+  and `parallel-split` rows with cuDNN's backward convolution algorithms benchmarked on a side thread during the
+  compile (`compile_cudnn_warmup=auto`, `scfs.training.cudnn_warmup`); every other row turns that off. The recipes
+  ship it, so `parallel-backward-cudnn-warmup` is the recipe as shipped.
 * `split`, `parallel-split`: the `cold` and `parallel-backward` rows with the student's call compiled per view size
   (`compile_student_graphs=per_view_size`: one graph per view batch and one for the heads); with the helpers, a
   third compiles the local views' graph and a fourth its backward while the run compiles the global views' graph
@@ -94,7 +95,7 @@ from scfs.names import CONF_DIR
 ROWS = ("eager", "cold", "warm", "carried", "blocks", "blocks-carried", "cudagraphs", "background", "parallel",
         "parallel-warm", "lean", "parallel-lean", "parallel-backward", "parallel-backward-warm",
         "parallel-backward-lean", "parallel-backward-cudnn-warmup", "cudnn-warmup", "heuristics", "split",
-        "parallel-split", "parallel-split-lean")
+        "parallel-split", "parallel-split-lean", "parallel-split-cudnn-warmup")
 # the `lean` row's inductor options (`compile_inductor`): the defaults that spend compile time to win step time
 LEAN = ("compile_inductor=lean",)
 # the `parallel-backward*` rows: a second helper compiles the student's backward graph
@@ -102,7 +103,7 @@ BACKWARD = ("compile_parallel_backward=true",)
 # the `split` rows: the student's call as one graph per view size and one for the heads
 SPLIT = ("compile_student_graphs=per_view_size",)
 # the rows that benchmark cuDNN's backward algorithms beside the compile (`compile_cudnn_warmup`; auto: off on the
-# CPU): `parallel-backward-cudnn-warmup` and `cudnn-warmup`; every other row turns it off
+# CPU): the `*cudnn-warmup` rows; every other row turns it off
 WARMUP = ("compile_cudnn_warmup=auto",)
 # the `heuristics` row: cuDNN's heuristics pick the convolution algorithms instead of its benchmarks
 HEURISTICS = ("trainer.benchmark=false",)
@@ -598,6 +599,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                            extra=(*BACKWARD, *SPLIT)),
                     "parallel-split-lean": dict(cache_dir=d / "parallel-split-lean", scope="model", parallel=True,
                                                 extra=(*BACKWARD, *SPLIT, *LEAN)),
+                    "parallel-split-cudnn-warmup": dict(cache_dir=d / "parallel-split-cudnn-warmup", scope="model",
+                                                        parallel=True, extra=(*BACKWARD, *SPLIT, *WARMUP)),
                 }
                 for name in rows:
                     if name == "eager" and rep:

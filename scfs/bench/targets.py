@@ -153,6 +153,9 @@ def targets(records_dir: Path) -> list[Target]:
                                                           "(`compile_student_graphs=per_view_size`), "
                                                           "`compile_cudnn_warmup=false` and `compile_inductor=lean`",
                                    COMPILE_S),
+                                  ("parallel-split-cudnn-warmup", "first compile, empty cache, four helpers "
+                                                                  "(`compile_student_graphs=per_view_size`) and "
+                                                                  "`compile_cudnn_warmup=auto`", COMPILE_S),
                                   ("split", "first compile, empty cache, no helper, "
                                             "`compile_student_graphs=per_view_size`", COMPILE_S),
                                   ("cudnn-warmup", "first compile, empty cache, no helper, "

@@ -49,11 +49,15 @@ share the seed, so a cache that changed the numbers would show). Where the recip
   what those benchmarks cost the first steps, and what they win on the step.
 * `eager`: `compile=false`, the steady step to compare with.
 
-Before the first row a throwaway process primes the machine (`--no-prime` skips it): it imports what a row imports
-and builds the recipe's model on the device, nothing compiled. A freshly started machine's first process reads the
+Before the first row a throwaway process primes the machine (`--no-prime` skips it): it imports what a row imports,
+builds the recipe's model on the device and, where the recipe uses them, the fused search kernels' extension
+(`prebuild_search_kernels`), nothing compiled by torch. A freshly started machine's first process reads the
 libraries from disk and sets the driver up; without the prime the first row pays that (on an H100, a row's helper
 built its model 68.9 s after its start as the first row, 20.9–30.7 s as a later one), and a comparison of rows
-would charge it to whichever came first. Its seconds are in the record (`prime_s`).
+would charge it to whichever came first. The extension is built once per machine and source folder (ninja's build
+file names the sources' paths), so a benchmark run from another copy of the tree than the one that built it
+rebuilds it: a first row's helper once spent 28.6 s on that (`kernels_s` in its status). Its seconds are in the
+record (`prime_s`).
 
 Every compiled row's `compile cost` is the seconds its compile cost the run against a step compiled from the
 start: the wall seconds of its steps minus that many steps at its steady pace.
@@ -471,6 +475,9 @@ def prime(args: argparse.Namespace) -> int:
     model.to(args.device)
     if args.device.startswith("cuda"):
         torch.cuda.synchronize()
+    from scfs.training.background_compile import prebuild_search_kernels
+
+    prebuild_search_kernels(model, args.device)  # None (nothing to build) on the CPU or without the fused search
     return 0
 
 
@@ -562,6 +569,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                               "commit": source_commit(), "rows": []}
     if args.prime:
         result["prime_s"] = run_prime(args)
+        result["prime_builds_kernels"] = True
     stem = Path(args.out) / f"compile-{dt.date.today().isoformat()}" if not args.out.endswith("json") \
         else Path(args.out).with_suffix("")
     with tempfile.TemporaryDirectory(prefix="scfs-compile-bench-") as tmp:
@@ -640,9 +648,12 @@ def markdown(result: dict[str, Any]) -> str:
     table = result.get("table", [])
     lines += cudnn_lines(table) + views_lines(table)
     if result.get("prime_s") is not None:
+        kernels = ", the fused search kernels' extension built or found where the recipe uses it" \
+            if result.get("prime_builds_kernels") else ""
         lines.append(f"\nBefore the first row a throwaway process primed the machine in {result['prime_s']} s (the "
-                     "modules a row imports, the model built on the device; nothing compiled), so that no row pays "
-                     "a freshly started machine's first reads of its libraries.")
+                     f"modules a row imports, the model built on the device{kernels}; nothing compiled by torch), so "
+                     "that no row pays a freshly started machine's first reads of its libraries"
+                     + (" or that build." if kernels else "."))
     return "\n".join(lines + parallel_lines(table) + background_table(table) + phase_table(table)
                      + compiles_table(table)) + "\n"
 

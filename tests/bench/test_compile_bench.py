@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +26,30 @@ def test_eager_row_writes_a_table(tmp_path):
     assert row["cudnn_benchmark"] is False and "off (cuDNN's heuristics) in default eager." in md  # the CPU
     assert "Where the first steps' compile went" not in md  # nothing compiled: no phase table
     assert rec["prime_s"] > 0 and f"primed the machine in {rec['prime_s']} s" in md
+    assert rec["prime_builds_kernels"] is True and "the fused search kernels' extension built or found" in md
+
+
+def test_the_prime_builds_the_search_kernels_no_row_should_pay_for(monkeypatch):
+    """The prime builds (or finds) the fused search kernels' extension with the recipe's model on its device, so a
+    first row's helper does not build it in its first steps' time (a 28.6 s rebuild once, in another tree)."""
+    import argparse
+
+    import scfs.training.background_compile as bgc
+
+    seen = []
+    monkeypatch.setattr(bgc, "prebuild_search_kernels", lambda model, device: seen.append((model, device)))
+    args = argparse.Namespace(recipe=["default"], device="cpu", tiny=True, override=[])
+    assert bench.prime(args) == 0
+    ((model, device),) = seen
+    assert device == "cpu" and hasattr(model, "student")
+
+
+def test_a_record_from_before_the_prime_built_the_kernels_does_not_say_it_did():
+    repo = Path(__file__).resolve().parents[2]
+    rec = json.loads((repo / "benchmarks/results/compile-h100-2026-12-05-pair-split-r50-5391f9a.json").read_text())
+    assert "prime_builds_kernels" not in rec
+    md = bench.markdown(rec)
+    assert f"primed the machine in {rec['prime_s']} s" in md and "search kernels' extension" not in md
 
 
 @pytest.mark.parametrize(("recipe", "device", "extra", "expected"), [

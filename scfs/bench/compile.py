@@ -52,12 +52,12 @@ share the seed, so a cache that changed the numbers would show). Where the recip
 Before the first row a throwaway process primes the machine (`--no-prime` skips it): it imports what a row imports,
 builds the recipe's model on the device and, where the recipe uses them, the fused search kernels' extension
 (`prebuild_search_kernels`), nothing compiled by torch. A freshly started machine's first process reads the
-libraries from disk and sets the driver up; without the prime the first row pays that (on an H100, a row's helper
-built its model 68.9 s after its start as the first row, 20.9–30.7 s as a later one), and a comparison of rows
-would charge it to whichever came first. The extension is built once per machine and source folder (ninja's build
-file names the sources' paths), so a benchmark run from another copy of the tree than the one that built it
-rebuilds it: a first row's helper once spent 28.6 s on that (`kernels_s` in its status). Its seconds are in the
-record (`prime_s`).
+libraries from disk and sets the driver up, and the first to need the extension builds it; without the prime the
+first row pays that (on an H100 a first row's helper was ready 68.9 s after its start, 37.8 s of it the extension's
+build, against 20.9–30.7 s in the later rows), and a comparison of rows would charge it to whichever came first.
+The extension is built once per machine and source folder (ninja's build file names the sources' paths), so a
+benchmark run from another copy of the tree than the one that built it builds it again (28.6 s once; `kernels_s`
+in the helper's status). Its seconds are in the record (`prime_s`).
 
 Every compiled row's `compile cost` is the seconds its compile cost the run against a step compiled from the
 start: the wall seconds of its steps minus that many steps at its steady pace.

@@ -405,10 +405,12 @@ def compile_phase_seconds() -> dict[str, float]:
 
 def frame_compiles(wall0: float) -> list[dict[str, Any]]:
     """This process's compiles that began after `wall0` (`time.time()`), in order: one per dynamo frame and one
-    per backward compiled at its first run (torch's per-frame compile metrics). The phase table sums each timer over
-    the graphs; this says which graph the run's own path spent its seconds on: `graph` (the frame's function, or
-    `backward of` it), `at_s` (when it began, from `wall0`), `s` (how long), `ops` (the graph's op count where torch
-    gives it), `inductor_cache` and `aot_cache` (hit, miss, or empty where that cache was not asked)."""
+    per backward compiled at its first run (torch's per-frame compile metrics), and the work a compiled graph does
+    at its first runs that torch counts with them (`first_run`: Triton's launch-config benchmarks, `autotune_s`, and
+    the CUDA graphs' recording, `cudagraphs_s`). The phase table sums each timer over the graphs; this says which
+    graph the run's own path spent its seconds on: `graph` (the frame's function, or `backward of` it), `at_s` (when
+    it began, from `wall0`), `s` (how long), `ops` (the graph's op count where torch gives it), `inductor_cache` and
+    `aot_cache` (hit, miss, or empty where that cache was not asked)."""
     try:
         from torch._dynamo.utils import get_compilation_metrics
     except ImportError:  # a torch without per-frame metrics: the phase table alone
@@ -427,12 +429,18 @@ def frame_compiles(wall0: float) -> list[dict[str, Any]]:
         if start is None or start < wall0:
             continue
         took = getattr(m, "duration_us", None)
-        out.append({"graph": names.get(str(m.compile_id), "?") if forward
-                    else f"backward of {names.get(str(m.compile_id), '?')}",
-                    "compile_id": str(m.compile_id), "at_s": round(start - wall0, 2),
-                    "s": None if took is None else round(took / 1e6, 2), "ops": getattr(m, "graph_op_count", None),
-                    "inductor_cache": cache(m, "inductor_fx_local_cache"),
-                    "aot_cache": cache(m, "aotautograd_local_cache")})
+        entry = {"graph": names.get(str(m.compile_id), "?") if forward
+                 else f"backward of {names.get(str(m.compile_id), '?')}",
+                 "compile_id": str(m.compile_id), "at_s": round(start - wall0, 2),
+                 "s": None if took is None else round(took / 1e6, 2), "ops": getattr(m, "graph_op_count", None),
+                 "inductor_cache": cache(m, "inductor_fx_local_cache"),
+                 "aot_cache": cache(m, "aotautograd_local_cache"), "first_run": bool(getattr(m, "is_runtime", False))}
+        if entry["first_run"]:
+            for key, field in (("autotune_s", "runtime_triton_autotune_time_us"),
+                               ("cudagraphs_s", "runtime_cudagraphify_time_us")):
+                us = getattr(m, field, None)
+                entry[key] = None if us is None else round(us / 1e6, 2)
+        out.append(entry)
     return out
 
 
@@ -816,15 +824,28 @@ def compiles_table(rows: list[dict[str, Any]]) -> list[str]:
     if not listed:
         return []
     out = ["", "The run's own compiles in its first steps, in order (torch's per-frame compile metrics; seconds "
-           "from the first step; a part built from a helper's entry is a short compile with cache hits):", "",
-           "| row | graph | began at s | took s | ops | inductor cache | AOT cache |",
-           "|---|---|---:|---:|---:|---|---|"]
+           "from the first step; a part built from a helper's entry is a short compile with cache hits; a graph's "
+           "first run, where torch counts it, is Triton's launch-config benchmarks and the CUDA graphs' recording):",
+           "", "| row | graph | what | began at s | took s | ops | inductor cache | AOT cache |",
+           "|---|---|---|---:|---:|---:|---|---|"]
     for r in listed:
         for c in r["compiles"]:
-            out.append(f"| {r['recipe']} {r['setting']} | `{c['graph']}` | {c['at_s']} | "
+            out.append(f"| {r['recipe']} {r['setting']} | `{c['graph']}` | {compile_kind(c)} | {c['at_s']} | "
                        f"{'' if c['s'] is None else c['s']} | {'' if c['ops'] is None else c['ops']} | "
                        f"{c['inductor_cache']} | {c['aot_cache']} |")
     return out
+
+
+def compile_kind(c: dict[str, Any]) -> str:
+    """What one `frame_compiles` entry was: a compile, or a first run and what it spent (an entry recorded before
+    `first_run` was: empty)."""
+    if "first_run" not in c:
+        return ""
+    if not c["first_run"]:
+        return "compile"
+    parts = [f"{label} {c[key]} s" for key, label in (("autotune_s", "launch configs"),
+                                                      ("cudagraphs_s", "CUDA graphs")) if c.get(key)]
+    return "first run" + (f": {', '.join(parts)}" if parts else "")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -588,4 +588,35 @@ def test_the_runs_compiles_are_listed_in_order_with_their_backward_and_caches(tm
     assert forward["inductor_cache"] == "miss" and forward["aot_cache"] == "miss" and forward["ops"] >= 2
     assert 0 <= forward["at_s"] <= compiles[1]["at_s"] and forward["s"] > 0
     md = "\n".join(bench.compiles_table([{"recipe": "cifar10", "setting": "cold", "compiles": compiles}]))
-    assert f"| cifar10 cold | `loss_of` | {forward['at_s']} | {forward['s']} | {forward['ops']} | miss | miss |" in md
+    assert f"| cifar10 cold | `loss_of` | compile | {forward['at_s']} | {forward['s']} | {forward['ops']} | miss | " \
+        "miss |" in md
+    assert not any(c["first_run"] for c in compiles)  # on the CPU: no launch-config benchmark, no CUDA graph
+
+
+def test_a_graphs_first_run_is_named_with_what_it_spent(monkeypatch):
+    """torch counts a compiled graph's first-run work (Triton's launch-config benchmarks, the CUDA graphs'
+    recording) as a runtime entry under the graph's compile id: listed as that graph's first run, with the seconds
+    of each; an entry from a record made before this is shown without a kind."""
+    import time
+    from types import SimpleNamespace
+
+    import torch._dynamo.utils as dynamo_utils
+
+    t0 = time.time()
+    metrics = [SimpleNamespace(compile_id="0/0", co_name="student_forward", is_forward=True, start_time=t0 + 1,
+                               duration_us=60_000_000, graph_op_count=768, inductor_fx_local_cache_miss_count=1,
+                               aotautograd_local_cache_miss_count=1),
+               SimpleNamespace(compile_id="0/0", co_name=None, is_forward=True, start_time=t0 + 61,
+                               duration_us=6_750_000, is_runtime=True, runtime_triton_autotune_time_us=6_500_000,
+                               runtime_cudagraphify_time_us=None),
+               SimpleNamespace(compile_id="0/0", co_name=None, is_forward=False, start_time=t0 + 70,
+                               duration_us=300_000, is_runtime=True, runtime_triton_autotune_time_us=None,
+                               runtime_cudagraphify_time_us=250_000)]
+    monkeypatch.setattr(dynamo_utils, "get_compilation_metrics", lambda: metrics)
+    compiles = bench.frame_compiles(t0)
+    assert [(c["graph"], c["first_run"]) for c in compiles] == [
+        ("student_forward", False), ("student_forward", True), ("backward of student_forward", True)]
+    assert [bench.compile_kind(c) for c in compiles] == [
+        "compile", "first run: launch configs 6.5 s", "first run: CUDA graphs 0.25 s"]
+    old = {k: v for k, v in compiles[1].items() if k not in ("first_run", "autotune_s", "cudagraphs_s")}
+    assert bench.compile_kind(old) == ""

@@ -46,7 +46,10 @@ def records(tmp_path: Path) -> Path:
     _write(d, "compile-h200-2026-01-02-y.json", _compile("2026-01-02", [("cifar10", "cold", 90.0),
                                                                         ("imagenet", "cold", 130.0),
                                                                         ("imagenet", "lean", 100.0),
-                                                                        ("imagenet", "parallel-split", 55.0)]))
+                                                                        ("imagenet", "parallel-split", 55.0),
+                                                                        ("imagenet", "parallel-backward", 106.0),
+                                                                        ("imagenet", "parallel-backward-cudnn-warmup",
+                                                                         98.0)]))
     _write(d, "compile-cpu-2026-01-05-z.json", _compile("2026-01-05", [("cifar10", "cold", 1.0)], device="cpu"))
     _write(d, "step-h200-2026-01-02-same-call.json", {
         "meta": {"suite": "resnet50", "date": "2026-01-02"}, "published_same_call": {"rows": []},
@@ -80,6 +83,9 @@ def test_verdicts_over_the_newest_day(records: Path) -> None:
     assert _find(ts, "ResNet-50", "no helper, `compile_inductor=lean`, <=").verdict() == "**missed** by 40.0 s"
     assert _find(ts, "ResNet-50", "`compile_parallel=true` alone and `compile_inductor").verdict() == "not measured"
     assert _find(ts, "CIFAR-10", "as shipped (both helpers").verdict() == "not measured"
+    # the recipes ship the cuDNN warm-up: its row is the recipe as shipped, the row without it is not
+    assert _find(ts, "ResNet-50", "as shipped (both helpers").verdict() == "**missed** by 38.0 s"
+    assert _find(ts, "ResNet-50", "both helpers, `compile_cudnn_warmup=false`, <=").verdict() == "**missed** by 46.0 s"
     assert _find(ts, "CIFAR-10", "second run").verdict() == "**met**"
     assert _find(ts, "CIFAR-10", "carried").verdict() == "not measured"
     assert _find(ts, "ResNet-50", "per_view_size`), `compile_cudnn_warmup=false`, <=").verdict() == "**met**"

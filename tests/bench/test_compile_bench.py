@@ -222,7 +222,8 @@ def test_the_background_row_trains_eagerly_then_switches_to_the_childs_graphs(tm
 
 
 # a stand-in child for the `background` row: writes an ok status (whole) once the row has run 3 eager steps (the
-# go file), then stays alive a while and marks its exit
+# go file), then stays alive a while (8 s: on a loaded 2-core machine the switch can come seconds after the status)
+# and marks its exit
 STAND_IN = """
 import json, os, sys, time
 status = sys.argv[1]
@@ -231,7 +232,7 @@ while not os.path.exists(go):
     time.sleep(0.01)
 open(status + ".tmp", "w").write(json.dumps({"ok": True, "seconds": 0.1, "fx_cache": "0 hit / 5 miss"}))
 os.replace(status + ".tmp", status)
-time.sleep(3)
+time.sleep(8)
 open(os.path.join(os.path.dirname(status), "..", "exited"), "w").close()
 """
 

@@ -163,9 +163,12 @@ C="python -m scfs.train +experiment=cifar10"; E="compile=false"
 slot; run pytest-gpu "python -m pytest -m gpu" \
   "-q -p no:cacheprovider tests/method/test_compile_backend.py tests/data/test_batch_aug.py tests/method/test_compile.py tests/method/test_cudnn_warmup.py" &
 # the child's and the helpers' cache entries are the run's: two or three cold compiles each, beside a loaded GPU
-# and host, so rows of their own with a longer limit
+# and host, so rows of their own with a longer limit, one test each (the longest row sets the smoke's wall time);
+# pytest-gpu-helper takes every GPU test of the file that no other row names
 slot; LIMIT=450 run pytest-gpu-background "python -m pytest -m gpu" \
-  "-q -p no:cacheprovider tests/method/test_background_compile.py -k 'not backward_helper and not split_student'" &
+  "-q -p no:cacheprovider tests/method/test_background_compile.py -k childs_cache" &
+slot; LIMIT=450 run pytest-gpu-helper "python -m pytest -m gpu" \
+  "-q -p no:cacheprovider tests/method/test_background_compile.py -k 'not childs_cache and not backward_helper and not split_student'" &
 slot; LIMIT=450 run pytest-gpu-backward-helper "python -m pytest -m gpu" \
   "-q -p no:cacheprovider tests/method/test_background_compile.py -k 'backward_helper and not split_student'" &
 slot; LIMIT=450 run pytest-gpu-split-student "python -m pytest -m gpu" \

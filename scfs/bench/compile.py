@@ -34,6 +34,9 @@ share the seed, so a cache that changed the numbers would show). Where the recip
   and `parallel-split` rows with cuDNN's backward convolution algorithms benchmarked on a side thread during the
   compile (`compile_cudnn_warmup=auto`, `scfs.training.cudnn_warmup`); every other row turns that off. The recipes
   ship it, so `parallel-backward-cudnn-warmup` is the recipe as shipped.
+* `parallel-backward-cudnn-warmup-compile-tune`: the recipe as shipped with Triton's launch configs benchmarked
+  when each graph compiles, on random inputs, instead of at its first run (`COMPILE_TUNE`): the backward's helper
+  then leaves its kernels' choices in the cache, so the run's first backward should benchmark none.
 * `split`, `parallel-split`: the `cold` and `parallel-backward` rows with the student's call compiled per view size
   (`compile_student_graphs=per_view_size`: one graph per view batch and one for the heads); with the helpers, a
   third compiles the local views' graph and a fourth its backward while the run compiles the global views' graph
@@ -99,7 +102,8 @@ from scfs.names import CONF_DIR
 ROWS = ("eager", "cold", "warm", "carried", "blocks", "blocks-carried", "cudagraphs", "background", "parallel",
         "parallel-warm", "lean", "parallel-lean", "parallel-backward", "parallel-backward-warm",
         "parallel-backward-lean", "parallel-backward-cudnn-warmup", "cudnn-warmup", "heuristics", "split",
-        "parallel-split", "parallel-split-lean", "parallel-split-cudnn-warmup")
+        "parallel-split", "parallel-split-lean", "parallel-split-cudnn-warmup",
+        "parallel-backward-cudnn-warmup-compile-tune")
 # the `lean` row's inductor options (`compile_inductor`): the defaults that spend compile time to win step time
 LEAN = ("compile_inductor=lean",)
 # the `parallel-backward*` rows: a second helper compiles the student's backward graph
@@ -109,6 +113,9 @@ SPLIT = ("compile_student_graphs=per_view_size",)
 # the rows that benchmark cuDNN's backward algorithms beside the compile (`compile_cudnn_warmup`; auto: off on the
 # CPU): the `*cudnn-warmup` rows; every other row turns it off
 WARMUP = ("compile_cudnn_warmup=auto",)
+# the `*compile-tune` row: Triton's launch configs benchmarked at each graph's compile (in whichever process
+# compiles it) instead of at its first run in the run
+COMPILE_TUNE = ("+compile_inductor.triton.autotune_at_compile_time=true",)
 # the `heuristics` row: cuDNN's heuristics pick the convolution algorithms instead of its benchmarks
 HEURISTICS = ("trainer.benchmark=false",)
 # torch's compile timers shown in the record's second table: (label, timer name). Inclusive and nested (a label's
@@ -617,6 +624,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                                 extra=(*BACKWARD, *SPLIT, *LEAN)),
                     "parallel-split-cudnn-warmup": dict(cache_dir=d / "parallel-split-cudnn-warmup", scope="model",
                                                         parallel=True, extra=(*BACKWARD, *SPLIT, *WARMUP)),
+                    "parallel-backward-cudnn-warmup-compile-tune": dict(
+                        cache_dir=d / "parallel-backward-cudnn-warmup-compile-tune", scope="model", parallel=True,
+                        extra=(*BACKWARD, *WARMUP, *COMPILE_TUNE)),
                 }
                 for name in rows:
                     if name == "eager" and rep:

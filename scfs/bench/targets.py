@@ -141,6 +141,9 @@ def targets(records_dir: Path) -> list[Target]:
     for setting, label, limit in (("parallel-backward-cudnn-warmup", "first compile, empty cache, as shipped (both "
                                    "helpers: `compile_parallel=true` and `compile_parallel_backward=true`; "
                                    "`compile_cudnn_warmup=auto`)", COMPILE_S),
+                                  ("parallel-backward-cudnn-warmup-compile-tune", "first compile, empty cache, as "
+                                   "shipped and Triton's launch configs tuned at compile time "
+                                   "(`compile_inductor.triton.autotune_at_compile_time=true`)", COMPILE_S),
                                   ("parallel-backward", "first compile, empty cache, both helpers, "
                                                         "`compile_cudnn_warmup=false`", COMPILE_S),
                                   ("parallel-backward-lean", "first compile, empty cache, both helpers, "

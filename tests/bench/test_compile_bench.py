@@ -448,7 +448,8 @@ def test_every_row_has_a_plan_and_its_name_says_its_settings(monkeypatch, tmp_pa
         assert (set(bench.BACKWARD) <= extra) == ("backward" in name or "split" in name and "parallel" in name), name
         assert (set(bench.SPLIT) <= extra) == ("split" in name), name
         assert (set(bench.LEAN) <= extra) == (name.endswith("lean") or name == "lean"), name
-        assert (set(bench.WARMUP) <= extra) == name.endswith("cudnn-warmup"), name
+        assert (set(bench.WARMUP) <= extra) == ("cudnn-warmup" in name), name
+        assert (set(bench.COMPILE_TUNE) <= extra) == name.endswith("compile-tune"), name
 
 
 @pytest.mark.parametrize("parallel, extra, user, expected", [

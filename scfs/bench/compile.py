@@ -666,12 +666,12 @@ def markdown(result: dict[str, Any]) -> str:
     table = result.get("table", [])
     lines += cudnn_lines(table) + views_lines(table)
     if result.get("prime_s") is not None:
-        kernels = ", the fused search kernels' extension built or found where the recipe uses it" \
-            if result.get("prime_builds_kernels") else ""
+        built = result.get("prime_builds_kernels")
+        kernels = ", the fused search kernels' extension built or found where the recipe uses it" if built else ""
         lines.append(f"\nBefore the first row a throwaway process primed the machine in {result['prime_s']} s (the "
                      f"modules a row imports, the model built on the device{kernels}; nothing compiled by torch), so "
                      "that no row pays a freshly started machine's first reads of its libraries"
-                     + (" or that build." if kernels else "."))
+                     f"{' or that build' if built else ''}.")
     return "\n".join(lines + parallel_lines(table) + background_table(table) + phase_table(table)
                      + compiles_table(table)) + "\n"
 

@@ -23,9 +23,9 @@ calls `aten.convolution_backward` on the recorded shapes fills the cache the run
 The forward's convolutions are still benchmarked by the run's first forward. A call the warm-up has not reached when
 the run needs it is benchmarked by the run, as without it, and the warm-up then finds it cached. An algorithm whose
 workspace the run's call cannot allocate is benchmarked again (ATen drops the cached choice), so on a GPU whose
-memory other processes hold the warm-up may save less. A warm-up that fails
-logs one line and leaves the run as it was. The GPU test `tests/method/test_cudnn_warmup.py::test_gpu_*` checks that the
-run's compiled backward launches no benchmark after it.
+memory other processes hold the warm-up may save less. A warm-up that fails logs one line and leaves the run as it
+was. The GPU test `tests/method/test_cudnn_warmup.py::test_gpu_*` checks that the run's compiled backward launches
+no benchmark after it.
 """
 
 from __future__ import annotations

@@ -74,6 +74,10 @@ it took, its cache hits), which says which graph the run's longest path spent it
 
 Kernel searches, evaluation passes and the data path are not in the first-steps time (a training run adds them).
 On the CPU inductor compiles C++ instead of Triton kernels: CPU times only indicate which way a setting moves.
+Rows run in the order `--rows` names them, each in a fresh process; with `--repeats`, the odd repeats run them in
+reverse (`--order alternate`): a pair run in one order only cannot tell its settings' difference from whatever a
+row's place in the queue does to it (what the rows before it left warm on the machine). The record says the order.
+
 Usage (GPU: the recipe's own precision and compile_mode; `--repeats` fresh processes per row, the median shown):
 
     python -m scfs.bench.compile --recipe cifar10 --out benchmarks/results/compile-h200-cifar10
@@ -104,6 +108,10 @@ ROWS = ("eager", "cold", "warm", "carried", "blocks", "blocks-carried", "cudagra
         "parallel-backward-lean", "parallel-backward-cudnn-warmup", "cudnn-warmup", "heuristics", "split",
         "parallel-split", "parallel-split-lean", "parallel-split-cudnn-warmup",
         "parallel-backward-cudnn-warmup-compile-tune")
+# rows that reuse what an earlier row of the same repeat left (its cache folder, or the artifacts it wrote): a row
+# here runs after the row it names, and only beside it
+NEEDS = {"warm": "cold", "carried": "cold", "blocks-carried": "blocks", "parallel-warm": "parallel",
+         "parallel-backward-warm": "parallel-backward"}
 # the `lean` row's inductor options (`compile_inductor`): the defaults that spend compile time to win step time
 LEAN = ("compile_inductor=lean",)
 # the `parallel-backward*` rows: a second helper compiles the student's backward graph
@@ -590,8 +598,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="scfs-compile-bench-") as tmp:
         root = Path(tmp)
         for recipe in args.recipe:
-            rows = [r for r in ROWS if r in args.rows]
             for rep in range(args.repeats):
+                rows = run_order(args.rows, rep, args.order)
                 d = root / f"{recipe}-{rep}"
                 art, art_b = d / "model.bin", d / "blocks.bin"
                 plan = {
@@ -628,16 +636,55 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         cache_dir=d / "parallel-backward-cudnn-warmup-compile-tune", scope="model", parallel=True,
                         extra=(*BACKWARD, *WARMUP, *COMPILE_TUNE)),
                 }
-                for name in rows:
-                    if name == "eager" and rep:
-                        continue
+                for position, name in enumerate(n for n in rows if not (n == "eager" and rep)):
                     r = run_row(args, recipe, name, **plan[name])
-                    r["repeat"] = rep
+                    r["repeat"], r["position"] = rep, position + 1
                     result["rows"].append(r)
                     print(json.dumps(r), flush=True)
                     result["table"] = table_rows(result["rows"])
                     save_record(result, stem, markdown)  # after every row: a command cut short keeps its numbers
     return result
+
+
+def row_units(rows: list[str]) -> list[list[str]]:
+    """The rows in the order given (a name given twice runs once), each row that reuses another's cache or
+    artifacts (`NEEDS`) kept right after it as one unit; ValueError, naming the fix, when such a row comes
+    without the row it reuses or before it."""
+    names = list(dict.fromkeys(rows))
+    units: list[list[str]] = []
+    for name in names:
+        source = NEEDS.get(name)
+        if source is None:
+            units.append([name])
+            continue
+        if source not in names or names.index(source) > names.index(name):
+            raise ValueError(f"row {name} reuses what row {source} leaves: name {source} before it in --rows")
+        next(u for u in units if source in u).append(name)
+    return units
+
+
+def run_order(rows: list[str], repeat: int, order: str) -> list[str]:
+    """The rows one repeat runs, in turn. A row's place in the queue can move its time (what the rows before it
+    left warm on the machine), so `alternate` runs the odd repeats' units in reverse: with an even number of
+    repeats every row runs first as often as last, and the median is not one order's. `given` keeps the order
+    given in every repeat."""
+    units = row_units(rows)
+    if order == "alternate" and repeat % 2:
+        units = units[::-1]
+    return [name for unit in units for name in unit]
+
+
+def order_line(rows: list[dict[str, Any]]) -> list[str]:
+    """The order the rows ran in, per repeat and recipe (none for a record made before the rows said so)."""
+    runs: dict[tuple[str, int], list[tuple[int, str]]] = {}
+    for r in rows:
+        if isinstance(r.get("position"), int):
+            runs.setdefault((r["recipe"], r.get("repeat", 0)), []).append((r["position"], r["setting"]))
+    if not runs:
+        return []
+    parts = [f"{recipe}{f' repeat {rep + 1}' if any(k[1] for k in runs) else ''}: "
+             + ", ".join(name for _, name in sorted(v)) for (recipe, rep), v in runs.items()]
+    return ["", "The rows ran in this order, one fresh process each: " + "; ".join(parts) + "."]
 
 
 def table_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -664,7 +711,7 @@ def markdown(result: dict[str, Any]) -> str:
                      f"{r['process_cpu_s']} | {r['step_ms']} | {'' if r['graphs'] is None else r['graphs']} | "
                      f"{r['fx_cache']} | {r['aot_cache']} | {r.get('artifacts_mb') or ''} | {r['loss']:.5f} |")
     table = result.get("table", [])
-    lines += cudnn_lines(table) + views_lines(table)
+    lines += order_line(result.get("rows", [])) + cudnn_lines(table) + views_lines(table)
     if result.get("prime_s") is not None:
         built = result.get("prime_builds_kernels")
         kernels = ", the fused search kernels' extension built or found where the recipe uses it" if built else ""
@@ -862,7 +909,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--recipe", nargs="+", default=["cifar10", "imagenet"],
                    help="experiments (+experiment=<name>), or 'default' for the CPU default")
-    p.add_argument("--rows", nargs="+", default=list(ROWS), choices=ROWS)
+    p.add_argument("--rows", nargs="+", default=list(ROWS), choices=ROWS,
+                   help="the rows, run in this order (a row that reuses another's cache runs right after it)")
+    p.add_argument("--order", choices=("alternate", "given"), default="alternate",
+                   help="alternate: odd repeats run the rows in reverse, so no row is always first (default)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--tiny", action="store_true", help="a tiny network and batch (the CPU test)")
     p.add_argument("--repeats", type=int, default=1, help="fresh processes per compiled row (median shown)")
@@ -880,6 +930,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--artifacts-out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        row_units(args.rows)
+    except ValueError as err:
+        p.error(str(err))
     if args.child:
         return child(args)
     if args.prime_child:

@@ -420,6 +420,48 @@ def test_a_table_row_gives_each_timed_column_as_the_median_over_the_repeats():
 OFF = "compile_cudnn_warmup=false"
 
 
+def test_rows_run_in_the_order_given_and_odd_repeats_reverse_it(monkeypatch, tmp_path):
+    """A pair compared in one queue job runs as the command names it, and with repeats each row runs first as
+    often as last (a row's place in the queue can move its time); the record says the order."""
+    import argparse
+
+    ran: list[tuple[int, str]] = []
+
+    def fake_row(args, recipe, name, cache_dir, scope, **kw):
+        ran.append((len(ran), name))
+        return {"recipe": recipe, "setting": name, "first_s": 1.0 + len(ran), "lost_s": 1.0, "process_cpu_s": 1.0,
+                "step_ms": 1.0, "graphs": 1, "fx_cache": "", "aot_cache": "", "loss": 1.0}
+
+    monkeypatch.setattr(bench, "run_row", fake_row)
+    monkeypatch.setattr(bench, "save_record", lambda *a, **k: None)
+    args = argparse.Namespace(device="cpu", tiny=True, first=1, steady=1, recipe=["cifar10"], repeats=2, argv=[],
+                              rows=["parallel-split", "cold", "warm"], out=str(tmp_path / "c.json"), override=[],
+                              prime=False, order="alternate")
+    result = bench.run(args)
+    assert [n for _, n in ran] == ["parallel-split", "cold", "warm", "cold", "warm", "parallel-split"]
+    assert [(r["repeat"], r["position"]) for r in result["rows"]] == [(0, 1), (0, 2), (0, 3), (1, 1), (1, 2), (1, 3)]
+    assert ("The rows ran in this order, one fresh process each: cifar10 repeat 1: parallel-split, cold, warm; "
+            "cifar10 repeat 2: cold, warm, parallel-split.") in bench.markdown(result)
+    ran.clear()
+    bench.run(argparse.Namespace(**{**vars(args), "order": "given"}))
+    assert [n for _, n in ran] == ["parallel-split", "cold", "warm"] * 2
+
+
+@pytest.mark.parametrize("rows, message", [
+    (["warm"], "row warm reuses what row cold leaves: name cold before it in --rows"),
+    (["carried", "cold"], "row carried reuses what row cold leaves: name cold before it in --rows"),
+])
+def test_a_row_that_reuses_another_rows_cache_needs_it_first(rows, message, capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--device", "cpu", "--rows", *rows])
+    assert message in capsys.readouterr().err
+
+
+def test_a_row_named_twice_runs_once_and_a_reusing_row_stays_after_its_source():
+    assert bench.run_order(["cold", "lean", "cold", "carried", "warm"], 1, "alternate") == [
+        "lean", "cold", "carried", "warm"]
+
+
 def test_every_row_has_a_plan_and_its_name_says_its_settings(monkeypatch, tmp_path):
     """Each named row runs (none is missing from the plan), and a row's name is what it sets: `parallel*` starts the
     helpers, `backward`/`split` start the backward's helper, `split` splits the student's call, `lean` is lean."""
@@ -438,7 +480,8 @@ def test_every_row_has_a_plan_and_its_name_says_its_settings(monkeypatch, tmp_pa
     monkeypatch.setattr(bench, "save_record", lambda *a, **k: None)
     monkeypatch.setattr(bench, "table_rows", lambda rows: rows)
     args = argparse.Namespace(device="cpu", tiny=True, first=1, steady=1, recipe=["cifar10"], rows=list(bench.ROWS),
-                              repeats=1, argv=[], out=str(tmp_path / "c.json"), override=[], prime=True)
+                              repeats=1, argv=[], out=str(tmp_path / "c.json"), override=[], prime=True,
+                              order="alternate")
     assert bench.run(args)["prime_s"] == 2.0
     assert set(seen) == set(bench.ROWS)
     assert order.count("prime") == 1 and order[0] == "prime"  # once, before the first row

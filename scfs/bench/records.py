@@ -41,10 +41,12 @@ def provenance(commit: str | None, command: str | None) -> str:
 
 
 def device_slug(name: str) -> str:
-    """A GPU's name as it appears in record file names ("NVIDIA H200" -> "h200"): lower case, the vendor and every
-    character a file name could trip on dropped, so the records of one GPU sort together whichever benchmark wrote
-    them; "gpu" when nothing is left."""
-    return re.sub(r"[^a-z0-9]+", "", name.lower().replace("nvidia", "")) or "gpu"
+    """A GPU's name as it appears in record file names ("NVIDIA H200" -> "h200", "NVIDIA H100 80GB HBM3" ->
+    "h100"): lower case, without the vendor, the memory's size and kind, and every character a file name could
+    trip on, so the records of one GPU sort together whichever benchmark wrote them and under the name the
+    hand-named records use; "gpu" when nothing is left."""
+    name = re.sub(r"\b\d+\s*gb\b|\bhbm\d*e?\b", "", name.lower().replace("nvidia", ""))
+    return re.sub(r"[^a-z0-9]+", "", name) or "gpu"
 
 
 def record_stem(out: Path, kind: str, device: str, date: str, commit: str | None, tag: str = "") -> Path:

@@ -28,6 +28,8 @@ log = logging.getLogger("scfs.search")
 CSRC = Path(__file__).resolve().parents[2] / "csrc"
 SOURCES = [CSRC / "search_binding.cpp", CSRC / "search_kernels.cu", CSRC / "search_kernels_bwd.cu"]
 HEADERS = [CSRC / "search_kernels.h", CSRC / "search_common.cuh", CSRC / "search_order.h"]
+# the name torch builds and caches the extension under (its folder in TORCH_EXTENSIONS_DIR)
+EXTENSION_NAME = "scfs_search_ext2"
 _ext: ModuleType | None = None
 _error: str | None = None
 
@@ -122,20 +124,38 @@ def _apply(ext: ModuleType) -> None:
     )
 
 
+def cached_build() -> Path | None:
+    """torch's build of these kernels when loading it needs no compile: the library is newer than every source
+    and header, and its build file names this tree's sources (ninja rebuilds for a build made from another copy
+    of the tree, about 30 s). None when a compile is due, or when torch keeps its builds where this cannot look."""
+    try:
+        from torch.utils.cpp_extension import _get_build_directory
+
+        folder = Path(_get_build_directory(EXTENSION_NAME, verbose=False))
+        built = (folder / f"{EXTENSION_NAME}.so").stat().st_mtime
+        ninja = (folder / "build.ninja").read_text()
+    except (ImportError, OSError, RuntimeError):
+        return None
+    fresh = all(src.stat().st_mtime <= built for src in (*SOURCES, *HEADERS) if src.exists())
+    return folder if fresh and all(str(src) in ninja for src in SOURCES) else None
+
+
 def _build() -> ModuleType:
     from torch.utils.cpp_extension import load
 
     missing = [str(s) for s in (*SOURCES, *HEADERS) if not s.exists()]
     if missing:
         raise FileNotFoundError(f"kernel sources not found: {missing}")
-    print(
-        f"[scfs.search] compiling the fused CUDA search kernels in {CSRC} (first use, cached afterwards)...",
-        file=sys.stderr,
-        flush=True,
-    )
+    if cached_build() is None:
+        print(
+            f"[scfs.search] compiling the fused CUDA search kernels in {CSRC} (about 30 s on 16 cores; once per "
+            "machine and copy of the tree, cached afterwards)...",
+            file=sys.stderr,
+            flush=True,
+        )
     flags = ["-O3", "-lineinfo"] if torch.version.hip is None else ["-O3"]
     return load(
-        name="scfs_search_ext2",
+        name=EXTENSION_NAME,
         sources=[str(s) for s in SOURCES],
         extra_cuda_cflags=flags,
         extra_cflags=["-O3"],

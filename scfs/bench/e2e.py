@@ -323,6 +323,47 @@ def hook_name(action: str) -> str:
     return re.sub(r"\{[^}]*\}", "", action)
 
 
+# the run's `summary.json` entries on its compile, kept in the row (`compile`): the helpers' timeline and statuses,
+# the background child's switch, the cuDNN warm-up
+COMPILE_KEYS = ("compile_parallel", "compile_background", "compile_cudnn_warmup")
+
+
+def compile_lines(rows: list[dict]) -> list[str]:
+    """What the first epoch spent on the compile, per row whose run reported it: the first step, its waits for the
+    helpers' entries, when each helper wrote them, and the cuDNN warm-up (none for a record from before the rows
+    kept it)."""
+    out = []
+    for r in rows:
+        c = r.get("compile") or {}
+        par, warm = c.get("compile_parallel") or {}, c.get("compile_cudnn_warmup") or {}
+        parts = []
+        if par.get("first_step_s") is not None:
+            waited = ", ".join(f"{k} {v} s" for k, v in (par.get("waited_s") or {}).items())
+            parts.append(f"the first step took {par['first_step_s']} s" + (f", waiting for the helpers' entries "
+                                                                          f"({waited})" if waited else ""))
+            if par.get("early_s") is not None:
+                parts.append(f"the helpers started {par['early_s']} s before fit")
+            ready = ", ".join(f"{k} at {v} s" for k, v in (par.get("ready_s") or {}).items())
+            if ready:
+                parts.append(f"they wrote their entries (seconds after the go) {ready}")
+            built = par.get("built_here") or []
+            if built:
+                parts.append(f"built in the run without a helper's entry: {', '.join(built)}")
+        if warm.get("convs"):
+            parts.append(f"cuDNN's backward algorithms for {warm['convs']} convolutions chosen "
+                         f"{warm.get('done_s')} s into training (`compile_cudnn_warmup`)")
+        elif warm.get("off"):
+            parts.append(f"`compile_cudnn_warmup` off ({warm['off']})")
+        if c.get("compile_background"):
+            bg = c["compile_background"]
+            parts.append(f"`compile_background`: the compiled step took over at step {bg.get('switch_step')}, "
+                         f"{bg.get('switch_after_s')} s into training")
+        if parts:
+            out.append(f"- {row_label(r)}: " + "; ".join(parts) + ".")
+    return ["", "The first epoch's compile (the run's `summary.json`; the helpers' logs beside the record):", "",
+            *out] if out else []
+
+
 def row_label(r: dict) -> str:
     """What a row ran on: its decode mode (imagenet, one row per mode); for the CIFAR-10 recipe its data path."""
     if r.get("decode"):
@@ -427,6 +468,7 @@ def markdown(result: dict) -> str:
                          f"{cell(ms['batch'])} | {cell(ms['hooks'])} | {cell(ms['loop'])} | {p['step_ms']:.1f} | "
                          f"{bench} | {missing} | {hooks} |")
         lines += epoch_table(prof, col)
+    lines += compile_lines(result["rows"])
     diffs = sorted({d for r in result["rows"] for d in r.get("mismatch", [])})
     if diffs:
         lines += ["", "The two sides ran different settings (the step benchmark's `--setting` against the recipe as "
@@ -670,6 +712,10 @@ def main(argv: list[str] | None = None) -> int:
                 s = json.loads(summary_file.read_text())
                 row["summary"] = {k: s.get(k) for k in ("img_per_s", "first_epoch_s", "epoch_seconds", "steps",
                                                          "epochs", "seconds")}
+                if any(k in s for k in COMPILE_KEYS):
+                    row["compile"] = {k: s[k] for k in COMPILE_KEYS if k in s}
+            for helper_log in run_dir.glob("*background_compile*.log"):  # the compile helpers' own logs
+                shutil.copy2(helper_log, work / f"{run_dir.name}-{helper_log.name}")
                 if args.profile:
                     actions = parse_simple_profiler(log.read_text(errors="replace"))
                     row["profile"] = (profile_split(actions, list(s.get("epoch_seconds") or []))

@@ -438,3 +438,48 @@ def test_whole_cli_on_the_cpu_for_cifar10(tmp_path: Path, monkeypatch: pytest.Mo
     assert {p.name for p in (out / f"{js.stem}-logs").iterdir()} == {"run-cifar10.log", "step.log"}
     md = js.with_suffix(".md").read_text()
     assert "`+experiment=cifar10`" in md and "| on-device | 0 | 32-true | eager | 8 | 2 |" in md
+
+
+# ---- the first epoch's compile -----------------------------------------------------------------------------------
+COMPILE = {"compile_parallel": {"first_step_s": 107.1, "early_s": 7.1,
+                                "waited_s": {"teacher": 0.0, "student_backward": 10.76},
+                                "ready_s": {"teacher": 29.8, "student_backward": 96.2}, "built_here": []},
+           "compile_cudnn_warmup": {"convs": 46, "record_s": 0.6, "done_s": 13.0}}
+
+
+def test_the_record_keeps_the_runs_compile_report_and_the_helpers_logs(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compiled run's first epoch is mostly its compile: the row keeps what the run's summary says of it (the
+    first step, its waits, when the helpers wrote their entries, the cuDNN warm-up) and the helpers' logs."""
+    src = photos(tmp_path / "photos", 8)
+    out = tmp_path / "out"
+
+    def fake_run(cmd, log, timeout, env=None, cwd=None):
+        run_dir = Path(next(a.split("=", 1)[1] for a in cmd if a.startswith("hydra.run.dir=")))
+        run_dir.mkdir(parents=True)
+        (run_dir / "summary.json").write_text(json.dumps({"img_per_s": 930.7, "first_epoch_s": 118.9,
+                                                          "epoch_seconds": [118.9, 10.7], **COMPILE}))
+        (run_dir / "background_compile_backward.log").write_text("the helper's log")
+        log.write_text("the run's log")
+        return 0, 1.0
+
+    monkeypatch.setattr(e2e, "run_logged", fake_run)
+    monkeypatch.delenv("COMMIT", raising=False)
+    assert e2e.main(["--device", "cpu", "--tiny", "--photos", str(src), "--tree", str(tmp_path / "tree"),
+                     "--batch", "4", "--epochs", "2", "--decode", "cpu", "--no-step", "--out", str(out)]) == 0
+    (js,) = out.glob("imagenet-e2e-cpu-*-tiny.json")
+    assert json.loads(js.read_text())["rows"][0]["compile"] == COMPILE
+    logs = out / f"{js.stem}-logs"
+    assert (logs / "run-cpu-background_compile_backward.log").read_text() == "the helper's log"
+    md = js.with_suffix(".md").read_text()
+    assert ("- cpu: the first step took 107.1 s, waiting for the helpers' entries (teacher 0.0 s, student_backward "
+            "10.76 s); the helpers started 7.1 s before fit; they wrote their entries (seconds after the go) teacher "
+            "at 29.8 s, student_backward at 96.2 s; cuDNN's backward algorithms for 46 convolutions chosen 13.0 s "
+            "into training (`compile_cudnn_warmup`).") in md
+
+
+def test_a_row_without_a_compile_report_adds_no_compile_lines() -> None:
+    assert e2e.compile_lines([{"decode": "cpu", "summary": {"img_per_s": 1.0}}]) == []
+    assert e2e.compile_lines([{"decode": "cpu", "compile": {"compile_cudnn_warmup": {"off": "on the CPU"}}}]) == [
+        "", "The first epoch's compile (the run's `summary.json`; the helpers' logs beside the record):", "",
+        "- cpu: `compile_cudnn_warmup` off (on the CPU)."]

@@ -328,6 +328,18 @@ def hook_name(action: str) -> str:
 COMPILE_KEYS = ("compile_parallel", "compile_background", "compile_cudnn_warmup")
 
 
+# the run's own compiles the record names (shorter ones are cache loads and small graphs)
+OWN_COMPILE_MIN_S = 0.5
+
+
+def own_compile(c: dict) -> str:
+    """One of the run's own compiles (`frame_compiles`), as the record names it."""
+    if c.get("first_run"):
+        return f"`{c['graph']}` first run {c['s']} s at {c['at_s']} s"
+    cache = c.get("inductor_cache")
+    return f"`{c['graph']}` {c['s']} s at {c['at_s']} s" + (f" (inductor cache {cache})" if cache else "")
+
+
 def compile_lines(rows: list[dict]) -> list[str]:
     """What the first epoch spent on the compile, per row whose run reported it: the first step, its waits for the
     helpers' entries, when each helper wrote them, and the cuDNN warm-up (none for a record from before the rows
@@ -349,6 +361,10 @@ def compile_lines(rows: list[dict]) -> list[str]:
             built = par.get("built_here") or []
             if built:
                 parts.append(f"built in the run without a helper's entry: {', '.join(built)}")
+            own = [c for c in par.get("compiles") or [] if (c.get("s") or 0) >= OWN_COMPILE_MIN_S]
+            if own:
+                parts.append(f"the run's own compiles and first runs of {OWN_COMPILE_MIN_S} s or more (seconds from "
+                             "fit's start): " + ", ".join(own_compile(c) for c in own))
         if warm.get("convs"):
             parts.append(f"cuDNN's backward algorithms for {warm['convs']} convolutions chosen "
                          f"{warm.get('done_s')} s into training (`compile_cudnn_warmup`)")

@@ -72,6 +72,7 @@ from scfs.training.compile_helpers import (
     stop_child,
     write_status,
 )
+from scfs.training.compile_metrics import frame_compiles
 from scfs.training.plain_step import cache_counters, cache_counts, cache_deltas, make_step, make_views
 
 log = logging.getLogger("scfs.train")
@@ -704,6 +705,7 @@ class ParallelCompile(ChildCompile):
         self.side_paths = {role: self.run_dir / ROLES[role].status_file for role in self.roles if role != "parts"}
         self.side_procs: dict[str, subprocess.Popen | None] = {}
         self._first_t: float | None = None
+        self._first_wall = 0.0
         self._gate: HelperGates | None = None
         self._views_pending = False  # the views handed to the helper and not yet asked for by the run
 
@@ -747,7 +749,7 @@ class ParallelCompile(ChildCompile):
                     log.info("compile_parallel: process %d compiles %s (log: %s)", proc.pid, ROLES[role].what,
                              path.with_suffix(".log"))
             self._start_child(trainer)
-        self._first_t, self._counters = time.monotonic(), cache_counters()
+        self._first_t, self._first_wall, self._counters = time.monotonic(), time.time(), cache_counters()
         pl_module.compile_gate = self.wait_for
         # a module that makes no views of its own (or another LightningModule) has none to hand over
         hand = getattr(pl_module, "hand_views_to_helper", None)
@@ -822,6 +824,8 @@ class ParallelCompile(ChildCompile):
             pl_module.compile_gate = None
         deltas = cache_deltas(self._counters)
         self.report.update(first_step_s=round(time.monotonic() - self._first_t, 1), **cache_counts(deltas=deltas))
+        # this process's own compiles and first runs in the first step, by graph, seconds from fit's start
+        self.report["compiles"] = frame_compiles(self._first_wall)
         if self._gate is not None:
             self.report.update(self._gate.timeline())
             stopped = self._gate.stop_behind({"parts": self.proc, **self.side_procs})

@@ -443,7 +443,12 @@ def test_whole_cli_on_the_cpu_for_cifar10(tmp_path: Path, monkeypatch: pytest.Mo
 # ---- the first epoch's compile -----------------------------------------------------------------------------------
 COMPILE = {"compile_parallel": {"first_step_s": 107.1, "early_s": 7.1,
                                 "waited_s": {"teacher": 0.0, "student_backward": 10.76},
-                                "ready_s": {"teacher": 29.8, "student_backward": 96.2}, "built_here": []},
+                                "ready_s": {"teacher": 29.8, "student_backward": 96.2}, "built_here": [],
+                                "compiles": [{"graph": "student_forward", "at_s": 0.9, "s": 80.2, "first_run": False,
+                                              "inductor_cache": "miss"},
+                                             {"graph": "student_forward", "at_s": 81.1, "s": 5.5, "first_run": True},
+                                             {"graph": "teacher_forward", "at_s": 87.0, "s": 0.1, "first_run": False,
+                                              "inductor_cache": "hit"}]},
            "compile_cudnn_warmup": {"convs": 46, "record_s": 0.6, "done_s": 13.0}}
 
 
@@ -474,7 +479,9 @@ def test_the_record_keeps_the_runs_compile_report_and_the_helpers_logs(tmp_path:
     md = js.with_suffix(".md").read_text()
     assert ("- cpu: the first step took 107.1 s, waiting for the helpers' entries (teacher 0.0 s, student_backward "
             "10.76 s); the helpers started 7.1 s before fit; they wrote their entries (seconds after the go) teacher "
-            "at 29.8 s, student_backward at 96.2 s; cuDNN's backward algorithms for 46 convolutions chosen 13.0 s "
+            "at 29.8 s, student_backward at 96.2 s; the run's own compiles and first runs of 0.5 s or more (seconds "
+            "from fit's start): `student_forward` 80.2 s at 0.9 s (inductor cache miss), `student_forward` first run "
+            "5.5 s at 81.1 s; cuDNN's backward algorithms for 46 convolutions chosen 13.0 s "
             "into training (`compile_cudnn_warmup`).") in md
 
 

@@ -464,6 +464,10 @@ def test_the_run_waits_for_each_part_on_its_first_step_only(tmp_path, shapes_roo
     entry = json.loads((tmp_path / "summary.json").read_text())["compile_parallel"]
     assert entry["waited_s"] == bg.report["waited_s"] and bg.report["built_here"] == []
     assert "helper" not in entry and not bg.report["helper_stopped"]  # kept up, still running: no status yet
+    # the run's own compiles in its first step, by graph, timed from fit's start (what the first step spent)
+    graphs = [c["graph"] for c in entry["compiles"] if not c["first_run"]]
+    assert "student_forward" in graphs and "teacher_forward" in graphs, graphs
+    assert all(0 <= c["at_s"] <= bg.report["first_step_s"] for c in entry["compiles"])
 
 
 def test_a_failed_helper_does_not_hold_the_run(tmp_path, shapes_root, monkeypatch, eager_backend):

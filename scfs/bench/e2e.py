@@ -326,8 +326,6 @@ def hook_name(action: str) -> str:
 # the run's `summary.json` entries on its compile, kept in the row (`compile`): the helpers' timeline and statuses,
 # the background child's switch, the cuDNN warm-up
 COMPILE_KEYS = ("compile_parallel", "compile_background", "compile_cudnn_warmup")
-
-
 # the run's own compiles the record names (shorter ones are cache loads and small graphs)
 OWN_COMPILE_MIN_S = 0.5
 
@@ -361,10 +359,10 @@ def compile_lines(rows: list[dict]) -> list[str]:
             built = par.get("built_here") or []
             if built:
                 parts.append(f"built in the run without a helper's entry: {', '.join(built)}")
-            own = [c for c in par.get("compiles") or [] if (c.get("s") or 0) >= OWN_COMPILE_MIN_S]
+            own = [g for g in par.get("compiles") or [] if (g.get("s") or 0) >= OWN_COMPILE_MIN_S]
             if own:
                 parts.append(f"the run's own compiles and first runs of {OWN_COMPILE_MIN_S} s or more (seconds from "
-                             "fit's start): " + ", ".join(own_compile(c) for c in own))
+                             "fit's start): " + ", ".join(own_compile(g) for g in own))
         if warm.get("convs"):
             parts.append(f"cuDNN's backward algorithms for {warm['convs']} convolutions chosen "
                          f"{warm.get('done_s')} s into training (`compile_cudnn_warmup`)")
@@ -730,12 +728,12 @@ def main(argv: list[str] | None = None) -> int:
                                                          "epochs", "seconds")}
                 if any(k in s for k in COMPILE_KEYS):
                     row["compile"] = {k: s[k] for k in COMPILE_KEYS if k in s}
-            for helper_log in run_dir.glob("*background_compile*.log"):  # the compile helpers' own logs
-                shutil.copy2(helper_log, work / f"{run_dir.name}-{helper_log.name}")
                 if args.profile:
                     actions = parse_simple_profiler(log.read_text(errors="replace"))
                     row["profile"] = (profile_split(actions, list(s.get("epoch_seconds") or []))
                                       if actions else {"error": "no SimpleProfiler report in the run's log"})
+            for helper_log in run_dir.glob("*background_compile*.log"):  # the compile helpers' own logs
+                shutil.copy2(helper_log, work / f"{run_dir.name}-{helper_log.name}")
             result["rows"].append(row)
             print(f"{name}: " + (f"{row['summary']['img_per_s']} img/s" if "summary" in row else row["error"]),
                   flush=True)

@@ -452,31 +452,43 @@ COMPILE = {"compile_parallel": {"first_step_s": 107.1, "early_s": 7.1,
            "compile_cudnn_warmup": {"convs": 46, "record_s": 0.6, "done_s": 13.0}}
 
 
+@pytest.mark.parametrize("helpers", [True, False], ids=["with-helpers", "without"])
 def test_the_record_keeps_the_runs_compile_report_and_the_helpers_logs(tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                      monkeypatch: pytest.MonkeyPatch,
+                                                                      helpers: bool) -> None:
     """A compiled run's first epoch is mostly its compile: the row keeps what the run's summary says of it (the
-    first step, its waits, when the helpers wrote their entries, the cuDNN warm-up) and the helpers' logs."""
+    first step, its waits, when the helpers wrote their entries, the cuDNN warm-up) and the helpers' logs; the
+    profile is read whether or not there were helpers."""
     src = photos(tmp_path / "photos", 8)
     out = tmp_path / "out"
 
     def fake_run(cmd, log, timeout, env=None, cwd=None):
         run_dir = Path(next(a.split("=", 1)[1] for a in cmd if a.startswith("hydra.run.dir=")))
         run_dir.mkdir(parents=True)
-        (run_dir / "summary.json").write_text(json.dumps({"img_per_s": 930.7, "first_epoch_s": 118.9,
-                                                          "epoch_seconds": [118.9, 10.7], **COMPILE}))
-        (run_dir / "background_compile_backward.log").write_text("the helper's log")
-        log.write_text("the run's log")
+        (run_dir / "summary.json").write_text(json.dumps({"img_per_s": 930.7, "first_epoch_s": 40.0,
+                                                          "epoch_seconds": [40.0, 10.0, 10.0],
+                                                          **(COMPILE if helpers else {})}))
+        if helpers:
+            (run_dir / "background_compile_backward.log").write_text("the helper's log")
+        log.write_text(profiler_text())
         return 0, 1.0
 
     monkeypatch.setattr(e2e, "run_logged", fake_run)
     monkeypatch.delenv("COMMIT", raising=False)
     assert e2e.main(["--device", "cpu", "--tiny", "--photos", str(src), "--tree", str(tmp_path / "tree"),
-                     "--batch", "4", "--epochs", "2", "--decode", "cpu", "--no-step", "--out", str(out)]) == 0
+                     "--batch", "4", "--epochs", "2", "--decode", "cpu", "--no-step", "--profile",
+                     "--out", str(out)]) == 0
     (js,) = out.glob("imagenet-e2e-cpu-*-tiny.json")
-    assert json.loads(js.read_text())["rows"][0]["compile"] == COMPILE
+    (row,) = json.loads(js.read_text())["rows"]
+    assert row["profile"]["ms_per_step"]["batch"] > 0
     logs = out / f"{js.stem}-logs"
-    assert (logs / "run-cpu-background_compile_backward.log").read_text() == "the helper's log"
     md = js.with_suffix(".md").read_text()
+    if not helpers:
+        assert "compile" not in row and "The first epoch's compile" not in md
+        assert {p.name for p in logs.iterdir()} == {"run-cpu.log"}
+        return
+    assert row["compile"] == COMPILE
+    assert (logs / "run-cpu-background_compile_backward.log").read_text() == "the helper's log"
     assert ("- cpu: the first step took 107.1 s, waiting for the helpers' entries (teacher 0.0 s, student_backward "
             "10.76 s); the helpers started 7.1 s before fit; they wrote their entries (seconds after the go) teacher "
             "at 29.8 s, student_backward at 96.2 s; the run's own compiles and first runs of 0.5 s or more (seconds "

@@ -71,6 +71,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from scfs.bench.compile import startup_phrase
 from scfs.bench.records import provenance, record_stem, run_logged, save_record, source_commit, why_it_failed
 from scfs.names import DATA_DECODE
 
@@ -353,6 +354,11 @@ def compile_lines(rows: list[dict]) -> list[str]:
                                                                           f"({waited})" if waited else ""))
             if par.get("early_s") is not None:
                 parts.append(f"the helpers started {par['early_s']} s before fit")
+            for key, name in (("helper", "the first helper"), ("backward_helper", "the backward's helper")):
+                early = (par.get(key) or {}).get("early") or {}
+                if early.get("ready_s") is not None:
+                    parts.append(f"{name} had built its model {early['ready_s']} s after its start"
+                                 f"{startup_phrase(early)}")
             ready = ", ".join(f"{k} at {v} s" for k, v in (par.get("ready_s") or {}).items())
             if ready:
                 parts.append(f"they wrote their entries (seconds after the go) {ready}")

@@ -165,21 +165,27 @@ def compile_in_child(cfg_path: Path, status_path: Path, device: str, steps: int,
     student's local views (`LOCAL_PART`), or with `backward` that graph's backward (`LOCAL_BACKWARD_PART`).
     `wait_go` (started early, `scfs.training.compile_helpers.start_early_helpers`): build the model, then wait for
     the run's go (`wait_for_go`) and compile under the settings and the final config it names; the status says
-    when the model was ready and when the go came (`early`)."""
+    when the model was ready and when the go came (`early`), and where its start-up went (seconds from its spawn:
+    `imported_s` this function reached, its modules imported; `built_s` the model built; `on_device_s` on the
+    device, the CUDA context made)."""
     t0 = time.perf_counter()
-    early: dict[str, Any] = {}
+    early: dict[str, Any] = {"imported_s": since_spawn()} if wait_go else {}
     try:
         from scfs.training.build import build
 
         def build_on_device(cfg: DictConfig) -> Any:
             torch.manual_seed(int(cfg.seed))
-            return build(cfg)[1].to(device).train()
+            built = build(cfg)[1]
+            if wait_go and "built_s" not in early:
+                early["built_s"] = since_spawn()
+            return built.to(device).train()
 
         cfg = OmegaConf.load(cfg_path)
         if device.startswith("cuda:"):
             torch.cuda.set_device(torch.device(device))
         model = build_on_device(cfg)
         if wait_go:
+            early["on_device_s"] = since_spawn()
             if not (backward or local):  # one helper builds them: the others would only wait on the build's lock
                 early["kernels_s"] = prebuild_search_kernels(model, device)
             early["ready_s"] = since_spawn()

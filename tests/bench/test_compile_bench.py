@@ -568,6 +568,15 @@ def test_a_row_gives_the_helpers_started_at_its_processs_start_the_go_at_its_fir
     assert "Seconds since the helpers' go at the first step: teacher: asked at" in md  # the gates' clock
 
 
+def test_a_helpers_start_up_is_named_where_its_status_says_it():
+    helper = {"early_s": 18.1, "early": {"imported_s": 6.1, "built_s": 9.0, "on_device_s": 14.2, "ready_s": 18.2},
+              "backward_helper": {"early": {"ready_s": 17.8}}}
+    assert bench.early_sentence(helper) == (
+        "The helpers were started at the process's start, 18.1 s before the first step (as `scfs.train` starts them, "
+        "before its set-up); each had built its model 18.2 s (the first helper: imports done at 6.1 s, model built "
+        "at 9.0 s, on the device at 14.2 s) and 17.8 s (the backward's) after its start.")
+
+
 def test_the_parallel_split_row_starts_four_helpers_and_waits_for_each_graph(monkeypatch, eager_backend):
     """`compile_student_graphs=per_view_size` in a `parallel-split` row: stand-ins for the four helpers begin their
     parts at once and write them after a while; the gate waits for the local views' graph before it and for both

@@ -444,6 +444,8 @@ def test_whole_cli_on_the_cpu_for_cifar10(tmp_path: Path, monkeypatch: pytest.Mo
 COMPILE = {"compile_parallel": {"first_step_s": 107.1, "early_s": 7.1,
                                 "waited_s": {"teacher": 0.0, "student_backward": 10.76},
                                 "ready_s": {"teacher": 29.8, "student_backward": 96.2}, "built_here": [],
+                                "helper": {"ok": True, "early": {"imported_s": 6.1, "built_s": 9.0,
+                                                                 "on_device_s": 14.2, "ready_s": 18.2}},
                                 "compiles": [{"graph": "student_forward", "at_s": 0.9, "s": 80.2, "first_run": False,
                                               "inductor_cache": "miss"},
                                              {"graph": "student_forward", "at_s": 81.1, "s": 5.5, "first_run": True},
@@ -490,7 +492,9 @@ def test_the_record_keeps_the_runs_compile_report_and_the_helpers_logs(tmp_path:
     assert row["compile"] == COMPILE
     assert (logs / "run-cpu-background_compile_backward.log").read_text() == "the helper's log"
     assert ("- cpu: the first step took 107.1 s, waiting for the helpers' entries (teacher 0.0 s, student_backward "
-            "10.76 s); the helpers started 7.1 s before fit; they wrote their entries (seconds after the go) teacher "
+            "10.76 s); the helpers started 7.1 s before fit; the first helper had built its model 18.2 s after its "
+            "start: imports done at 6.1 s, model built at 9.0 s, on the device at 14.2 s; they wrote their entries "
+            "(seconds after the go) teacher "
             "at 29.8 s, student_backward at 96.2 s; the run's own compiles and first runs of 0.5 s or more (seconds "
             "from fit's start): `student_forward` 80.2 s at 0.9 s (inductor cache miss), `student_forward` first run "
             "5.5 s at 81.1 s; cuDNN's backward algorithms for 46 convolutions chosen 13.0 s "

@@ -130,6 +130,9 @@ def test_an_early_helper_compiles_under_the_gos_settings_and_final_config(tmp_pa
     assert status["ok"], status
     assert status["early"]["rebuilt"] is changed and status["early"]["ready_s"] <= status["early"]["go_s"]
     assert all(ch.part_path(tmp_path / "s.json", p).exists() for p in ch.PARTS)
+    # where the start-up went, in order, seconds from the spawn (the clock's zero here)
+    e = status["early"]
+    assert 0 <= e["imported_s"] <= e["built_s"] <= e["on_device_s"] <= e["ready_s"], e
 
 
 def test_an_early_helper_without_a_go_reports_it_and_compiles_nothing(tmp_path, monkeypatch, eager_backend):

@@ -17,7 +17,8 @@
 # lacked its checkpoint): a pass then names the first failure, a failure says "(failed alone too)". Sharing the GPU
 # fails more than out of memory or time (cuDNN benchmarks again an algorithm it chose whose workspace it can no
 # longer allocate, for one). A row the README lacks did not run and does not run again. A failed row gives the line
-# of its log that says why (`failure_line`), not what the command printed after it. A command that exits 0 but logs a failure it swallowed (the end-of-run figure) fails its row.
+# of its log that says why (`failure_line`), not what the command printed after it. A command that exits 0 but logs
+# a failure it swallowed (the end-of-run figure) fails its row.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 OMP_NUM_THREADS=2 WANDB_MODE=offline
 OUT=${OUT:-/tmp/gpu-smoke}; mkdir -p "$OUT"

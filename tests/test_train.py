@@ -1,6 +1,7 @@
 """End-to-end smoke tests of `python -m scfs.train` (in-process through `scfs.train.run`)."""
 
 import json
+from unittest import mock
 
 import pytest
 import torch
@@ -244,6 +245,9 @@ def test_summary_reports_epoch_seconds_and_steady_images_per_second(tmp_path, sh
     s = run(compose_cfg(["trainer.max_epochs=3", "eval.knn_at_start=false"], data_root=shapes_root), tmp_path)
     assert len(s["epoch_seconds"]) == 3 and all(v > 0 for v in s["epoch_seconds"])
     assert s["first_epoch_s"] == s["epoch_seconds"][0] and s["img_per_s"] > 0
+    openings = s["epoch_openings_s"]
+    assert len(openings) == 3 and all(0 < o < e for o, e in zip(openings, s["epoch_seconds"], strict=True))
+    assert s["img_per_s_after_openings"] > s["img_per_s"]
 
 
 def test_epoch_timer_median_leaves_out_the_first_epoch():
@@ -256,3 +260,27 @@ def test_epoch_timer_median_leaves_out_the_first_epoch():
     assert rep["first_epoch_s"] == 100.0 and rep["epoch_seconds"] == [100.0, 2.0, 4.0, 2.5]
     assert rep["img_per_s"] == 256.0  # median of 320, 160, 256 images/s; the compile epoch (6.4) is not among them
     assert EpochTimer().report(64) == {"epoch_seconds": [], "img_per_s": None}
+    assert "epoch_openings_s" not in rep  # set by hand without openings: none is made up
+
+
+def test_epoch_timer_times_each_epochs_opening():
+    """The opening is the wait from an epoch's start to its first batch's start; later batches leave it alone,
+    and the rate after openings takes it out of each steady epoch."""
+    from scfs.training.callbacks import EpochTimer
+
+    class Trainer:
+        current_epoch, global_step = 0, 0
+
+    t, trainer = EpochTimer(), Trainer()
+    clock = iter([0.0, 0.5, 2.0, 10.0, 10.25, 12.0])  # start, batch 0 (batch 1 reads no clock), end; twice
+    with mock.patch("scfs.training.callbacks.time.perf_counter", lambda: next(clock)):
+        for epoch in range(2):
+            trainer.current_epoch = epoch
+            t.on_train_epoch_start(trainer, None)
+            for i in range(2):
+                t.on_train_batch_start(trainer, None, None, i)
+                trainer.global_step += 1
+            t.on_train_epoch_end(trainer, None)
+    rep = t.report(images_per_step=8)
+    assert rep["epoch_seconds"] == [2.0, 2.0] and rep["epoch_openings_s"] == [0.5, 0.25]
+    assert rep["img_per_s"] == 8.0 and rep["img_per_s_after_openings"] == round(16 / 1.75, 1)

@@ -41,7 +41,10 @@ the GPU wherever the host synchronises (a GPU-bound run shows it in the training
 the training batch. The run's epoch clock (`EpochTimer`, its first callback) starts before every other
 epoch-start hook and stops before every epoch-end hook (Lightning runs the checkpoint callbacks last), so the
 epoch-start hooks are inside `epoch_seconds` and the epoch-end hooks, checkpoint saves included, fall between the
-timed epochs: in a run's wall time, not in its img/s.
+timed epochs: in a run's wall time, not in its img/s. The same clock times each epoch's opening (its start to
+its first batch: the loader's workers start every epoch's sampling afresh), and the record gives the steady rate
+with the openings taken out, the rate a long epoch approaches: the benchmark's epochs of tens of steps pay an
+opening that an ImageNet epoch of thousands spreads thin.
 
 `--device cpu --tiny` runs the same flow on the CPU in seconds (tiny backbone and crops, fp32, eager, no workers).
 Usage:
@@ -430,6 +433,31 @@ def epoch_table(rows: list[dict], col: str) -> list[str]:
     return lines
 
 
+def opening_lines(rows: list[dict], step_img_s: float | None) -> list[str]:
+    """Each run's epoch openings (`EpochTimer`'s `epoch_openings_s`) as markdown lines, with the steady rate they
+    leave (`img_per_s_after_openings`) against the step benchmark: on a short epoch the opening is a share of the
+    e2e rate that an ImageNet epoch of thousands of steps does not pay."""
+    lines = []
+    for r in rows:
+        e2e = r.get("summary") or {}
+        openings = e2e.get("epoch_openings_s")
+        if "error" in r or not openings:
+            continue
+        text = f"{row_label(r)}: " + ", ".join(f"{o:.2f}" for o in openings) + " s"
+        after = e2e.get("img_per_s_after_openings")
+        if after:
+            text += f"; the steady epochs without them: {rate(after)} img/s"
+            if step_img_s:
+                text += f", {100 * after / step_img_s:.1f} % of the step benchmark"
+        lines.append(f"- {text}")
+    if not lines:
+        return []
+    return ["", "Each epoch's opening (the run's epoch clock, `EpochTimer`: from the epoch's start to its first "
+            "batch's start, i.e. the loader's first batch of the epoch on the device; epoch 0's includes the first "
+            "views' compile where the recipe compiles them). The workers start each epoch's sampling afresh, so "
+            "every epoch pays it once:", "", *lines]
+
+
 def markdown(result: dict) -> str:
     m = result["meta"]
     st = result.get("step") or {}
@@ -488,6 +516,7 @@ def markdown(result: dict) -> str:
                          f"{cell(ms['batch'])} | {cell(ms['hooks'])} | {cell(ms['loop'])} | {p['step_ms']:.1f} | "
                          f"{bench} | {missing} | {hooks} |")
         lines += epoch_table(prof, col)
+    lines += opening_lines(result["rows"], st.get("img_per_s"))
     lines += compile_lines(result["rows"])
     diffs = sorted({d for r in result["rows"] for d in r.get("mismatch", [])})
     if diffs:
@@ -732,6 +761,7 @@ def main(argv: list[str] | None = None) -> int:
                 s = json.loads(summary_file.read_text())
                 row["summary"] = {k: s.get(k) for k in ("img_per_s", "first_epoch_s", "epoch_seconds", "steps",
                                                          "epochs", "seconds")}
+                row["summary"].update({k: s[k] for k in ("epoch_openings_s", "img_per_s_after_openings") if k in s})
                 if any(k in s for k in COMPILE_KEYS):
                     row["compile"] = {k: s[k] for k in COMPILE_KEYS if k in s}
                 if args.profile:

@@ -143,7 +143,8 @@ def test_record_name_and_markdown() -> None:
                 "num_workers": 10}
     row = {"decode": "cpu", "B": 64, "epochs": 3, "command": "python -m scfs.train +experiment=imagenet",
            "settings": settings,
-           "summary": {"img_per_s": 765.0, "first_epoch_s": 150.2, "epoch_seconds": [150.2, 13.1]},
+           "summary": {"img_per_s": 765.0, "first_epoch_s": 150.2, "epoch_seconds": [150.2, 13.1],
+                       "epoch_openings_s": [12.5, 0.9], "img_per_s_after_openings": 822.1},
            "profile": split, "compare": e2e.compare(765.0, 968.0, 64),
            "mismatch": e2e.mismatches(settings, e2e.step_settings("bf16_cl_graphs"))}
     result = {"meta": {"gpu": "NVIDIA H200", "date": "2026-12-02", "commit": "abc1234", "command": "python -m x",
@@ -156,6 +157,9 @@ def test_record_name_and_markdown() -> None:
     assert "| gpu | - | - | - | 64 | 3 | error: exit 1: boom |" in md
     assert "| cpu | 10.0 | 4.0 | 3.0 | 80.0 | 3.0 | 3.0 | 100.0 | 66.1 | 33.9 |" in md
     assert "precision: real run 16-mixed, step bf16-mixed" in md and "- step benchmark: `python -m s`" in md
+    assert "- cpu: 12.50, 0.90 s; the steady epochs without them: 822 img/s, 84.9 % of the step benchmark" in md
+    del row["summary"]["epoch_openings_s"]  # a record from before the openings were timed: no line, no made-up one
+    assert "Each epoch's opening" not in e2e.markdown(result)
 
 
 def test_step_figure_from_an_existing_record(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -193,6 +197,8 @@ def test_whole_cli_on_the_cpu_writes_the_record(tmp_path: Path, monkeypatch: pyt
     assert [r["decode"] for r in rec["rows"]] == ["cpu", "gpu"]
     for r in rec["rows"]:
         assert r["returncode"] == 0 and r["summary"]["img_per_s"] > 0 and len(r["summary"]["epoch_seconds"]) == 2
+        assert len(r["summary"]["epoch_openings_s"]) == 2
+        assert r["summary"]["img_per_s_after_openings"] > r["summary"]["img_per_s"]
         assert r["settings"]["decode"] == r["decode"] and r["settings"]["precision"] == "32-true"
         assert r["profile"]["steps"] == 8 and r["profile"]["ms_per_step"]["batch"] > 0
         assert r["compare"]["ratio"] > 0 and r["mismatch"] == []
@@ -200,6 +206,7 @@ def test_whole_cli_on_the_cpu_writes_the_record(tmp_path: Path, monkeypatch: pyt
     assert {p.name for p in (out / f"{js.stem}-logs").iterdir()} == {"run-cpu.log", "run-gpu.log", "step.log"}
     md = js.with_suffix(".md").read_text()
     assert "| cpu | 0 | 32-true | eager | 4 | 2 |" in md and "- step benchmark: `python -m scfs.bench.step" in md
+    assert "Each epoch's opening" in md and "- gpu: " in md
 
 
 # ---- the CIFAR-10 recipe -----------------------------------------------------------------------------------------

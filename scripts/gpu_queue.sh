@@ -21,6 +21,7 @@
 # `watch SECONDS` waits at most SECONDS while the queue runs, prints that log and copies back what there is;
 # `collect SECONDS` is the same, for the last command of a window. What comes back: $OUT/queue.tgz (every job's
 # folder without checkpoints, its log, the queue's log) and the jobs' *.md records beside it, as <job>--<record>.md.
+# File them as records with `python -m scfs.bench.queue_records <files_at>/queue.tgz` (here, not on the device).
 set -uo pipefail
 W=${QUEUE_TREE:-/tmp/queue-tree}; Q=${QUEUE_DIR:-/tmp/queue}; OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"

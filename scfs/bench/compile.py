@@ -70,7 +70,9 @@ inclusive seconds per phase: dynamo's tracing, AOTAutograd's joint graph and par
 scheduling, code generation and kernel builds, the lazily compiled backward), all of them in the JSON, the main
 ones as a second table. A phase that dominates the cold row is the one a shorter first compile has to cut. A third
 table lists the run's own compiles in order (`frame_compiles`: each graph and each backward, when it began, how long
-it took, its cache hits), which says which graph the run's longest path spent its seconds on.
+it took, its cache hits), which says which graph the run's longest path spent its seconds on. And the host's
+load over each row's first steps (`scfs.bench.host_load`: busy cores, runnable threads against the cores), so
+a row whose compile shared the cores with more threads than there were says so.
 
 Kernel searches, evaluation passes and the data path are not in the first-steps time (a training run adds them).
 On the CPU inductor compiles C++ instead of Triton kernels: CPU times only indicate which way a setting moves.
@@ -100,6 +102,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from scfs.bench.host_load import HostLoad, load_phrase
 from scfs.bench.records import provenance, save_record, source_commit
 from scfs.names import CONF_DIR
 from scfs.training.compile_metrics import frame_compiles
@@ -320,9 +323,11 @@ def measure_steps(model: Any, device: str, step: Any, first: int, steady: int, l
 
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     graphs: list[int] = []
+    load = HostLoad()
 
     def after_warmup() -> None:
         graphs.append(int(counters["stats"]["unique_graphs"]))
+        load.stop()
         if after_first is not None:
             after_first()
 
@@ -330,14 +335,17 @@ def measure_steps(model: Any, device: str, step: Any, first: int, steady: int, l
     phases0 = compile_phase_seconds()
     sync()
     wall0 = time.time()
+    load.start()  # the host's load over the first steps: whether the compile on their path waited for a core
     clock, loss = time_steps(step, first, steady, device.startswith("cuda"),
                              after_warmup=after_warmup)
+    load.stop()
     times = clock.step_ms(first)
     step_ms = statistics.median(times) if times else None
     row = {"first_s": round(clock.warmup_s(first), 2),
            "step_ms": round(step_ms, 2) if step_ms else None,
            "lost_s": round(clock.warmup_s(first) - first * step_ms / 1e3, 1) if step_ms else None,
            "graphs": graphs[0], "loss": float(loss), "loaded_artifacts": loaded, **cache_counts(),
+           "host_load": load.summary(),
            **({"peak_GiB": round(torch.cuda.max_memory_allocated() / 2**30, 2)} if device.startswith("cuda") else {}),
            "phases": {k: round(v - phases0.get(k, 0.0), 3) for k, v in compile_phase_seconds().items()
                       if v - phases0.get(k, 0.0) >= 0.0005},
@@ -679,8 +687,24 @@ def markdown(result: dict[str, Any]) -> str:
                      f"modules a row imports, the model built on the device{kernels}; nothing compiled by torch), so "
                      "that no row pays a freshly started machine's first reads of its libraries"
                      f"{' or that build' if built else ''}.")
-    return "\n".join(lines + parallel_lines(table) + background_table(table) + phase_table(table)
-                     + compiles_table(table)) + "\n"
+    return "\n".join(lines + parallel_lines(table) + load_lines(result.get("rows", [])) + background_table(table)
+                     + phase_table(table) + compiles_table(table)) + "\n"
+
+
+def load_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The host's load during each row's first steps (`HostLoad`), every repeat in the order they ran (none for a
+    record made before the rows sampled it): whether a row's compile shared the cores with more threads than
+    there were."""
+    said = [r for r in rows if r.get("host_load")]
+    if not said:
+        return []
+    lines = ["", "The host's load during the first steps (/proc/stat every "
+             f"{said[0]['host_load']['interval_s']} s: busy cores, and runnable threads against the cores; the "
+             "compile helpers, the compile workers and the cuDNN warm-up all count):", ""]
+    for r in said:
+        rep = f" (repeat {r['repeat'] + 1})" if any(x.get("repeat") for x in rows) else ""
+        lines.append(f"- {r['recipe']} {r['setting']}{rep}: {load_phrase(r['host_load'])}")
+    return lines
 
 
 def cudnn_lines(rows: list[dict[str, Any]]) -> list[str]:

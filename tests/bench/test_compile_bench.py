@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -111,7 +112,8 @@ def test_a_row_is_timed_by_the_step_benchmarks_clock(monkeypatch):
     row = bench.measure(cfg, "cpu", 2, 3, None, None)
     assert seen == [(2, 3)]
     assert set(row) == {"first_s", "step_ms", "lost_s", "graphs", "loss", "loaded_artifacts", "fx_cache", "aot_cache",
-                        "phases", "compiles", "graph_breaks", "resumes", "cudnn_benchmark"}  # no peak_GiB on the CPU
+                        "phases", "compiles", "graph_breaks", "resumes", "cudnn_benchmark",
+                        "host_load"}  # no peak_GiB on the CPU
     assert row["first_s"] > 0 and row["step_ms"] > 0 and row["graphs"] == 0 and isinstance(row["loss"], float)
     assert row["compiles"] == []  # eager: nothing compiled
 
@@ -566,6 +568,29 @@ def test_a_row_gives_the_helpers_started_at_its_processs_start_the_go_at_its_fir
             "(as `scfs.train` starts them, before its set-up); each had built its model 0.5 s (the first helper) "
             "after its start.") in md
     assert "Seconds since the helpers' go at the first step: teacher: asked at" in md  # the gates' clock
+
+
+def test_the_host_load_over_the_first_steps_is_sampled_and_said_per_repeat(monkeypatch):
+    """The first steps run with the host's load sampled (`HostLoad`), stopped when they end; the record gives one
+    sentence per row and repeat, and none for a record from before."""
+    from functools import partial
+
+    from scfs.bench import host_load
+
+    monkeypatch.setattr(bench, "HostLoad", partial(host_load.HostLoad, interval_s=0.002))
+    cfg = bench.compose("default", "cpu", True, "model", False, [])
+    row = bench.measure(cfg, "cpu", 3, 2, None, None)
+    if sys.platform.startswith("linux"):
+        assert row["host_load"]["samples"] >= 1 and row["host_load"]["cores"] == os.cpu_count()
+    load = {"cores": 16, "samples": 240, "interval_s": 0.25, "busy_mean": 14.2, "busy_p90": 16.0, "busy_max": 16.0,
+            "runnable_mean": 21.3, "runnable_max": 40, "oversubscribed_share": 0.62}
+    rows = [{"recipe": "imagenet", "setting": "cold", "repeat": 0, "host_load": load},
+            {"recipe": "imagenet", "setting": "cold", "repeat": 1, "host_load": None}]
+    lines = bench.load_lines(rows)
+    assert "- imagenet cold (repeat 1): 14.2 of 16 cores busy on average (p90 16.0), 21.3 runnable threads (max " \
+        "40), more runnable threads than cores in 62 % of 240 samples" in lines
+    assert len(lines) == 4 and "/proc/stat every 0.25 s" in lines[1]
+    assert bench.load_lines([{"recipe": "imagenet", "setting": "cold"}]) == []
 
 
 def test_a_helpers_start_up_is_named_where_its_status_says_it():

@@ -71,7 +71,7 @@ scheduling, code generation and kernel builds, the lazily compiled backward), al
 ones as a second table. A phase that dominates the cold row is the one a shorter first compile has to cut. A third
 table lists the run's own compiles in order (`frame_compiles`: each graph and each backward, when it began, how long
 it took, its cache hits), which says which graph the run's longest path spent its seconds on. And the host's
-load over each row's first steps (`scfs.bench.host_load`: busy cores, runnable threads against the cores), so
+load over each row's first steps (`scfs.training.host_load`: busy cores, runnable threads against the cores), so
 a row whose compile shared the cores with more threads than there were says so.
 
 Kernel searches, evaluation passes and the data path are not in the first-steps time (a training run adds them).
@@ -102,10 +102,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from scfs.bench.host_load import HostLoad, load_phrase
 from scfs.bench.records import provenance, save_record, source_commit
 from scfs.names import CONF_DIR
 from scfs.training.compile_metrics import frame_compiles
+from scfs.training.host_load import HostLoad, load_phrase
 
 ROWS = ("eager", "cold", "warm", "carried", "blocks", "blocks-carried", "cudagraphs", "background", "parallel",
         "parallel-warm", "lean", "parallel-lean", "parallel-backward", "parallel-backward-warm",

@@ -77,6 +77,7 @@ from typing import Any
 from scfs.bench.compile import startup_phrase
 from scfs.bench.records import provenance, record_stem, run_logged, save_record, source_commit, why_it_failed
 from scfs.names import DATA_DECODE
+from scfs.training.host_load import load_phrase
 
 TARGET = 0.95  # e2e img/s over the step benchmark's at the same batch
 DEFAULT_PHOTOS, DEFAULT_TREE = Path("data/imagenet-samples"), Path("data/imagenet-e2e")
@@ -368,6 +369,8 @@ def compile_lines(rows: list[dict]) -> list[str]:
             built = par.get("built_here") or []
             if built:
                 parts.append(f"built in the run without a helper's entry: {', '.join(built)}")
+            if par.get("host_load"):
+                parts.append(f"the host during the first step: {load_phrase(par['host_load'])}")
             own = [g for g in par.get("compiles") or [] if (g.get("s") or 0) >= OWN_COMPILE_MIN_S]
             if own:
                 parts.append(f"the run's own compiles and first runs of {OWN_COMPILE_MIN_S} s or more (seconds from "

@@ -73,6 +73,7 @@ from scfs.training.compile_helpers import (
     write_status,
 )
 from scfs.training.compile_metrics import frame_compiles
+from scfs.training.host_load import HostLoad
 from scfs.training.plain_step import cache_counters, cache_counts, cache_deltas, make_step, make_views
 
 log = logging.getLogger("scfs.train")
@@ -712,6 +713,7 @@ class ParallelCompile(ChildCompile):
         self.side_procs: dict[str, subprocess.Popen | None] = {}
         self._first_t: float | None = None
         self._first_wall = 0.0
+        self._load: HostLoad | None = None
         self._gate: HelperGates | None = None
         self._views_pending = False  # the views handed to the helper and not yet asked for by the run
 
@@ -756,6 +758,7 @@ class ParallelCompile(ChildCompile):
                              path.with_suffix(".log"))
             self._start_child(trainer)
         self._first_t, self._first_wall, self._counters = time.monotonic(), time.time(), cache_counters()
+        self._load = HostLoad().start()  # whether the first step's compile waited for a core (`summary.json`)
         pl_module.compile_gate = self.wait_for
         # a module that makes no views of its own (or another LightningModule) has none to hand over
         hand = getattr(pl_module, "hand_views_to_helper", None)
@@ -805,6 +808,8 @@ class ParallelCompile(ChildCompile):
     def _stop_side_helpers(self) -> None:
         for proc in self.side_procs.values():
             stop_child(proc)
+        if self._load is not None:  # a run that ended before its first step did
+            self._load, _ = None, self._load.stop()
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._stop_side_helpers()
@@ -830,6 +835,8 @@ class ParallelCompile(ChildCompile):
             pl_module.compile_gate = None
         deltas = cache_deltas(self._counters)
         self.report.update(first_step_s=round(time.monotonic() - self._first_t, 1), **cache_counts(deltas=deltas))
+        if self._load is not None:
+            self.report["host_load"], self._load = self._load.stop(), None
         # this process's own compiles and first runs in the first step, by graph, seconds from fit's start
         self.report["compiles"] = frame_compiles(self._first_wall)
         if self._gate is not None:

@@ -575,7 +575,7 @@ def test_the_host_load_over_the_first_steps_is_sampled_and_said_per_repeat(monke
     sentence per row and repeat, and none for a record from before."""
     from functools import partial
 
-    from scfs.bench import host_load
+    from scfs.training import host_load
 
     monkeypatch.setattr(bench, "HostLoad", partial(host_load.HostLoad, interval_s=0.002))
     cfg = bench.compose("default", "cpu", True, "model", False, [])

@@ -451,6 +451,9 @@ def test_whole_cli_on_the_cpu_for_cifar10(tmp_path: Path, monkeypatch: pytest.Mo
 COMPILE = {"compile_parallel": {"first_step_s": 107.1, "early_s": 7.1,
                                 "waited_s": {"teacher": 0.0, "student_backward": 10.76},
                                 "ready_s": {"teacher": 29.8, "student_backward": 96.2}, "built_here": [],
+                                "host_load": {"cores": 16, "samples": 428, "interval_s": 0.25, "busy_mean": 12.5,
+                                              "busy_p90": 15.9, "busy_max": 16.0, "runnable_mean": 17.2,
+                                              "runnable_max": 61, "oversubscribed_share": 0.41},
                                 "helper": {"ok": True, "early": {"imported_s": 6.1, "built_s": 9.0,
                                                                  "on_device_s": 14.2, "ready_s": 18.2}},
                                 "compiles": [{"graph": "student_forward", "at_s": 0.9, "s": 80.2, "first_run": False,
@@ -502,7 +505,9 @@ def test_the_record_keeps_the_runs_compile_report_and_the_helpers_logs(tmp_path:
             "10.76 s); the helpers started 7.1 s before fit; the first helper had built its model 18.2 s after its "
             "start: imports done at 6.1 s, model built at 9.0 s, on the device at 14.2 s; they wrote their entries "
             "(seconds after the go) teacher "
-            "at 29.8 s, student_backward at 96.2 s; the run's own compiles and first runs of 0.5 s or more (seconds "
+            "at 29.8 s, student_backward at 96.2 s; the host during the first step: 12.5 of 16 cores busy on average "
+            "(p90 15.9), 17.2 runnable threads (max 61), more runnable threads than cores in 41 % of 428 samples; "
+            "the run's own compiles and first runs of 0.5 s or more (seconds "
             "from fit's start): `student_forward` 80.2 s at 0.9 s (inductor cache miss), `student_forward` first run "
             "5.5 s at 81.1 s; cuDNN's backward algorithms for 46 convolutions chosen 13.0 s "
             "into training (`compile_cudnn_warmup`).") in md

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -468,6 +469,10 @@ def test_the_run_waits_for_each_part_on_its_first_step_only(tmp_path, shapes_roo
     graphs = [c["graph"] for c in entry["compiles"] if not c["first_run"]]
     assert "student_forward" in graphs and "teacher_forward" in graphs, graphs
     assert all(0 <= c["at_s"] <= bg.report["first_step_s"] for c in entry["compiles"])
+    # the host's load over the first step (at least the 0.6 s of waits), its sampler stopped with the step
+    if sys.platform.startswith("linux"):
+        assert entry["host_load"]["samples"] >= 1 and entry["host_load"]["cores"] == os.cpu_count()
+    assert bg._load is None
 
 
 def test_a_failed_helper_does_not_hold_the_run(tmp_path, shapes_root, monkeypatch, eager_backend):

@@ -5,7 +5,8 @@ code generation) in each process, beside the compile workers' kernel builds, the
 a cuDNN warm-up thread. When more threads want a core than there are cores, the compile on the first step's path
 waits for a core, and the same setting reads tens of seconds apart across processes. Whether that happened is a
 fact of the run, not a guess: /proc/stat gives the cores' busy time and the number of runnable threads
-(`procs_running`), so a record can say how often the host was oversubscribed during its first steps.
+(`procs_running`), so a run (`compile_parallel`'s first step, `summary.json`) and the compile benchmark (each
+row's first steps) can say how often the host was oversubscribed while they compiled.
 
 Linux only (/proc/stat); elsewhere `HostLoad` samples nothing and its summary is None.
 """

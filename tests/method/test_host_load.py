@@ -1,4 +1,4 @@
-"""`scfs.bench.host_load`: busy cores and runnable threads from /proc/stat, and the record's sentence for them."""
+"""`scfs.training.host_load`: busy cores and runnable threads from /proc/stat, and the record's sentence for them."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from scfs.bench import host_load as hl
+from scfs.training import host_load as hl
 
 STAT = """cpu  {user} 10 {system} {idle} {iowait} 0 5 0 0 0
 cpu0 1 0 1 1 0 0 0 0 0 0

@@ -34,6 +34,10 @@ share the seed, so a cache that changed the numbers would show). Where the recip
   and `parallel-split` rows with cuDNN's backward convolution algorithms benchmarked on a side thread during the
   compile (`compile_cudnn_warmup=auto`, `scfs.training.cudnn_warmup`); every other row turns that off. The recipes
   ship it, so `parallel-backward-cudnn-warmup` is the recipe as shipped.
+* `parallel-backward-cudnn-warmup-threads`: the recipe as shipped with a third of the host's cores for each
+  process's compile workers (`THREADS`: inductor's `compile_threads`, one worker per core by default in each of the
+  three processes), to tell whether the workers' kernel builds hold up the single-threaded compiles on the first
+  step's path (each row's host load says how oversubscribed the host was).
 * `parallel-backward-cudnn-warmup-compile-tune`: the recipe as shipped with Triton's launch configs benchmarked
   when each graph compiles, on random inputs, instead of at its first run (`COMPILE_TUNE`): the backward's helper
   then leaves its kernels' choices in the cache, so the run's first backward should benchmark none.
@@ -111,7 +115,7 @@ ROWS = ("eager", "cold", "warm", "carried", "blocks", "blocks-carried", "cudagra
         "parallel-warm", "lean", "parallel-lean", "parallel-backward", "parallel-backward-warm",
         "parallel-backward-lean", "parallel-backward-cudnn-warmup", "cudnn-warmup", "heuristics", "split",
         "parallel-split", "parallel-split-lean", "parallel-split-cudnn-warmup",
-        "parallel-backward-cudnn-warmup-compile-tune")
+        "parallel-backward-cudnn-warmup-compile-tune", "parallel-backward-cudnn-warmup-threads")
 # rows that reuse what an earlier row of the same repeat left (its cache folder, or the artifacts it wrote): a row
 # here runs after the row it names, and only beside it
 NEEDS = {"warm": "cold", "carried": "cold", "blocks-carried": "blocks", "parallel-warm": "parallel",
@@ -128,6 +132,10 @@ WARMUP = ("compile_cudnn_warmup=auto",)
 # the `*compile-tune` row: Triton's launch configs benchmarked at each graph's compile (in whichever process
 # compiles it) instead of at its first run in the run
 COMPILE_TUNE = ("+compile_inductor.triton.autotune_at_compile_time=true",)
+# the `*threads` row: each of the three compiling processes (the run and its two helpers) with a third of the
+# host's cores for its compile workers (`compile_threads`; inductor's default gives each process one per core, up
+# to 32), so that the workers' kernel builds leave cores to the single-threaded compiles on the first step's path
+THREADS = (f"+compile_inductor.compile_threads={max((os.cpu_count() or 3) // 3, 1)}",)
 # the `heuristics` row: cuDNN's heuristics pick the convolution algorithms instead of its benchmarks
 HEURISTICS = ("trainer.benchmark=false",)
 # torch's compile timers shown in the record's second table: (label, timer name). Inclusive and nested (a label's
@@ -600,6 +608,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                                 extra=(*BACKWARD, *SPLIT, *LEAN)),
                     "parallel-split-cudnn-warmup": dict(cache_dir=d / "parallel-split-cudnn-warmup", scope="model",
                                                         parallel=True, extra=(*BACKWARD, *SPLIT, *WARMUP)),
+                    "parallel-backward-cudnn-warmup-threads": dict(
+                        cache_dir=d / "parallel-backward-cudnn-warmup-threads", scope="model", parallel=True,
+                        extra=(*BACKWARD, *WARMUP, *THREADS)),
                     "parallel-backward-cudnn-warmup-compile-tune": dict(
                         cache_dir=d / "parallel-backward-cudnn-warmup-compile-tune", scope="model", parallel=True,
                         extra=(*BACKWARD, *WARMUP, *COMPILE_TUNE)),

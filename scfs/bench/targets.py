@@ -144,6 +144,9 @@ def targets(records_dir: Path) -> list[Target]:
                                   ("parallel-backward-cudnn-warmup-compile-tune", "first compile, empty cache, as "
                                    "shipped and Triton's launch configs tuned at compile time "
                                    "(`compile_inductor.triton.autotune_at_compile_time=true`)", COMPILE_S),
+                                  ("parallel-backward-cudnn-warmup-threads", "first compile, empty cache, as "
+                                   "shipped and a third of the host's cores for each process's compile workers "
+                                   "(`compile_inductor.compile_threads`)", COMPILE_S),
                                   ("parallel-backward", "first compile, empty cache, both helpers, "
                                                         "`compile_cudnn_warmup=false`", COMPILE_S),
                                   ("parallel-backward-lean", "first compile, empty cache, both helpers, "

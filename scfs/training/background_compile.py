@@ -808,8 +808,9 @@ class ParallelCompile(ChildCompile):
     def _stop_side_helpers(self) -> None:
         for proc in self.side_procs.values():
             stop_child(proc)
-        if self._load is not None:  # a run that ended before its first step did
-            self._load, _ = None, self._load.stop()
+        load, self._load = self._load, None
+        if load is not None:  # a run that ended before its first step did
+            load.stop()
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._stop_side_helpers()

@@ -3,8 +3,8 @@
 A GPU window runs its jobs through `scripts/gpu_queue.sh`, each benchmark writing into its job's folder
 (`--out "$JOB_OUT"`), and brings back one archive, `queue.tgz` (`jobs/<job>/`, `logs/<job>.log`, `queue.log`).
 Filing those results by hand (a name per record, the command rewritten to where the record lives, the markdown made
-again, the logs folder beside it) is where records got misnamed or kept a path of the device machine. This does it
-the one way every record is named (`scfs.bench.records.record_stem`):
+again, the logs folder beside it) invites a misnamed record, or one whose command names a folder of the device
+machine. This files them the one way every record is named (`scfs.bench.records.record_stem`):
 
 * the compile benchmark's `compile-<date>.json` -> `compile-<gpu>-<date>-<job>-<commit>.{json,md}`, its command's
   `--out` rewritten to that stem;

@@ -109,7 +109,7 @@ from typing import Any
 from scfs.bench.records import provenance, save_record, source_commit
 from scfs.names import CONF_DIR
 from scfs.training.compile_metrics import frame_compiles
-from scfs.training.host_load import HostLoad, load_phrase
+from scfs.training.host_load import HostLoad, load_phrase, usable_cpus
 
 ROWS = ("eager", "cold", "warm", "carried", "blocks", "blocks-carried", "cudagraphs", "background", "parallel",
         "parallel-warm", "lean", "parallel-lean", "parallel-backward", "parallel-backward-warm",
@@ -133,9 +133,10 @@ WARMUP = ("compile_cudnn_warmup=auto",)
 # compiles it) instead of at its first run in the run
 COMPILE_TUNE = ("+compile_inductor.triton.autotune_at_compile_time=true",)
 # the `*threads` row: each of the three compiling processes (the run and its two helpers) with a third of the
-# host's cores for its compile workers (`compile_threads`; inductor's default gives each process one per core, up
-# to 32), so that the workers' kernel builds leave cores to the single-threaded compiles on the first step's path
-THREADS = (f"+compile_inductor.compile_threads={max((os.cpu_count() or 3) // 3, 1)}",)
+# cores this process may use for its compile workers (`compile_threads`; inductor's default gives each
+# process one per core, up to 32), so that the workers' kernel builds leave cores to the single-threaded
+# compiles on the first step's path
+THREADS = (f"+compile_inductor.compile_threads={max(len(usable_cpus() or range(os.cpu_count() or 3)) // 3, 1)}",)
 # the `heuristics` row: cuDNN's heuristics pick the convolution algorithms instead of its benchmarks
 HEURISTICS = ("trainer.benchmark=false",)
 # torch's compile timers shown in the record's second table: (label, timer name). Inclusive and nested (a label's

@@ -808,16 +808,21 @@ class ParallelCompile(ChildCompile):
     def _stop_side_helpers(self) -> None:
         for proc in self.side_procs.values():
             stop_child(proc)
+
+    def _stop_load(self) -> None:
+        """The host-load sampler of a run that ended before its first step did."""
         load, self._load = self._load, None
-        if load is not None:  # a run that ended before its first step did
+        if load is not None:
             load.stop()
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._stop_side_helpers()
+        self._stop_load()
         super().teardown(trainer, pl_module, stage)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         self._stop_side_helpers()
+        self._stop_load()
         super().on_exception(trainer, pl_module, exception)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,

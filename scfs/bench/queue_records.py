@@ -147,6 +147,11 @@ IMPORTERS: list[tuple[re.Pattern[str], Callable[..., None]]] = [
 ]
 
 
+def importer_of(src: Path) -> Callable[..., None] | None:
+    """The importer whose file name pattern `src` matches, or None."""
+    return next((f for pat, f in IMPORTERS if pat.match(src.name)), None)
+
+
 def file_queue(queue: Path, out: Path, dry_run: bool = False, force: bool = False) -> Filed:
     """File every record of the queue folder `queue` (an extracted `queue.tgz`) into `out`."""
     jobs = queue / "jobs"
@@ -157,11 +162,14 @@ def file_queue(queue: Path, out: Path, dry_run: bool = False, force: bool = Fals
     log = queue / "queue.log"
     filed.jobs = job_states(log.read_text(errors="replace")) if log.is_file() else {}
     for job_dir in sorted(p for p in jobs.iterdir() if p.is_dir()):
-        for src in sorted(p for p in job_dir.iterdir() if p.is_file()):
-            importer = next((f for pat, f in IMPORTERS if pat.match(src.name)), None)
+        files = sorted(p for p in job_dir.iterdir() if p.is_file())
+        imported = {src for src in files if importer_of(src) is not None}
+        for src in files:
+            importer = importer_of(src)
             if importer is not None:
                 importer(src, job_dir.name, out, filed, dry_run, force)
-            elif src.suffix in (".json", ".md"):
+            elif src.suffix in (".json", ".md") and not (src.suffix == ".md" and src.with_suffix(".json") in imported):
+                # a benchmark's own markdown beside its imported JSON is made again from that JSON, not left
                 filed.left.append(f"{job_dir.name}/{src.name}")
     return filed
 

@@ -36,9 +36,13 @@ def make_queue(root: Path) -> Path:
     d = json.loads(COMPILE.read_text())
     d["command"] = d["command"].replace(d["command"].split("--out ")[1], "/tmp/queue/jobs/split-alone-r50")
     (jobs / "split-alone-r50" / "compile-2026-12-05.json").write_text(json.dumps(d))
+    # each benchmark writes its markdown beside its JSON; the filed record's is made again from the JSON
+    (jobs / "split-alone-r50" / "compile-2026-12-05.md").write_text("# as the device machine wrote it\n")
     e = json.loads(E2E.read_text())
     e["meta"]["command"] = e["meta"]["command"].replace("--out benchmarks/results", '--out "/tmp/queue/jobs/e2e-r50"')
     (jobs / "e2e-r50" / E2E.name).write_text(json.dumps(e))
+    (jobs / "e2e-r50" / E2E.with_suffix(".md").name).write_text("# as the device machine wrote it\n")
+    (jobs / "notes" / "step-x.md").write_text("# a markdown no importer knows, its JSON neither\n")
     shutil.copytree(E2E.with_name(E2E.stem + "-logs"), jobs / "e2e-r50" / (E2E.stem + "-logs"))
     shutil.copy(SMOKE, jobs / "smoke" / "gpu-smoke.md")
     (jobs / "notes" / "step-x.json").write_text("{}")
@@ -71,7 +75,7 @@ def test_a_queue_archive_is_filed_as_named_records(tmp_path: Path, monkeypatch: 
     printed = capsys.readouterr().out
     assert "wrote 6 file(s):" in printed
     assert "jobs that did not end cleanly: e2e-r50 (exit 1), cold-r50 (left)" in printed
-    assert "left (no importer; file by hand if it is a record): notes/step-x.json" in printed
+    assert "left (no importer; file by hand if it is a record): notes/step-x.json, notes/step-x.md\n" in printed
     # filed again: nothing is replaced without --force, and the error is one line
     assert qr.main([str(queue)]) == 2
     err = capsys.readouterr().err.strip()

@@ -27,15 +27,20 @@ COMMON = ["trainer.max_epochs=2", "checkpoint.every_n_train_steps=1", "trainer.d
           "eval.knn_at_start=false"]
 NAME = "scfs-shapes"  # cfg.name of the default method/data: resume=auto looks under runs/<name>/
 
-# `python -m scfs.train` with a 0.2 s pause per step, so that the kill lands mid-run on any machine
-SLOW_MAIN = (
-    "import runpy, sys, time\n"
+# `python -m scfs.train` that stops at the start of the batch after `SCFS_TEST_HOLD_AT` optimizer steps (their
+# last.ckpt written) and waits there to be killed: the kill lands at that step however fast the child runs against
+# the parent, which trains its own reference run meanwhile
+HOLD_ENV = "SCFS_TEST_HOLD_AT"
+HOLDING_MAIN = (
+    "import os, runpy, sys, time\n"
     "from scfs.methods.base import SelfDistillation\n"
     "_start = SelfDistillation.on_train_batch_start\n"
-    "def _slow(self, batch, batch_idx):\n"
-    "    time.sleep(0.2)\n"
+    f"_hold = int(os.environ['{HOLD_ENV}'])\n"
+    "def _held(self, batch, batch_idx):\n"
+    "    while self.trainer.global_step >= _hold:\n"
+    "        time.sleep(1.0)\n"
     "    return _start(self, batch, batch_idx)\n"
-    "SelfDistillation.on_train_batch_start = _slow\n"
+    "SelfDistillation.on_train_batch_start = _held\n"
     "sys.argv[0] = 'scfs.train'\n"
     "runpy.run_module('scfs.train', run_name='__main__', alter_sys=True)\n"
 )
@@ -61,9 +66,9 @@ def test_kill9_mid_epoch_then_resume_auto_is_bit_exact(tmp_path, shapes_root):
     build_dataset(OmegaConf.to_container(cfg.data), "train")  # generate the data once, before two processes use it
     overrides = cli_overrides(*COMMON, f"data.root={shapes_root}", limit_batches=3)
     kill_after = random.choice([1, 2, 4, 5])  # all mid-epoch; printed on failure
-    env = subprocess_env()
+    env = {**subprocess_env(), HOLD_ENV: str(kill_after)}
     last = tmp_path / "runs" / NAME / "first" / "checkpoints" / "last.ckpt"
-    proc = subprocess.Popen([PYTHON, "-c", SLOW_MAIN, *overrides, f"hydra.run.dir=runs/{NAME}/first"],
+    proc = subprocess.Popen([PYTHON, "-c", HOLDING_MAIN, *overrides, f"hydra.run.dir=runs/{NAME}/first"],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         ref = run(cfg, tmp_path / "ref")  # the uninterrupted run, while the child starts up
@@ -74,12 +79,11 @@ def test_kill9_mid_epoch_then_resume_auto_is_bit_exact(tmp_path, shapes_root):
         proc.kill()  # SIGKILL: no handler, no cleanup, no final save
     out = proc.communicate()[0].decode(errors="replace")
     assert proc.returncode == -9, f"the run was not killed mid-run (kill_after={kill_after}):\n{out[-3000:]}"
-    killed_at = _global_step(last)
-    assert kill_after <= killed_at < 6, (kill_after, killed_at)
+    assert _global_step(last) == kill_after, (kill_after, _global_step(last))
 
     resumed = subprocess.run([PYTHON, "-m", "scfs.train", *overrides, "resume=auto",
                               f"hydra.run.dir=runs/{NAME}/second"],
-                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+                             cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "6 steps" in resumed.stdout and ref["steps"] == 6
     a = safe_load(tmp_path / "ref" / "checkpoints" / "last.ckpt")

@@ -162,13 +162,11 @@ def file_queue(queue: Path, out: Path, dry_run: bool = False, force: bool = Fals
     log = queue / "queue.log"
     filed.jobs = job_states(log.read_text(errors="replace")) if log.is_file() else {}
     for job_dir in sorted(p for p in jobs.iterdir() if p.is_dir()):
-        files = sorted(p for p in job_dir.iterdir() if p.is_file())
-        imported = {src for src in files if importer_of(src) is not None}
-        for src in files:
-            importer = importer_of(src)
+        importers = {src: importer_of(src) for src in sorted(p for p in job_dir.iterdir() if p.is_file())}
+        for src, importer in importers.items():
             if importer is not None:
                 importer(src, job_dir.name, out, filed, dry_run, force)
-            elif src.suffix in (".json", ".md") and not (src.suffix == ".md" and src.with_suffix(".json") in imported):
+            elif src.suffix == ".json" or (src.suffix == ".md" and not importers.get(src.with_suffix(".json"))):
                 # a benchmark's own markdown beside its imported JSON is made again from that JSON, not left
                 filed.left.append(f"{job_dir.name}/{src.name}")
     return filed

@@ -809,11 +809,11 @@ class ParallelCompile(ChildCompile):
         for proc in self.side_procs.values():
             stop_child(proc)
 
-    def _stop_load(self) -> None:
-        """The host-load sampler of a run that ended before its first step did."""
+    def _stop_load(self) -> dict[str, Any] | None:
+        """Stop the host-load sampler (at the first step's end, or where the run ended before it) and return what
+        it saw; None where it was stopped already."""
         load, self._load = self._load, None
-        if load is not None:
-            load.stop()
+        return load.stop() if load is not None else None
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._stop_side_helpers()
@@ -842,7 +842,7 @@ class ParallelCompile(ChildCompile):
         deltas = cache_deltas(self._counters)
         self.report.update(first_step_s=round(time.monotonic() - self._first_t, 1), **cache_counts(deltas=deltas))
         if self._load is not None:
-            self.report["host_load"], self._load = self._load.stop(), None
+            self.report["host_load"] = self._stop_load()
         # this process's own compiles and first runs in the first step, by graph, seconds from fit's start
         self.report["compiles"] = frame_compiles(self._first_wall)
         if self._gate is not None:

@@ -108,6 +108,7 @@ from typing import Any
 
 from scfs.bench.records import provenance, save_record, source_commit
 from scfs.names import CONF_DIR
+from scfs.training.compile_helpers import startup_phrase
 from scfs.training.compile_metrics import frame_compiles
 from scfs.training.host_load import HostLoad, load_phrase, usable_cpus
 
@@ -831,16 +832,6 @@ def early_sentence(helper: dict[str, Any]) -> str:
     return (f"The helpers were started at the process's start, {helper['early_s']} s before the first step (as "
             "`scfs.train` starts them, before its set-up)"
             + (f"; each had built its model {' and '.join(ready)} after its start" if ready else "") + ".")
-
-
-def startup_phrase(early: dict[str, Any]) -> str:
-    """`: imports done at 6.1 s, model built at 9.0 s, on the device at 14.2 s` from a helper's `early` status
-    (empty for a status from before it said so)."""
-    parts = [f"{label} at {early[key]} s" for key, label in (("imported_s", "imports done"),
-                                                           ("built_s", "model built"),
-                                                           ("on_device_s", "on the device"))
-             if early.get(key) is not None]
-    return f": {', '.join(parts)}" if parts else ""
 
 
 def background_table(rows: list[dict[str, Any]]) -> list[str]:

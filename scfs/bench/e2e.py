@@ -74,9 +74,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from scfs.bench.compile import startup_phrase
 from scfs.bench.records import provenance, record_stem, run_logged, save_record, source_commit, why_it_failed
 from scfs.names import DATA_DECODE
+from scfs.training.compile_helpers import startup_phrase
 from scfs.training.host_load import load_phrase
 
 TARGET = 0.95  # e2e img/s over the step benchmark's at the same batch

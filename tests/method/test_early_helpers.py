@@ -133,6 +133,9 @@ def test_an_early_helper_compiles_under_the_gos_settings_and_final_config(tmp_pa
     # where the start-up went, in order, seconds from the spawn (the clock's zero here)
     e = status["early"]
     assert 0 <= e["imported_s"] <= e["built_s"] <= e["on_device_s"] <= e["ready_s"], e
+    assert ch.startup_phrase(e) == (f": imports done at {e['imported_s']} s, model built at {e['built_s']} s, "
+                                    f"on the device at {e['on_device_s']} s")
+    assert ch.startup_phrase({"ready_s": 3.0}) == ""  # a status from before the helper said where its start-up went
 
 
 def test_an_early_helper_without_a_go_reports_it_and_compiles_nothing(tmp_path, monkeypatch, eager_backend):

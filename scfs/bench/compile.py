@@ -109,7 +109,7 @@ from typing import Any
 from scfs.bench.records import provenance, save_record, source_commit
 from scfs.names import CONF_DIR
 from scfs.training.compile_helpers import startup_phrase
-from scfs.training.compile_metrics import frame_compiles
+from scfs.training.compile_metrics import compile_phase_seconds, frame_compiles
 from scfs.training.host_load import HostLoad, load_phrase, usable_cpus
 
 ROWS = ("eager", "cold", "warm", "carried", "blocks", "blocks-carried", "cudagraphs", "background", "parallel",
@@ -429,14 +429,6 @@ def break_reason(reason: Any) -> str:
     return " ".join(lines[:2])[:300]
 
 
-def compile_phase_seconds() -> dict[str, float]:
-    """torch's compile timers of this process so far: timer name -> seconds, summed over its calls (inclusive)."""
-    from torch._dynamo.utils import compile_times
-
-    names, values = compile_times(repr="csv", aggregate=True)
-    return {str(n): float(v) for n, v in zip(names, values)}
-
-
 def child(args: argparse.Namespace) -> int:
     """`--child`: one row in this (fresh) process; its JSON as the last line of stdout."""
     cfg = compose(args.recipe[0], args.device, args.tiny, args.scope, not args.eager, list(args.override or []))
@@ -701,7 +693,7 @@ def markdown(result: dict[str, Any]) -> str:
                      "that no row pays a freshly started machine's first reads of its libraries"
                      f"{' or that build' if built else ''}.")
     return "\n".join(lines + parallel_lines(table) + load_lines(result.get("rows", [])) + background_table(table)
-                     + phase_table(table) + compiles_table(table)) + "\n"
+                     + phase_table(table) + helper_phase_table(table) + compiles_table(table)) + "\n"
 
 
 def load_lines(rows: list[dict[str, Any]]) -> list[str]:
@@ -870,6 +862,35 @@ def phase_table(rows: list[dict[str, Any]]) -> list[str]:
             why = "; ".join(f"{k} (x{v})" for k, v in r["graph_breaks"].items())
             where = ", ".join(r.get("resumes") or {}) or "not reported"
             out += ["", f"Graph breaks of {r['recipe']} {r['setting']}: {why}; resumed in {where}."]
+    return out
+
+
+HELPERS = (("helper", "the first helper"), ("backward_helper", "the backward's helper"),
+           ("local_helper", "the local views' helper"), ("local_backward_helper", "the local views' backward's helper"))
+
+
+def helper_statuses(row: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """A `compile_parallel` row's helpers that ended with a status, named (`HELPERS`): the first helper's status
+    holds the others' under their keys."""
+    first = (row.get("parallel") or {}).get("helper") or {}
+    found = [(name, first if key == "helper" else first.get(key)) for key, name in HELPERS]
+    return [(name, status) for name, status in found if status]
+
+
+def helper_phase_table(rows: list[dict[str, Any]]) -> list[str]:
+    """Where each helper's compile went, by its own process's compile timers (`phases` in its status; the markdown
+    lines, none where no helper said): the backward's helper is on the first step's path whenever the run asks for
+    its graph before it is written, and its timers say which part of its compile to shorten."""
+    cols = [(f"{r['recipe']} {r['setting']}: {name}", status["phases"])
+            for r in rows for name, status in helper_statuses(r) if status.get("phases")]
+    if not cols:
+        return []
+    out = ["", "Where the helpers' compiles went (each helper process's own compile timers, from its start to its "
+           "end, seconds as in the table above):", "",
+           "| phase (timer) | " + " | ".join(head for head, _ in cols) + " |", "|---|" + "---:|" * len(cols)]
+    for label, name in PHASES:
+        cells = " | ".join(f"{phases[name]:.1f}" if name in phases else "–" for _, phases in cols)
+        out.append(f"| {label} (`{name}`) | {cells} |")
     return out
 
 

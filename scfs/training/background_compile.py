@@ -72,7 +72,7 @@ from scfs.training.compile_helpers import (
     stop_child,
     write_status,
 )
-from scfs.training.compile_metrics import frame_compiles
+from scfs.training.compile_metrics import compile_phase_seconds, frame_compiles
 from scfs.training.host_load import HostLoad
 from scfs.training.plain_step import cache_counters, cache_counts, cache_deltas, make_step, make_views
 
@@ -207,7 +207,7 @@ def compile_in_child(cfg_path: Path, status_path: Path, device: str, steps: int,
         else:
             status = _run_steps(model, cfg, device, steps, helper, status_path)
         status = {"ok": True, "seconds": round(time.perf_counter() - t0, 1), **status, **cache_counts(),
-                  "settings": key_settings(), **({"early": early} if early else {})}
+                  "settings": key_settings(), **({"early": early} if early else {}), "phases": phases()}
         if device.startswith("cuda"):  # what the child took of the run's GPU
             status["peak_GiB"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
     except Exception as err:  # reported to the run, which then compiles in-process
@@ -217,6 +217,12 @@ def compile_in_child(cfg_path: Path, status_path: Path, device: str, steps: int,
         log.exception("background compile failed")
     write_status(status_path, status)
     return status
+
+
+def phases() -> dict[str, float]:
+    """This helper's compile timers (`compile_phase_seconds`, those of 1 ms or more): where its compile went, which
+    the run's report and the compile benchmark show beside the run's own."""
+    return {k: round(v, 3) for k, v in compile_phase_seconds().items() if v >= 0.001}
 
 
 GO_TIMEOUT_S = 24 * 3600.0  # an early helper's longest wait for the go (the run's set-up: data, kNN at init)

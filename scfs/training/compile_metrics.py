@@ -8,6 +8,14 @@ from __future__ import annotations
 from typing import Any
 
 
+def compile_phase_seconds() -> dict[str, float]:
+    """torch's compile timers of this process so far: timer name -> seconds, summed over its calls (inclusive)."""
+    from torch._dynamo.utils import compile_times
+
+    names, values = compile_times(repr="csv", aggregate=True)
+    return {str(n): float(v) for n, v in zip(names, values)}
+
+
 def frame_compiles(wall0: float) -> list[dict[str, Any]]:
     """This process's compiles that began after `wall0` (`time.time()`), in order: one per dynamo frame and one
     per backward compiled at its first run (torch's per-frame compile metrics), and the work a compiled graph does

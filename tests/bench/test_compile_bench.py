@@ -171,6 +171,22 @@ def test_the_phase_table_has_a_column_per_compiled_row_and_a_dash_for_a_missing_
     assert not any(ln.startswith("Graph breaks") for ln in lines)
 
 
+def test_the_helpers_phase_table_has_a_column_per_helper_that_reported_its_timers():
+    backward = {"ok": True, "backward_s": 54.2, "phases": {"_compile.compile_inner": 50.04, "GraphLowering.run": 9.96}}
+    first = {"ok": True, "phases": {"_compile.compile_inner": 30.0}, "backward_helper": backward,
+             "local_helper": {"ok": False, "error": "it had not ended"}}
+    rows = [{"recipe": "imagenet", "setting": "parallel", "parallel": {"helper": first}},
+            {"recipe": "imagenet", "setting": "cold", "phases": {"_compile.compile_inner": 70.0}}]
+    lines = bench.helper_phase_table(rows)
+    assert ("| phase (timer) | imagenet parallel: the first helper | imagenet parallel: the backward's helper |"
+            in lines)
+    assert "| dynamo: tracing and compiling the forward graphs (`_compile.compile_inner`) | 30.0 | 50.0 |" in lines
+    assert "| inductor, forward and backward: lowering (`GraphLowering.run`) | – | 10.0 |" in lines
+    assert len([ln for ln in lines if ln.startswith("| ") and "(`" in ln]) == len(bench.PHASES)
+    assert bench.helper_phase_table(rows[1:]) == []  # no helpers: no table
+    assert bench.helper_statuses(rows[0])[2][0] == "the local views' helper"  # named, though it gave no timers
+
+
 def test_a_graph_break_is_named_with_where_the_code_resumed(eager_backend, monkeypatch):
     """A step that breaks its graph (here a `print` inside the compiled teacher call) says why and where in its
     row and in the record, the extra graph counted. Traced through dynamo's eager backend (no inductor)."""

@@ -136,6 +136,8 @@ def test_an_early_helper_compiles_under_the_gos_settings_and_final_config(tmp_pa
     assert ch.startup_phrase(e) == (f": imports done at {e['imported_s']} s, model built at {e['built_s']} s, "
                                     f"on the device at {e['on_device_s']} s")
     assert ch.startup_phrase({"ready_s": 3.0}) == ""  # a status from before the helper said where its start-up went
+    # where its compile went, by its own compile timers (dynamo traced the teacher's call and the losses here)
+    assert status["phases"]["_compile.compile_inner"] > 0 and all(v >= 0.001 for v in status["phases"].values())
 
 
 def test_an_early_helper_without_a_go_reports_it_and_compiles_nothing(tmp_path, monkeypatch, eager_backend):

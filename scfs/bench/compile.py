@@ -152,6 +152,8 @@ PHASES = (
     ("· · AOTAutograd: forward/backward partition", "min_cut_rematerialization_partition"),
     ("· · inductor: forward graphs", "compile_fx.<locals>.fw_compiler_base"),
     ("inductor: backward graphs, at the first backward", "backward._backward_impl"),
+    ("inductor: backward graphs, compiling them (at the first backward, or with the forward in the backward's helper)",
+     "compile_fx.<locals>.bw_compiler"),
     ("inductor, forward and backward: lowering", "GraphLowering.run"),
     ("inductor, forward and backward: scheduling and fusion", "Scheduler.__init__"),
     ("inductor, forward and backward: kernel code generation", "Scheduler.codegen"),

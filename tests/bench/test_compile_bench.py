@@ -172,7 +172,8 @@ def test_the_phase_table_has_a_column_per_compiled_row_and_a_dash_for_a_missing_
 
 
 def test_the_helpers_phase_table_has_a_column_per_helper_that_reported_its_timers():
-    backward = {"ok": True, "backward_s": 54.2, "phases": {"_compile.compile_inner": 50.04, "GraphLowering.run": 9.96}}
+    backward = {"ok": True, "backward_s": 54.2, "phases": {"_compile.compile_inner": 50.04, "GraphLowering.run": 9.96,
+                                                           "compile_fx.<locals>.bw_compiler": 32.24}}
     first = {"ok": True, "phases": {"_compile.compile_inner": 30.0}, "backward_helper": backward,
              "local_helper": {"ok": False, "error": "it had not ended"}}
     rows = [{"recipe": "imagenet", "setting": "parallel", "parallel": {"helper": first}},
@@ -182,6 +183,8 @@ def test_the_helpers_phase_table_has_a_column_per_helper_that_reported_its_timer
             in lines)
     assert "| dynamo: tracing and compiling the forward graphs (`_compile.compile_inner`) | 30.0 | 50.0 |" in lines
     assert "| inductor, forward and backward: lowering (`GraphLowering.run`) | – | 10.0 |" in lines
+    assert any(ln.startswith("| inductor: backward graphs, compiling them") and ln.endswith("| – | 32.2 |")
+               for ln in lines)  # the backward's helper compiles its backward with the forward, not lazily
     assert len([ln for ln in lines if ln.startswith("| ") and "(`" in ln]) == len(bench.PHASES)
     assert bench.helper_phase_table(rows[1:]) == []  # no helpers: no table
     assert bench.helper_statuses(rows[0])[2][0] == "the local views' helper"  # named, though it gave no timers

@@ -54,9 +54,10 @@ from scfs.training.compile_helpers import (
     HEADS_PART,
     LOCAL_BACKWARD_PART,
     LOCAL_PART,
+    PARENT_PID_ENV,
     PARTS,
     ROLES,
-    SPAWNED_AT_ENV,
+    STARTUP_MARKS,
     STATUS_FILE,
     STUDENT,
     VIEWS_PART,
@@ -67,6 +68,7 @@ from scfs.training.compile_helpers import (
     launch,
     part_path,
     read_status,
+    since_spawn,
     splits_student,
     started_path,
     stop_child,
@@ -170,7 +172,7 @@ def compile_in_child(cfg_path: Path, status_path: Path, device: str, steps: int,
     `imported_s` this function reached, its modules imported; `built_s` the model built; `on_device_s` on the
     device, the CUDA context made)."""
     t0 = time.perf_counter()
-    early: dict[str, Any] = {"imported_s": since_spawn()} if wait_go else {}
+    early: dict[str, Any] = {**STARTUP_MARKS, "imported_s": since_spawn()} if wait_go else {}
     try:
         from scfs.training.build import build
 
@@ -249,16 +251,12 @@ def prebuild_search_kernels(model: Any, device: str) -> float | None:
     return round(time.perf_counter() - t0, 1)
 
 
-def since_spawn() -> float | None:
-    """Seconds since the run started this process (`SPAWNED_AT_ENV`); None when it was started otherwise."""
-    spawned = os.environ.get(SPAWNED_AT_ENV)
-    return round(time.time() - float(spawned), 2) if spawned else None
-
-
 def wait_for_go(status_path: Path, timeout_s: float = GO_TIMEOUT_S, poll_s: float = 0.02) -> dict[str, Any] | None:
     """The run's go (`go_path`), or None once the process that started this one is gone (the run ended or was
-    killed before fit: its helpers must not outlive it) or `timeout_s` passed."""
-    parent, t0 = os.getppid(), time.monotonic()
+    killed before fit: its helpers must not outlive it) or `timeout_s` passed. The run is the one `child_env`
+    named (`PARENT_PID_ENV`), so a run killed during the helper's own start-up counts as gone too: this process's
+    parent at the time of the call would by then be whichever process adopted it."""
+    parent, t0 = int(os.environ.get(PARENT_PID_ENV) or os.getppid()), time.monotonic()
     while time.monotonic() - t0 < timeout_s:
         go = read_status(go_path(status_path))
         if go is not None:

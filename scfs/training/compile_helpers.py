@@ -76,6 +76,9 @@ ROLES: dict[str, HelperRole] = {
 }
 AUTO_MIN_CORES = 8  # `auto` starts the helpers only with this many CPU cores: they compile beside the run
 SPAWNED_AT_ENV = "SCFS_HELPER_SPAWNED_AT"  # the wall clock at the helper's start, for its start-up seconds
+PARENT_PID_ENV = "SCFS_HELPER_PARENT_PID"  # the run that started the helper: gone, the helper must end too
+# where this helper's start-up went (`scfs.training.helper_entry`): mark -> seconds since its spawn
+STARTUP_MARKS: dict[str, float | None] = {}
 
 
 # ---- where the helpers run --------------------------------------------------------------------------------------
@@ -168,10 +171,20 @@ def read_status(path: Path) -> dict[str, Any] | None:
 
 
 # ---- starting and stopping one ----------------------------------------------------------------------------------
+def since_spawn() -> float | None:
+    """Seconds since the run started this process (`SPAWNED_AT_ENV`); None when it was started otherwise."""
+    spawned = os.environ.get(SPAWNED_AT_ENV)
+    return round(time.time() - float(spawned), 2) if spawned else None
+
+
 def startup_phrase(early: dict[str, Any]) -> str:
-    """`: imports done at 6.1 s, model built at 9.0 s, on the device at 14.2 s` from a helper's `early` status
+    """`: the interpreter started at 0.4 s, torch imported at 3.0 s, Lightning imported at 4.1 s, imports done at 6.1 s,
+    model built at 9.0 s, on the device at 14.2 s` from a helper's `early` status
     (`scfs.training.background_compile.compile_in_child`; empty for a status from before it said so)."""
-    parts = [f"{label} at {early[key]} s" for key, label in (("imported_s", "imports done"),
+    parts = [f"{label} at {early[key]} s" for key, label in (("entry_s", "the interpreter started"),
+                                                           ("torch_s", "torch imported"),
+                                                           ("lightning_s", "Lightning imported"),
+                                                           ("imported_s", "imports done"),
                                                            ("built_s", "model built"),
                                                            ("on_device_s", "on the device"))
              if early.get(key) is not None]
@@ -189,8 +202,9 @@ def child_config(cfg: DictConfig, batch_size: int) -> DictConfig:
 
 def helper_command(cfg_path: Path, status_path: Path, device: str, steps: int = 2, helper: bool = False,
                    backward: bool = False, wait_go: bool = False, local: bool = False) -> list[str]:
-    """The child's command line (`scfs.training.background_compile` as a script), without the run's settings."""
-    return [sys.executable, "-m", "scfs.training.background_compile", str(cfg_path), str(status_path), "--device",
+    """The child's command line (`scfs.training.background_compile`'s `main`, entered through
+    `scfs.training.helper_entry`, which times its imports), without the run's settings."""
+    return [sys.executable, "-m", "scfs.training.helper_entry", str(cfg_path), str(status_path), "--device",
             device, "--steps", str(steps), *(["--helper"] if helper else []), *(["--backward"] if backward else []),
             *(["--local"] if local else []), *(["--wait-go"] if wait_go else [])]
 
@@ -203,12 +217,14 @@ def role_command(role: str, status_path: Path, device: str, wait_go: bool = Fals
 
 def child_env() -> dict[str, str]:
     """The child's environment: this process's (the compile cache folder, the device settings), this package
-    importable from wherever the run was started, output unbuffered into its log, and its start time."""
+    importable from wherever the run was started, output unbuffered into its log, its start time, and this
+    process's id (the run's: a helper whose run is gone stops waiting for its go, `wait_for_go`)."""
     import scfs
 
     root = str(Path(scfs.__file__).resolve().parents[1])
     path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
-    return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", SPAWNED_AT_ENV: repr(time.time())}
+    return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", SPAWNED_AT_ENV: repr(time.time()),
+            PARENT_PID_ENV: str(os.getpid())}
 
 
 def launch(cfg: DictConfig, batch_size: int, status_path: Path,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -148,6 +149,34 @@ def test_an_early_helper_without_a_go_reports_it_and_compiles_nothing(tmp_path, 
                                   wait_go=True)
     assert not status["ok"] and "the run ended before it gave the go" in status["error"]
     assert not any(ch.started_path(tmp_path / "s.json", p).exists() for p in ch.PARTS)
+
+
+def test_a_helper_whose_run_died_during_its_start_up_ends_and_says_where_its_start_up_went(tmp_path):
+    """The real command line (`helper_command`, entered through `scfs.training.helper_entry`), started early by a
+    run that is gone before the helper is ready to wait for its go (killed during its set-up): the helper, adopted
+    by another process, must not wait for a go that cannot come. It ends without compiling, and its status says
+    where its start-up went, in order: the interpreter at the entry, torch and Lightning imported, the rest of its
+    imports, the model built."""
+    cfg = ch.child_config(compose_cfg(["compile=true", "compile_parallel=true"]), batch_size=8)
+    status = tmp_path / "s.json"
+    OmegaConf.save(cfg, status.with_suffix(".yaml"))
+    command = ch.helper_command(status.with_suffix(".yaml"), status, "cpu", steps=1, helper=True, wait_go=True)
+    run = ("import subprocess, sys\n"
+           "from scfs.training.compile_helpers import child_env\n"
+           "subprocess.Popen(sys.argv[1:], env=child_env())\n")  # the run: starts its helper, then is gone
+    subprocess.run([sys.executable, "-c", run, *command], env=ch.child_env(), check=True, timeout=120)
+    deadline = time.monotonic() + 300
+    while ch.read_status(status) is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    st = ch.read_status(status)
+    assert st is not None, "the helper of a run that is gone waited on"
+    assert not st["ok"] and "the run ended before it gave the go" in st["error"], st
+    assert not any(ch.started_path(status, p).exists() for p in ch.PARTS)
+    e = st["early"]
+    assert 0 <= e["entry_s"] <= e["torch_s"] <= e["lightning_s"] <= e["imported_s"] <= e["built_s"], e
+    assert ch.startup_phrase(e).startswith(f": the interpreter started at {e['entry_s']} s, torch imported at "
+                                           f"{e['torch_s']} s, Lightning imported at {e['lightning_s']} s, "
+                                           f"imports done at {e['imported_s']} s")
 
 
 # a stand-in helper: begins both parts at its start (so the run's first step waits for them, whatever its own

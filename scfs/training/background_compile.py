@@ -169,8 +169,8 @@ def compile_in_child(cfg_path: Path, status_path: Path, device: str, steps: int,
     `wait_go` (started early, `scfs.training.compile_helpers.start_early_helpers`): build the model, then wait for
     the run's go (`wait_for_go`) and compile under the settings and the final config it names; the status says
     when the model was ready and when the go came (`early`), and where its start-up went (seconds from its spawn:
-    `imported_s` this function reached, its modules imported; `built_s` the model built; `on_device_s` on the
-    device, the CUDA context made)."""
+    `entry_s`, `torch_s`, `lightning_s` from `scfs.training.helper_entry`; `imported_s` this function reached, its
+    modules imported; `built_s` the model built; `on_device_s` on the device, the CUDA context made)."""
     t0 = time.perf_counter()
     early: dict[str, Any] = {**STARTUP_MARKS, "imported_s": since_spawn()} if wait_go else {}
     try:

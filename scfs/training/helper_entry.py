@@ -5,9 +5,9 @@ A helper started before the run's set-up has to import torch and Lightning and b
 compile, and on a GPU host that start-up has taken 15-16 s against the 5-6 s of the run's own set-up, so the
 backward's helper reaches its compile late and the run's first backward waits for it. The marks say which part to
 shorten: seconds since the run spawned the process (`since_spawn`) when this module is reached (the interpreter's
-start and `scfs`'s import), after torch's import, after Lightning's, and after the rest of the helper's modules.
-`compile_in_child` adds them to an early helper's status (`early`), and the run's report and the compile benchmark
-print them (`startup_phrase`).
+start and the import-light `compile_helpers`), after torch's import, after Lightning's, and after the rest of the
+helper's modules. `compile_in_child` adds them to an early helper's status (`early`), and the run's report and the
+compile benchmark print them (`startup_phrase`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from scfs.training.compile_helpers import STARTUP_MARKS, since_spawn
 
 def main(argv: list[str] | None = None) -> int:
     STARTUP_MARKS["entry_s"] = since_spawn()
-    import torch  # noqa: F401  - timed here: the first of the helper's imports that the run's clock sees
+    import torch  # noqa: F401  - imported here to time it
 
     STARTUP_MARKS["torch_s"] = since_spawn()
     import lightning  # noqa: F401

@@ -170,7 +170,7 @@ def compile_in_child(cfg_path: Path, status_path: Path, device: str, steps: int,
     the run's go (`wait_for_go`) and compile under the settings and the final config it names; the status says
     when the model was ready and when the go came (`early`), and where its start-up went (seconds from its spawn:
     `entry_s`, `torch_s`, `lightning_s` from `scfs.training.helper_entry`; `imported_s` this function reached, its
-    modules imported; `built_s` the model built; `on_device_s` on the device, the CUDA context made)."""
+    modules imported; `cuda_s` CUDA started on a GPU; `built_s` the model built; `on_device_s` on the device)."""
     t0 = time.perf_counter()
     early: dict[str, Any] = {**STARTUP_MARKS, "imported_s": since_spawn()} if wait_go else {}
     try:
@@ -185,7 +185,9 @@ def compile_in_child(cfg_path: Path, status_path: Path, device: str, steps: int,
 
         cfg = OmegaConf.load(cfg_path)
         if device.startswith("cuda:"):
-            torch.cuda.set_device(torch.device(device))
+            torch.cuda.set_device(torch.device(device))  # CUDA's start on this device: the context made
+            if wait_go:
+                early["cuda_s"] = since_spawn()
         model = build_on_device(cfg)
         if wait_go:
             early["on_device_s"] = since_spawn()

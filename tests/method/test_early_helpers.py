@@ -137,6 +137,11 @@ def test_an_early_helper_compiles_under_the_gos_settings_and_final_config(tmp_pa
     assert ch.startup_phrase(e) == (f": imports done at {e['imported_s']} s, model built at {e['built_s']} s, "
                                     f"on the device at {e['on_device_s']} s")
     assert ch.startup_phrase({"ready_s": 3.0}) == ""  # a status from before the helper said where its start-up went
+    marks = {"entry_s": 0.4, "torch_s": 3.0, "lightning_s": 4.1, "imported_s": 6.1, "cuda_s": 7.5, "built_s": 9.0,
+             "on_device_s": 14.2}  # a GPU helper's, each in the order the helper reaches it
+    assert ch.startup_phrase(marks) == (": the interpreter started at 0.4 s, torch imported at 3.0 s, Lightning "
+                                        "imported at 4.1 s, imports done at 6.1 s, CUDA started at 7.5 s, model built "
+                                        "at 9.0 s, on the device at 14.2 s")
     # where its compile went, by its own compile timers (dynamo traced the teacher's call and the losses here)
     assert status["phases"]["_compile.compile_inner"] > 0 and all(v >= 0.001 for v in status["phases"].values())
 

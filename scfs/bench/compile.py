@@ -851,14 +851,10 @@ def phase_table(rows: list[dict[str, Any]]) -> list[str]:
     compiled = [r for r in rows if r.get("phases")]
     if not compiled:
         return []
-    head = " | ".join(f"{r['recipe']} {r['setting']}" for r in compiled)
     out = ["", "Where the first steps' compile went (torch's compile timers, seconds summed over the calls, "
            "inclusive: a row with dots is part of the nearest row above it with one dot fewer; all timers in the "
            "JSON's `phases`):", "",
-           f"| phase (timer) | {head} |", "|---|" + "---:|" * len(compiled)]
-    for label, name in PHASES:
-        cells = " | ".join(f"{r['phases'][name]:.1f}" if name in r["phases"] else "–" for r in compiled)
-        out.append(f"| {label} (`{name}`) | {cells} |")
+           *phases_grid([(f"{r['recipe']} {r['setting']}", r["phases"]) for r in compiled])]
     for r in compiled:
         if r.get("graph_breaks"):
             why = "; ".join(f"{k} (x{v})" for k, v in r["graph_breaks"].items())
@@ -887,9 +883,13 @@ def helper_phase_table(rows: list[dict[str, Any]]) -> list[str]:
             for r in rows for name, status in helper_statuses(r) if status.get("phases")]
     if not cols:
         return []
-    out = ["", "Where the helpers' compiles went (each helper process's own compile timers, from its start to its "
-           "end, seconds as in the table above):", "",
-           "| phase (timer) | " + " | ".join(head for head, _ in cols) + " |", "|---|" + "---:|" * len(cols)]
+    return ["", "Where the helpers' compiles went (each helper process's own compile timers, from its start to its "
+            "end, seconds as in the table above):", "", *phases_grid(cols)]
+
+
+def phases_grid(cols: list[tuple[str, dict[str, float]]]) -> list[str]:
+    """The markdown table of `PHASES`, one column per (heading, timers) pair, a dash for a timer it lacks."""
+    out = ["| phase (timer) | " + " | ".join(head for head, _ in cols) + " |", "|---|" + "---:|" * len(cols)]
     for label, name in PHASES:
         cells = " | ".join(f"{phases[name]:.1f}" if name in phases else "–" for _, phases in cols)
         out.append(f"| {label} (`{name}`) | {cells} |")

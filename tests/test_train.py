@@ -8,7 +8,7 @@ import torch
 from helpers import compose_cfg
 
 from scfs.train import run, summary_line
-from scfs.training.checkpointing import find_resume_checkpoint
+from scfs.training.setup import find_resume_checkpoint
 
 
 @pytest.mark.parametrize(

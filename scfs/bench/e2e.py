@@ -357,7 +357,9 @@ def compile_lines(rows: list[dict]) -> list[str]:
             parts.append(f"the first step took {par['first_step_s']} s" + (f", waiting for the helpers' entries "
                                                                           f"({waited})" if waited else ""))
             if par.get("early_s") is not None:
-                parts.append(f"the helpers started {par['early_s']} s before fit")
+                ready = par.get("ready_at_go")
+                parts.append(f"the helpers started {par['early_s']} s before fit" + (
+                    "" if ready is None else f" (ready for the go by then: {', '.join(ready) or 'none'})"))
             for key, name in (("helper", "the first helper"), ("backward_helper", "the backward's helper")):
                 early = (par.get(key) or {}).get("early") or {}
                 if early.get("ready_s") is not None:

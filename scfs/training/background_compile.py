@@ -68,6 +68,7 @@ from scfs.training.compile_helpers import (
     launch,
     part_path,
     read_status,
+    ready_path,
     since_spawn,
     splits_student,
     started_path,
@@ -194,6 +195,7 @@ def compile_in_child(cfg_path: Path, status_path: Path, device: str, steps: int,
             if not (backward or local):  # one helper builds them: the others would only wait on the build's lock
                 early["kernels_s"] = prebuild_search_kernels(model, device)
             early["ready_s"] = since_spawn()
+            write_status(ready_path(status_path), {"ready_s": early["ready_s"]})
             go = wait_for_go(status_path)
             early["go_s"] = since_spawn()
             if go is None:
@@ -788,10 +790,14 @@ class ParallelCompile(ChildCompile):
             return False
         self.proc = early.procs["parts"]
         self.side_procs = {role: early.procs.get(role) for role in self.side_paths}
+        ready = early.ready_roles()
         ahead = early.go(self.cfg, self.batch_size, key_settings())
         self.report["early_s"] = round(ahead, 1)
-        log.info("compile_parallel: the helpers started %.1f s before fit (processes %s) compile now (logs: %s)",
+        self.report["ready_at_go"] = list(ready)
+        starting = [role for role in early.paths if role not in ready]
+        log.info("compile_parallel: the helpers started %.1f s before fit (processes %s) compile now (%s; logs: %s)",
                  ahead, ", ".join(str(p.pid) for p in early.procs.values()),
+                 f"still starting: {', '.join(starting)}" if starting else "all ready",
                  ", ".join(str(p.with_suffix(".log")) for p in early.paths.values()))
         return True
 

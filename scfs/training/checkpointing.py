@@ -366,21 +366,3 @@ def check_resume_matches(info: dict[str, Any], model: Any) -> None:
                 parts.append(f"{name}: {len(keys)} ({', '.join(keys[:6])}{', ...' if len(keys) > 6 else ''})")
         parts.append("resume with the same backbone / method / search config as the interrupted run")
         raise CheckpointMismatchError("; ".join(parts))
-
-
-def find_resume_checkpoint(resume: str | None, name: str, runs_root: Path = Path("runs")) -> str | None:
-    """`resume=auto`: newest `last.ckpt` under runs/<name>/; `resume=<path>`: that file (must exist)."""
-    if resume in (None, "", "none", "null"):
-        return None
-    if resume == "auto":
-        found = sorted((runs_root / name).glob("*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
-        if not found:
-            log.info("resume=auto: no checkpoint under %s, starting fresh", runs_root / name)
-            return None
-        return str(found[-1])
-    if not Path(resume).is_file():
-        from scfs.models.checkpoint import missing_checkpoint
-
-        err = missing_checkpoint(resume, "resume")
-        raise type(err)(f"{err}; use resume=auto or a path to a .ckpt")
-    return str(resume)

@@ -156,6 +156,12 @@ def go_path(status_path: Path) -> Path:
     return status_path.with_suffix(".go")
 
 
+def ready_path(status_path: Path) -> Path:
+    """The file an early-started helper writes once its model is on the device and it waits for the go: the run
+    says at its go which helpers were still starting (`EarlyHelpers.ready_roles`)."""
+    return status_path.with_suffix(".ready")
+
+
 def write_status(path: Path, status: dict[str, Any]) -> None:
     """The status file, whole or not at all (the ranks poll for it)."""
     tmp = path.with_name(path.name + ".tmp")
@@ -234,8 +240,8 @@ def launch(cfg: DictConfig, batch_size: int, status_path: Path,
     of an earlier run removed first: the run's config beside its status file (`.yaml`), its output there too
     (`.log`)."""
     parts = tuple(part for role in ROLES.values() for part in role.parts)
-    for path in (status_path, go_path(status_path), *(f(status_path, part) for part in parts
-                                                      for f in (part_path, started_path))):
+    stale = (f(status_path, part) for part in parts for f in (part_path, started_path))
+    for path in (status_path, go_path(status_path), ready_path(status_path), *stale):
         path.unlink(missing_ok=True)
     status_path.parent.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(child_config(cfg, batch_size), status_path.with_suffix(".yaml"))
@@ -275,6 +281,10 @@ class EarlyHelpers:
         """Whether these helpers are the ones the run would start now: the same device and files, all running."""
         return (device == self.device and paths == self.paths
                 and all(p.poll() is None for p in self.procs.values()))
+
+    def ready_roles(self) -> tuple[str, ...]:
+        """The roles whose helper is ready for the go (`ready_path`): built, on the device and waiting."""
+        return tuple(role for role, path in self.paths.items() if ready_path(path).exists())
 
     def go(self, cfg: DictConfig, batch_size: int, settings: dict[str, Any]) -> float:
         """Tell each helper to compile: the run's final config (a helper built from a config that differs

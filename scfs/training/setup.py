@@ -36,19 +36,41 @@ def check_run_config(cfg: DictConfig) -> None:
 
 def prepare_resume(cfg: DictConfig) -> dict[str, Any] | None:
     """The checkpoint `resume=` names, checked (see `check_resume_checkpoint`) and not already complete, or None
-    for a fresh run. Returns its `check_resume_checkpoint` info (`path`, `global_step`, `epochs_done`, shapes)."""
-    from scfs.models.checkpoint_io import remove_stale_temps
-    from scfs.training.checkpointing import check_not_complete, check_resume_checkpoint, find_resume_checkpoint
+    for a fresh run. Returns its `check_resume_checkpoint` info (`path`, `global_step`, `epochs_done`, shapes).
 
+    A fresh run imports nothing heavy here: the compile helpers start right after this step
+    (`scfs.training.compile_helpers.start_early_helpers`), and the imports of Lightning and the model's modules are
+    better spent beside theirs than before they begin."""
     ckpt_path = find_resume_checkpoint(cfg.get("resume"), cfg.name)
     if not ckpt_path:
         return None
+    from scfs.models.checkpoint_io import remove_stale_temps
+    from scfs.training.checkpointing import check_not_complete, check_resume_checkpoint
+
     # temp files of writes killed in that run: nothing else ever writes to its folder again
     for tmp in remove_stale_temps(Path(ckpt_path).parent):
         log.info("removed %s, left by a checkpoint write that was killed", tmp)
     resume = check_resume_checkpoint(ckpt_path)
     check_not_complete(resume, cfg.trainer)
     return resume
+
+
+def find_resume_checkpoint(resume: str | None, name: str, runs_root: Path = Path("runs")) -> str | None:
+    """`resume=auto`: newest `last.ckpt` under runs/<name>/; `resume=<path>`: that file (must exist)."""
+    if resume in (None, "", "none", "null"):
+        return None
+    if resume == "auto":
+        found = sorted((runs_root / name).glob("*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
+        if not found:
+            log.info("resume=auto: no checkpoint under %s, starting fresh", runs_root / name)
+            return None
+        return str(found[-1])
+    if not Path(resume).is_file():
+        from scfs.models.checkpoint import missing_checkpoint
+
+        err = missing_checkpoint(resume, "resume")
+        raise type(err)(f"{err}; use resume=auto or a path to a .ckpt")
+    return str(resume)
 
 
 # ---- the run folder ----------------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -572,12 +573,29 @@ def test_the_helpers_views_graphs_are_the_runs(tmp_path, shapes_root, monkeypatc
     _parallel_hits(tmp_path, monkeypatch, shapes_root, VIEWS)
 
 
+def _go_once_ready(monkeypatch, timeout_s: float = 900.0) -> None:
+    """The run's go to its early helpers held until each says it is ready (`ready_path`) or has ended: then each
+    begins its parts at the go, before the run asks for them. Without it, which entries a run uses depends on the
+    host: on a GPU the tiny step's own compile can end before a helper's start-up (its imports alone took 14-16 s
+    on one H100 host), and the run then builds the parts that helper had not begun (by design)."""
+    go = ch.EarlyHelpers.go
+
+    def go_once_ready(self, *args, **kwargs):
+        t0 = time.monotonic()
+        while (len(self.ready_roles()) < len(self.paths) and time.monotonic() - t0 < timeout_s
+               and all(p.poll() is None for p in self.procs.values())):
+            time.sleep(0.05)
+        return go(self, *args, **kwargs)
+
+    monkeypatch.setattr(ch.EarlyHelpers, "go", go_once_ready)
+
+
 def _parallel_hits(tmp_path, monkeypatch, shapes_root, extra, backward=False, early=None, split=False):
     """A run with compile_parallel=true and the real helper on an empty cache folder; `backward`: with
     compile_parallel_backward=true and its real helper too; `early`: the helpers started before the run's set-up
     (`scfs.training.compile_helpers.start_early_helpers`), checked: "gpu" as a GPU run starts them, "cpu" the same
-    on the CPU; `split`: the student's call per view size (compile_student_graphs=per_view_size), with the local
-    views' helper and, with `backward`, its backward's."""
+    on the CPU, the go held until they are ready (`_go_once_ready`); `split`: the student's call per view size
+    (compile_student_graphs=per_view_size), with the local views' helper and, with `backward`, its backward's."""
     import torch._dynamo
 
     torch._dynamo.reset()
@@ -585,6 +603,8 @@ def _parallel_hits(tmp_path, monkeypatch, shapes_root, extra, backward=False, ea
     if early == "cpu":
         monkeypatch.setattr(ch, "gpu_run", lambda cfg: True)
         monkeypatch.setattr(ch, "early_device", lambda: "cpu")
+    if early:
+        _go_once_ready(monkeypatch)
     views = "compile_views=true" in extra  # then handed to the helper and asked for at the second batch
     extra = [*extra, "compile_parallel_backward=true"] if backward else extra
     extra = [*extra, "compile_student_graphs=per_view_size"] if split else extra

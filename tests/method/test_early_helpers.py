@@ -130,6 +130,8 @@ def test_an_early_helper_compiles_under_the_gos_settings_and_final_config(tmp_pa
                                   wait_go=True)
     assert status["ok"], status
     assert status["early"]["rebuilt"] is changed and status["early"]["ready_s"] <= status["early"]["go_s"]
+    # it said it was ready before it waited (the run's go names the helpers still starting)
+    assert ch.read_status(ch.ready_path(tmp_path / "s.json")) == {"ready_s": status["early"]["ready_s"]}
     assert all(ch.part_path(tmp_path / "s.json", p).exists() for p in ch.PARTS)
     # where the start-up went, in order, seconds from the spawn (the clock's zero here)
     e = status["early"]
@@ -187,11 +189,13 @@ def test_a_helper_whose_run_died_during_its_start_up_ends_and_says_where_its_sta
 # a stand-in helper: begins both parts at its start (so the run's first step waits for them, whatever its own
 # pace), writes them only after the run's go when started early (argv[2] == "1"), and says what the go gave it
 STAND_IN = ("import sys, time; from pathlib import Path\n"
-            "from scfs.training.compile_helpers import PARTS, go_path, part_path, read_status, started_path, "
-            "write_status\n"
+            "from scfs.training.compile_helpers import PARTS, go_path, part_path, read_status, ready_path, "
+            "started_path, write_status\n"
             "p = Path(sys.argv[1])\n"
             "for part in PARTS:\n"
             "    write_status(started_path(p, part), {'ok': True})\n"
+            "if sys.argv[2] == '1':\n"
+            "    write_status(ready_path(p), {'ready_s': 0.0})\n"
             "while sys.argv[2] == '1' and read_status(go_path(p)) is None:\n"
             "    time.sleep(0.02)\n"
             "for part in PARTS:\n"
@@ -245,8 +249,21 @@ def test_the_run_gives_its_early_helpers_the_go_at_fit_and_builds_their_parts_fr
     go = json.loads((tmp_path / ch.STATUS_FILE).read_text())["go"]
     assert go["settings"] == bgc.key_settings()
     assert OmegaConf.load(go["config"]) == ch.child_config(cb.cfg, cb.batch_size)  # the run's final config
+    assert cb.report["ready_at_go"] in ([], ["parts"])  # the stand-in says it is ready, maybe after the go
     entry = json.loads((tmp_path / "summary.json").read_text())["compile_parallel"]
     assert entry["early_s"] == cb.report["early_s"]
+
+
+def test_the_go_names_the_early_helpers_still_starting_and_a_new_start_clears_an_old_ready_file(tmp_path):
+    paths = ch.early_paths(tmp_path, backward=True, split=True)
+    early = ch.EarlyHelpers("cpu", paths, {role: FakeProc() for role in paths})
+    assert early.ready_roles() == ()
+    for role in ("parts", "local"):
+        ch.write_status(ch.ready_path(paths[role]), {"ready_s": 3.0})
+    assert early.ready_roles() == ("local", "parts")  # in the start order
+    cfg = ch.child_config(compose_cfg(["compile=true", "compile_parallel=true"]), batch_size=8)
+    ch.launch(cfg, 8, paths["parts"], [sys.executable, "-c", "pass"]).wait(timeout=60)
+    assert early.ready_roles() == ("local",)  # a helper started anew is not ready until it says so
 
 
 def test_early_helpers_on_another_device_are_stopped_and_the_run_starts_its_own(
@@ -320,3 +337,32 @@ def test_an_early_helper_builds_the_search_kernels_while_the_run_sets_up(monkeyp
 
     monkeypatch.setattr(cuda_backend, "extension", boom)  # left to the run, which reports it as always
     assert bgc.prebuild_search_kernels(model, device) is None
+
+
+# a fresh interpreter runs `scfs.train.run` on a saved config whose helpers start early; at their start it prints
+# which of the heavy modules it has imported by then, and ends
+HEAVY_AT_START = ("import json, os, sys\n"
+                  "from omegaconf import OmegaConf\n"
+                  "import scfs.training.compile_helpers as ch\n"
+                  "from scfs.train import run\n"
+                  "def launch(*args, **kwargs):\n"
+                  "    heavy = [m for m in ('torch', 'lightning', 'timm', 'torchvision') if m in sys.modules]\n"
+                  "    print(json.dumps(heavy), flush=True)\n"
+                  "    os._exit(0)\n"
+                  "ch.gpu_run, ch.early_device, ch.launch = (lambda cfg: True), (lambda: 'cpu'), launch\n"
+                  "run(OmegaConf.load(sys.argv[1]), sys.argv[2])\n"
+                  "print('no helper started', flush=True)\n")
+
+
+@pytest.mark.parametrize("resume", [[], ["resume=auto"]], ids=["fresh", "resume-auto-nothing-to-resume"])
+def test_a_fresh_run_starts_its_helpers_before_it_imports_torch_lightning_or_the_models(tmp_path, shapes_root,
+                                                                                       resume):
+    """The run's own heavy imports (torch, Lightning, timm: 10-16 s on a GPU host) run beside the helpers' start-up,
+    not before it: only the accelerator's check may import torch first, and on the CPU trainer it does not."""
+    cfg = compose_cfg(["compile=true", "compile_parallel=true", *resume], data_root=shapes_root)
+    OmegaConf.save(cfg, tmp_path / "cfg.yaml")
+    out = subprocess.run([sys.executable, "-c", HEAVY_AT_START, str(tmp_path / "cfg.yaml"), str(tmp_path / "run")],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path, env=ch.child_env())
+    lines = out.stdout.strip().splitlines()
+    assert out.returncode == 0 and lines, out.stderr[-2000:]
+    assert json.loads(lines[-1]) == [], lines[-1]

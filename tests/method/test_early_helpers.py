@@ -187,7 +187,8 @@ def test_a_helper_whose_run_died_during_its_start_up_ends_and_says_where_its_sta
 
 
 # a stand-in helper: begins both parts at its start (so the run's first step waits for them, whatever its own
-# pace), writes them only after the run's go when started early (argv[2] == "1"), and says what the go gave it
+# pace); started early (argv[2] == "1"), says it is ready and writes them only after the run's go; says what the go
+# gave it
 STAND_IN = ("import sys, time; from pathlib import Path\n"
             "from scfs.training.compile_helpers import PARTS, go_path, part_path, read_status, ready_path, "
             "started_path, write_status\n"

@@ -357,9 +357,10 @@ def compile_lines(rows: list[dict]) -> list[str]:
             parts.append(f"the first step took {par['first_step_s']} s" + (f", waiting for the helpers' entries "
                                                                           f"({waited})" if waited else ""))
             if par.get("early_s") is not None:
-                ready = par.get("ready_at_go")
-                parts.append(f"the helpers started {par['early_s']} s before fit" + (
-                    "" if ready is None else f" (ready for the go by then: {', '.join(ready) or 'none'})"))
+                ready, after = par.get("ready_at_go"), par.get("early_started_after_s")
+                parts.append(f"the helpers started {par['early_s']} s before fit"
+                             + ("" if after is None else f" and {after} s after the run's own start")
+                             + ("" if ready is None else f" (ready for the go by then: {', '.join(ready) or 'none'})"))
             for key, name in (("helper", "the first helper"), ("backward_helper", "the backward's helper")):
                 early = (par.get(key) or {}).get("early") or {}
                 if early.get("ready_s") is not None:

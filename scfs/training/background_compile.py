@@ -794,6 +794,8 @@ class ParallelCompile(ChildCompile):
         ahead = early.go(self.cfg, self.batch_size, key_settings())
         self.report["early_s"] = round(ahead, 1)
         self.report["ready_at_go"] = list(ready)
+        if early.started_after_s is not None:
+            self.report["early_started_after_s"] = early.started_after_s
         starting = [role for role in early.paths if role not in ready]
         log.info("compile_parallel: the helpers started %.1f s before fit (processes %s) compile now (%s; logs: %s)",
                  ahead, ", ".join(str(p.pid) for p in early.procs.values()),

@@ -266,6 +266,16 @@ def stop_child(proc: subprocess.Popen | None, grace_s: float = 0.0) -> None:
 
 
 # ---- the early start --------------------------------------------------------------------------------------------
+def process_age_s() -> float | None:
+    """Seconds since this process started (from /proc on Linux), or None where that cannot be read."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()  # from the third field, the state
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return round(uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"), 2)  # the 22nd field: the start, in ticks
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 @dataclass
 class EarlyHelpers:
     """Helpers started before the run's set-up, waiting for its go. `paths`: each helper's status file by role
@@ -276,6 +286,8 @@ class EarlyHelpers:
     paths: dict[str, Path]
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
+    # seconds from the run's own start to theirs: what the run did before it started them
+    started_after_s: float | None = field(default_factory=lambda: process_age_s())
 
     def fits(self, device: str, paths: dict[str, Path]) -> bool:
         """Whether these helpers are the ones the run would start now: the same device and files, all running."""

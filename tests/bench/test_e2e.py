@@ -449,6 +449,7 @@ def test_whole_cli_on_the_cpu_for_cifar10(tmp_path: Path, monkeypatch: pytest.Mo
 
 # ---- the first epoch's compile -----------------------------------------------------------------------------------
 COMPILE = {"compile_parallel": {"first_step_s": 107.1, "early_s": 7.1, "ready_at_go": ["backward"],
+                                "early_started_after_s": 2.4,
                                 "waited_s": {"teacher": 0.0, "student_backward": 10.76},
                                 "ready_s": {"teacher": 29.8, "student_backward": 96.2}, "built_here": [],
                                 "host_load": {"cores": 16, "samples": 428, "interval_s": 0.25, "busy_mean": 12.5,
@@ -502,8 +503,8 @@ def test_the_record_keeps_the_runs_compile_report_and_the_helpers_logs(tmp_path:
     assert row["compile"] == COMPILE
     assert (logs / "run-cpu-background_compile_backward.log").read_text() == "the helper's log"
     assert ("- cpu: the first step took 107.1 s, waiting for the helpers' entries (teacher 0.0 s, student_backward "
-            "10.76 s); the helpers started 7.1 s before fit (ready for the go by then: backward); the first helper "
-            "had built its model 18.2 s after its "
+            "10.76 s); the helpers started 7.1 s before fit and 2.4 s after the run's own start (ready for the go by "
+            "then: backward); the first helper had built its model 18.2 s after its "
             "start: imports done at 6.1 s, model built at 9.0 s, on the device at 14.2 s; they wrote their entries "
             "(seconds after the go) teacher "
             "at 29.8 s, student_backward at 96.2 s; the host during the first step: 12.5 of 16 cores busy on average "

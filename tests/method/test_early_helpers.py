@@ -38,6 +38,7 @@ class FakeProc:
     kill = terminate
 
 
+AGE_AT_IMPORT = ch.process_age_s()  # the test process's age at this module's import, before any run in it
 GPU = ["compile=true", "compile_parallel=auto", "compile_parallel_backward=auto", "trainer=gpu"]
 
 
@@ -251,6 +252,7 @@ def test_the_run_gives_its_early_helpers_the_go_at_fit_and_builds_their_parts_fr
     assert go["settings"] == bgc.key_settings()
     assert OmegaConf.load(go["config"]) == ch.child_config(cb.cfg, cb.batch_size)  # the run's final config
     assert cb.report["ready_at_go"] in ([], ["parts"])  # the stand-in says it is ready, maybe after the go
+    assert AGE_AT_IMPORT <= cb.report["early_started_after_s"] <= ch.process_age_s()  # this process's age then
     entry = json.loads((tmp_path / "summary.json").read_text())["compile_parallel"]
     assert entry["early_s"] == cb.report["early_s"]
 
@@ -367,3 +369,13 @@ def test_a_fresh_run_starts_its_helpers_before_it_imports_torch_lightning_or_the
     lines = out.stdout.strip().splitlines()
     assert out.returncode == 0 and lines, out.stderr[-2000:]
     assert json.loads(lines[-1]) == [], lines[-1]
+
+
+def test_a_process_knows_its_own_age():
+    """`process_age_s` (what a run's report says it did before it started its helpers): a child that sleeps 1 s
+    before it asks is at least 1 s old, and not much older."""
+    out = subprocess.run([sys.executable, "-c", "import time; time.sleep(1.0); "
+                          "from scfs.training.compile_helpers import process_age_s; print(process_age_s())"],
+                         capture_output=True, text=True, timeout=120, env=ch.child_env())
+    age = float(out.stdout.strip())
+    assert 1.0 <= age < 20.0, out

@@ -287,7 +287,7 @@ class EarlyHelpers:
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
     # seconds from the run's own start to theirs: what the run did before it started them
-    started_after_s: float | None = field(default_factory=lambda: process_age_s())
+    started_after_s: float | None = field(default_factory=process_age_s)
 
     def fits(self, device: str, paths: dict[str, Path]) -> bool:
         """Whether these helpers are the ones the run would start now: the same device and files, all running."""

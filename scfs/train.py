@@ -27,6 +27,7 @@ from scfs.training.fit import fit
 from scfs.training.loggers import finish_logger, start_logger
 from scfs.training.setup import (
     build_for_training,
+    check_accelerator_with_torch,
     check_run_config,
     hold_run_folder,
     make_callbacks,
@@ -53,6 +54,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     resume = prepare_resume(cfg)
     run_dir = make_run_dir(cfg, run_dir)
     with hold_run_folder(run_dir), early_compile_helpers(cfg, run_dir) as early:
+        check_accelerator_with_torch(cfg)
         dm, model = build_for_training(cfg, resume)
         summary = start_summary(cfg, run_dir)
         bank, query = dm.knn_loaders()

@@ -25,12 +25,23 @@ log = logging.getLogger("scfs.train")  # the run's messages, whichever module sa
 # ---- checks before anything is built -----------------------------------------------------------------------------
 def check_run_config(cfg: DictConfig) -> None:
     """The config's values, secrets in it, and an accelerator this machine has; the hub goes offline first (it
-    reads that when imported, and the model build imports it)."""
+    reads that when imported, and the model build imports it). The accelerator is taken from the CUDA driver
+    where that shows enough, so that torch's import runs beside the compile helpers' start-up, not before it;
+    `check_accelerator_with_torch` then asks torch."""
     offline_by_default()
     from scfs.config import check_accelerator, validate_config
 
     validate_config(cfg)
     refuse_secrets(cfg)
+    check_accelerator(cfg.trainer, driver_first=True)
+
+
+def check_accelerator_with_torch(cfg: DictConfig) -> None:
+    """torch's own view of the accelerator, once the helpers are on their way: where the driver let the run
+    through and torch cannot use its GPUs (a driver older than torch's CUDA), this one line names it, before the
+    data and the model are built."""
+    from scfs.config import check_accelerator
+
     check_accelerator(cfg.trainer)
 
 

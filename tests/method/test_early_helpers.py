@@ -353,16 +353,21 @@ HEAVY_AT_START = ("import json, os, sys\n"
                   "    print(json.dumps(heavy), flush=True)\n"
                   "    os._exit(0)\n"
                   "ch.gpu_run, ch.early_device, ch.launch = (lambda cfg: True), (lambda: 'cpu'), launch\n"
+                  "import scfs.cuda_driver\n"
+                  "scfs.cuda_driver.cuda_driver_devices = lambda: [(9, 0)]\n"
                   "run(OmegaConf.load(sys.argv[1]), sys.argv[2])\n"
                   "print('no helper started', flush=True)\n")
 
 
 @pytest.mark.parametrize("resume", [[], ["resume=auto"]], ids=["fresh", "resume-auto-nothing-to-resume"])
+@pytest.mark.parametrize("trainer", [[], ["trainer.accelerator=gpu", "trainer.precision=bf16-mixed"]],
+                         ids=["cpu", "gpu-the-driver-shows-it"])
 def test_a_fresh_run_starts_its_helpers_before_it_imports_torch_lightning_or_the_models(tmp_path, shapes_root,
-                                                                                       resume):
+                                                                                       resume, trainer):
     """The run's own heavy imports (torch, Lightning, timm: 10-16 s on a GPU host) run beside the helpers' start-up,
-    not before it: only the accelerator's check may import torch first, and on the CPU trainer it does not."""
-    cfg = compose_cfg(["compile=true", "compile_parallel=true", *resume], data_root=shapes_root)
+    not before it: a GPU trainer's check takes the CUDA driver's word (a driver showing one bf16 GPU, here), so
+    not even torch is imported first."""
+    cfg = compose_cfg(["compile=true", "compile_parallel=true", *resume, *trainer], data_root=shapes_root)
     OmegaConf.save(cfg, tmp_path / "cfg.yaml")
     out = subprocess.run([sys.executable, "-c", HEAVY_AT_START, str(tmp_path / "cfg.yaml"), str(tmp_path / "run")],
                          capture_output=True, text=True, timeout=300, cwd=tmp_path, env=ch.child_env())

@@ -74,7 +74,7 @@ def _find(ts: list[tg.Target], *words: str) -> tg.Target:
 
 def test_verdicts_over_the_newest_day(records: Path) -> None:
     ts = tg.targets(records)
-    e2e = _find(ts, "end to end")
+    e2e = _find(ts, "end to end", "B=64")
     assert [v for _, v, _ in e2e.current()] == [0.97] and e2e.verdict() == "**met**"
     cold = _find(ts, "CIFAR-10", "first compile, empty cache, no helper, <=")
     assert sorted(v for _, v, _ in cold.current()) == [50.0, 90.0]  # the CPU record is not a GPU compile
@@ -158,3 +158,29 @@ def test_a_miss_that_tenths_would_round_away_reads_in_hundredths(tmp_path: Path)
     cifar = _find(ts, "CIFAR-10", "first compile, empty cache, no helper, <=")
     assert cifar.verdict() == "**missed** by 0.05 s" and cifar.show(60.05) == "60.05 s"
     assert _find(ts, "ResNet-50", "first compile, empty cache, no helper, <=").verdict() == "**missed** by 11.2 s"
+
+
+def test_the_recipes_batch_and_the_commands_first_step_come_from_its_e2e_records(tmp_path: Path) -> None:
+    """The end-to-end ratio at the recipe's batch and the real run's first step are read from the B=256 e2e rows
+    of the recipe as shipped: a row with an `--override` and the B=64 rows are not measurements of them."""
+    d = tmp_path / "results"
+    d.mkdir()
+
+    def e2e(date: str, ratio: float | None, first: float | None, b: int = 256, command: str = "bench.e2e") -> dict:
+        row = {"B": b, "decode": "cpu", "command": "python -m scfs.train +experiment=imagenet",
+               "compile": {"compile_parallel": {"first_step_s": first}}}
+        if ratio is not None:
+            row["compare"] = {"ratio": ratio}
+        return {"meta": {"date": date, "command": command}, "rows": [row]}
+
+    _write(d, "imagenet-e2e-h100-2026-01-01-a.json", e2e("2026-01-01", None, 93.2))
+    _write(d, "imagenet-e2e-h100-2026-01-02-b.json", e2e("2026-01-02", 0.967, 69.0))
+    _write(d, "imagenet-e2e-h100-2026-01-02-c.json", e2e("2026-01-02", 0.5, 300.0, command="--override compile=false"))
+    _write(d, "imagenet-e2e-h100-2026-01-02-d.json", e2e("2026-01-02", 0.2, 40.0, b=64))
+    ts = tg.targets(d)
+    at_batch = _find(ts, "end to end", "B=256")
+    assert [v for _, v, _ in at_batch.current()] == [0.967] and at_batch.verdict() == "**met**"
+    first = _find(ts, "the training command's own first step")
+    assert [v for _, v, _ in first.current()] == [69.0] and first.verdict() == "**missed** by 9.0 s"
+    assert [v for _, v, _ in first.measured] == [93.2, 69.0]
+    assert [v for _, v, _ in _find(ts, "end to end", "B=64").measured] == [0.2]

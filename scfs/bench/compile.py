@@ -108,7 +108,7 @@ from typing import Any
 
 from scfs.bench.records import provenance, save_record, source_commit
 from scfs.names import CONF_DIR
-from scfs.training.compile_helpers import startup_phrase
+from scfs.training.compile_helpers import HELPER_NAMES, startup_phrase
 from scfs.training.compile_metrics import compile_phase_seconds, frame_compiles
 from scfs.training.host_load import HostLoad, load_phrase, usable_cpus
 
@@ -782,12 +782,11 @@ def parallel_lines(rows: list[dict[str, Any]]) -> list[str]:
                             f"{r.get('peak_GiB', '–')} GiB).")
             if par.get("helper", {}).get("early_s") is not None:
                 out[-1] += " " + early_sentence(par["helper"])
-            for key, what, seconds in (("backward_helper", "The backward's helper", "backward_s"),
-                                       ("local_helper", "The local views' helper", "local_s"),
-                                       ("local_backward_helper", "The local views' backward's helper", "backward_s")):
+            for key, seconds in (("backward_helper", "backward_s"), ("local_helper", "local_s"),
+                                 ("local_backward_helper", "backward_s")):
                 side = par.get("helper", {}).get(key)
                 if side is not None:  # the helpers beside the first (compile_parallel_backward, per view size)
-                    out[-1] += (f" {what}: " + (
+                    out[-1] += (f" {HELPER_NAMES[key].capitalize()}: " + (
                         f"its compile took {side.get(seconds, '–')} s, inductor cache {side.get('fx_cache', '–')}"
                         + (f", peak GPU memory {side['peak_GiB']} GiB" if side.get("peak_GiB") is not None else "")
                         if side.get("ok") else f"no entry ({side.get('error', 'it had not ended')})") + ".")
@@ -863,15 +862,11 @@ def phase_table(rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-HELPERS = (("helper", "the first helper"), ("backward_helper", "the backward's helper"),
-           ("local_helper", "the local views' helper"), ("local_backward_helper", "the local views' backward's helper"))
-
-
 def helper_statuses(row: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    """A `compile_parallel` row's helpers that ended with a status, named (`HELPERS`): the first helper's status
-    holds the others' under their keys."""
+    """A `compile_parallel` row's helpers that ended with a status, named (`HELPER_NAMES`): the first helper's
+    status holds the others' under their keys."""
     first = (row.get("parallel") or {}).get("helper") or {}
-    found = [(name, first if key == "helper" else first.get(key)) for key, name in HELPERS]
+    found = [(name, first if key == "helper" else first.get(key)) for key, name in HELPER_NAMES.items()]
     return [(name, status) for name, status in found if status]
 
 

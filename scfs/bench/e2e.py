@@ -76,7 +76,7 @@ from typing import Any
 
 from scfs.bench.records import provenance, record_stem, run_logged, save_record, source_commit, why_it_failed
 from scfs.names import DATA_DECODE
-from scfs.training.compile_helpers import startup_phrase
+from scfs.training.compile_helpers import HELPER_NAMES, startup_phrase
 from scfs.training.host_load import load_phrase
 
 TARGET = 0.95  # e2e img/s over the step benchmark's at the same batch
@@ -361,12 +361,14 @@ def compile_lines(rows: list[dict]) -> list[str]:
                 parts.append(f"the helpers started {par['early_s']} s before fit"
                              + ("" if after is None else f" and {after} s after the run's own start")
                              + ("" if ready is None else f" (ready for the go by then: {', '.join(ready) or 'none'})"))
-            for key, name in (("helper", "the first helper"), ("backward_helper", "the backward's helper")):
+            for key, name in HELPER_NAMES.items():
                 early = (par.get(key) or {}).get("early") or {}
                 if early.get("ready_s") is not None:
                     parts.append(f"{name} had built its model {early['ready_s']} s after its start"
                                  f"{startup_phrase(early)}")
-            ready = ", ".join(f"{k} at {v} s" for k, v in (par.get("ready_s") or {}).items())
+            begun = par.get("started_s") or {}
+            ready = ", ".join(f"{k} at {v} s" + (f" (begun at {begun[k]} s)" if k in begun else "")
+                              for k, v in (par.get("ready_s") or {}).items())
             if ready:
                 parts.append(f"they wrote their entries (seconds after the go) {ready}")
             built = par.get("built_here") or []

@@ -48,8 +48,8 @@ LOCAL_BACKWARD_STATUS_FILE = "background_compile_local_backward.json"
 
 class HelperRole(NamedTuple):
     """What one helper does: its status file's name, the parts it writes, its command-line flags
-    (`helper_command`), the steps it runs, the key of its status in the run's summary and what it compiles (for
-    the log and the records)."""
+    (`helper_command`), the steps it runs, the key of its status in the run's summary, what it compiles (for
+    the log and the records) and what the records call it."""
 
     status_file: str
     parts: tuple[str, ...]
@@ -57,6 +57,7 @@ class HelperRole(NamedTuple):
     steps: int
     summary_key: str
     what: str
+    name: str
 
     def command_flags(self) -> dict[str, bool]:
         """`helper_command`'s keyword flags of this role."""
@@ -66,14 +67,17 @@ class HelperRole(NamedTuple):
 
 ROLES: dict[str, HelperRole] = {
     "parts": HelperRole(STATUS_FILE, (*PARTS, VIEWS_PART), ("--helper",), 1, "helper",
-                        "the teacher's call and the losses"),
+                        "the teacher's call and the losses", "the first helper"),
     "backward": HelperRole(BACKWARD_STATUS_FILE, (BACKWARD_PART,), ("--backward",), 0, "backward_helper",
-                           "the student's backward graph"),
+                           "the student's backward graph", "the backward's helper"),
     "local": HelperRole(LOCAL_STATUS_FILE, (LOCAL_PART,), ("--local",), 0, "local_helper",
-                        "the student's local views' graph"),
+                        "the student's local views' graph", "the local views' helper"),
     "local_backward": HelperRole(LOCAL_BACKWARD_STATUS_FILE, (LOCAL_BACKWARD_PART,), ("--backward", "--local"), 0,
-                                 "local_backward_helper", "the student's local views' backward graph"),
+                                 "local_backward_helper", "the student's local views' backward graph",
+                                 "the local views' backward's helper"),
 }
+# each helper's status key in a run's summary (`compile_parallel`) and in the first helper's status -> its name
+HELPER_NAMES: dict[str, str] = {role.summary_key: role.name for role in ROLES.values()}
 AUTO_MIN_CORES = 8  # `auto` starts the helpers only with this many CPU cores: they compile beside the run
 SPAWNED_AT_ENV = "SCFS_HELPER_SPAWNED_AT"  # the wall clock at the helper's start, for its start-up seconds
 PARENT_PID_ENV = "SCFS_HELPER_PARENT_PID"  # the run that started the helper: gone, the helper must end too

@@ -452,11 +452,13 @@ COMPILE = {"compile_parallel": {"first_step_s": 107.1, "early_s": 7.1, "ready_at
                                 "early_started_after_s": 2.4,
                                 "waited_s": {"teacher": 0.0, "student_backward": 10.76},
                                 "ready_s": {"teacher": 29.8, "student_backward": 96.2}, "built_here": [],
+                                "started_s": {"student_backward": 3.6},
                                 "host_load": {"cores": 16, "samples": 428, "interval_s": 0.25, "busy_mean": 12.5,
                                               "busy_p90": 15.9, "busy_max": 16.0, "runnable_mean": 17.2,
                                               "runnable_max": 61, "oversubscribed_share": 0.41},
                                 "helper": {"ok": True, "early": {"imported_s": 6.1, "built_s": 9.0,
                                                                  "on_device_s": 14.2, "ready_s": 18.2}},
+                                "local_backward_helper": {"ok": True, "early": {"ready_s": 19.5}},
                                 "compiles": [{"graph": "student_forward", "at_s": 0.9, "s": 80.2, "first_run": False,
                                               "inductor_cache": "miss"},
                                              {"graph": "student_forward", "at_s": 81.1, "s": 5.5, "first_run": True},
@@ -505,9 +507,11 @@ def test_the_record_keeps_the_runs_compile_report_and_the_helpers_logs(tmp_path:
     assert ("- cpu: the first step took 107.1 s, waiting for the helpers' entries (teacher 0.0 s, student_backward "
             "10.76 s); the helpers started 7.1 s before fit and 2.4 s after the run's own start (ready for the go by "
             "then: backward); the first helper had built its model 18.2 s after its "
-            "start: imports done at 6.1 s, model built at 9.0 s, on the device at 14.2 s; they wrote their entries "
+            "start: imports done at 6.1 s, model built at 9.0 s, on the device at 14.2 s; the local views' "
+            "backward's helper had built its model 19.5 s after its start; they wrote their entries "
             "(seconds after the go) teacher "
-            "at 29.8 s, student_backward at 96.2 s; the host during the first step: 12.5 of 16 cores busy on average "
+            "at 29.8 s, student_backward at 96.2 s (begun at 3.6 s); the host during the first step: 12.5 of 16 "
+            "cores busy on average "
             "(p90 15.9), 17.2 runnable threads (max 61), more runnable threads than cores in 41 % of 428 samples; "
             "the run's own compiles and first runs of 0.5 s or more (seconds "
             "from fit's start): `student_forward` 80.2 s at 0.9 s (inductor cache miss), `student_forward` first run "

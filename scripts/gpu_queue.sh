@@ -16,6 +16,8 @@
 # environment (the wheels' PYTHONPATH, say); what it prints goes to $Q/logs/<name>.log.
 # Each line of the queue's own log ($Q/queue.log) says when a job started, ended (exit status, seconds) or was left.
 # SKIP='<name> <name>' leaves out the jobs an earlier window has done (their records committed).
+# `start` starts nothing when a job names a carried input (.gpudata/, .whl/, .pub/) this tree lacks: the device
+# call brings those folders only where its `carry` names them.
 # The queue lives as long as the machine, which goes back shortly after a call ends (the device status's
 # idle_release_s, seconds): follow each call at once with the next `watch`, and read what came back after the last.
 # `watch SECONDS` waits at most SECONDS while the queue runs, prints that log and copies back what there is;
@@ -37,6 +39,17 @@ copy_back() {
     job=$(basename "$(dirname "$f")"); cp "$f" "$OUT/$job--$(basename "$f")"; n=$((n + 1))
   done
   return 0
+}
+missing_inputs() {  # the carried inputs (.gpudata/, .whl/, .pub/: ignored by git, so a call brings them only
+  # where its `carry` names them) that a queue file's jobs name and this tree lacks, as '<job>: <path>' lines
+  local - name secs cmd word; set -f
+  while read -r name secs cmd; do
+    [ -z "$name" ] || [[ $name == \#* ]] || [[ " ${SKIP:-} " == *" $name "* ]] && continue
+    for word in $cmd; do
+      word=${word//\"/}; word=${word//\'/}
+      case $word in .gpudata/*|.whl/*|.pub/*) compgen -G "$word" > /dev/null || echo "$name: $word" ;; esac
+    done
+  done < "$1"
 }
 run_queue() {  # the queue itself, under setsid: $1 the queue file (in the tree's copy), $2 the deadline (epoch s)
   local file=$1 deadline=$2 name secs cmd t0 rc
@@ -64,6 +77,12 @@ start)
   for file in "$@"; do
     [ -f "$file" ] || { echo "no queue file '$file': give a file of '<name> <seconds> <command>' lines"; exit 2; }
   done
+  missing=$(for file in "$@"; do missing_inputs "$file"; done)
+  if [ -n "$missing" ]; then  # a job would fail in its first second and the window's minutes go by unused
+    echo "$missing" | sed 's/^/missing input, job /'
+    echo "these are not in this tree: name their folders in the run call's carry (e.g. [\".whl\", \".gpudata\", \".pub\"])"
+    exit 2
+  fi
   export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 WANDB_MODE=offline COMMIT=${COMMIT:-unknown}
   rm -rf "$Q" "$W"; mkdir -p "$Q/logs" "$Q/jobs"; cat "$@" > "$Q/queue.txt"; cp -a . "$W"; cd "$W" || exit 1
   export PYTHONPATH="$W${PYTHONPATH:+:$PYTHONPATH}"

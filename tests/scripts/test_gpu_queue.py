@@ -72,6 +72,30 @@ def test_start_without_a_queue_file_says_what_to_give(tmp_path):
     assert res.returncode == 2 and "no queue file 'missing.queue'" in res.stdout
 
 
+@needs_setsid
+def test_start_refuses_a_queue_whose_jobs_name_inputs_the_tree_lacks(tmp_path):
+    """A job naming a carried input (`.gpudata/`, `.whl/`, `.pub/`) that the device's tree lacks would fail in
+    its first second while the window's minutes go by: `start` names each such job and input and the fix, and
+    starts nothing; a glob counts where it matches, and a job in SKIP is not asked."""
+    tree = tmp_path / "tree"
+    (tree / ".whl").mkdir(parents=True)
+    (tree / ".whl" / "a-1.0-py3-none-any.whl").write_text("")
+    (tree / "t.queue").write_text('wheels 5 ls .whl/*.whl\n'
+                                  'e2e 5 python -m scfs.bench.e2e --archive ".gpudata/photos.tar.xz" --out "$JOB_OUT"\n'
+                                  "published 5 python -m scfs.bench.published --root .pub/skyoux-scfs\n")
+    script, env = ["bash", str(REPO / "scripts" / "gpu_queue.sh"), "start", "t.queue"], _env(tmp_path)
+    res = subprocess.run(script, cwd=tree, env={**env, "SKIP": ""}, capture_output=True, text=True, timeout=30)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert res.stdout.splitlines()[:2] == ["missing input, job e2e: .gpudata/photos.tar.xz",
+                                           "missing input, job published: .pub/skyoux-scfs"]
+    assert "carry" in res.stdout and not (tmp_path / "queue").exists()
+    res = subprocess.run(script, cwd=tree, env={**env, "SKIP": "e2e published"}, capture_output=True, text=True,
+                         timeout=30)
+    assert res.returncode == 0 and "missing input" not in res.stdout, res.stdout + res.stderr
+    subprocess.run(["bash", str(REPO / "scripts" / "gpu_queue.sh"), "collect", "30"], cwd=tree, env=env,
+                   capture_output=True, text=True, timeout=60)
+
+
 @pytest.mark.parametrize("queue", ["speed", "compile", "vit"])
 def test_the_shipped_queues_parse_and_fit_two_windows(queue):
     """Every line of a shipped queue is `<name> <seconds> <command>`, the command one of the project's modules or

@@ -93,7 +93,7 @@ def test_start_refuses_a_queue_whose_jobs_name_inputs_the_tree_lacks(tmp_path):
                          timeout=30)
     assert res.returncode == 0 and "missing input" not in res.stdout, res.stdout + res.stderr
     subprocess.run(["bash", str(REPO / "scripts" / "gpu_queue.sh"), "collect", "30"], cwd=tree, env=env,
-                   capture_output=True, text=True, timeout=60)
+                   capture_output=True, text=True, timeout=60)  # the started queue ends before tmp_path goes
 
 
 @pytest.mark.parametrize("queue", ["speed", "compile", "vit"])

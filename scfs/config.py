@@ -291,26 +291,32 @@ def check_accelerator(trainer: Any, key: str = "trainer", driver_first: bool = F
     import torch
 
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    problem = accelerator_problem(trainer, key, n, lambda: torch.cuda.is_bf16_supported(including_emulation=False))
+    if problem:
+        raise ConfigError(problem)
+
+
+def accelerator_problem(trainer: Any, key: str, n: int, native_bf16: Callable[[], bool]) -> str | None:
+    """What a GPU trainer asks that `n` visible GPUs (and `native_bf16()`, asked only for a bf16 precision) do not
+    give, as the one line naming the key and the fix; None where they give it. torch's view and the CUDA driver's
+    are judged by these same rules."""
+    accel = str(trainer.get("accelerator", "cpu"))
     if n == 0:
-        raise ConfigError(f"config key {key}.accelerator={accel} is invalid: torch sees no CUDA GPU on this machine; "
-                          f"use {key}.accelerator=cpu (or auto)")
+        return (f"config key {key}.accelerator={accel} is invalid: torch sees no CUDA GPU on this machine; "
+                f"use {key}.accelerator=cpu (or auto)")
     devices = trainer.get("devices", 1)
     if isinstance(devices, int) and not isinstance(devices, bool) and devices > n:
-        raise ConfigError(f"config key {key}.devices={devices} is invalid: torch sees {n} CUDA GPU(s) here; use "
-                          f"{key}.devices={n} or fewer (or -1 for all)")
+        return (f"config key {key}.devices={devices} is invalid: torch sees {n} CUDA GPU(s) here; use "
+                f"{key}.devices={n} or fewer (or -1 for all)")
     precision = str(trainer.get("precision", "32-true"))
-    if precision.startswith("bf16") and not torch.cuda.is_bf16_supported(including_emulation=False):
-        raise ConfigError(f"config key {key}.precision={precision} is invalid: this GPU has no native bfloat16 "
-                          f"(before Ampere); use {key}.precision=16-mixed (fp16 with loss scaling)")
+    if precision.startswith("bf16") and not native_bf16():
+        return (f"config key {key}.precision={precision} is invalid: this GPU has no native bfloat16 "
+                f"(before Ampere); use {key}.precision=16-mixed (fp16 with loss scaling)")
+    return None
 
 
 def driver_shows_enough(trainer: Any, caps: list[tuple[int, int]] | None) -> bool:
-    """Whether the CUDA driver's GPUs (`caps`, their compute capabilities; None: it could not say) pass each check
-    `check_accelerator` makes with torch: at least one GPU, at least `devices` of them where that is a count, and
-    native bfloat16 (compute capability 8 or more, on the first GPU as torch asks it) for a bf16 precision."""
-    if not caps:
-        return False
-    devices = trainer.get("devices", 1)
-    if isinstance(devices, int) and not isinstance(devices, bool) and devices > len(caps):
-        return False
-    return not str(trainer.get("precision", "32-true")).startswith("bf16") or caps[0][0] >= 8
+    """Whether the CUDA driver's GPUs (`caps`, their compute capabilities; None: it could not say) pass the checks
+    `check_accelerator` makes with torch (`accelerator_problem`); native bfloat16 is compute capability 8 or more,
+    on the first GPU as torch asks it."""
+    return bool(caps) and accelerator_problem(trainer, "trainer", len(caps), lambda: caps[0][0] >= 8) is None

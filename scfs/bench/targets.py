@@ -127,12 +127,6 @@ def targets(records_dir: Path) -> list[Target]:
 
     e2e = Target(f"`+experiment=imagenet` end to end >= {E2E_TARGET:.0%} of the step benchmark, B=64, real JPEGs "
                  "(the recipe as shipped)", E2E_TARGET, True, pct, lambda v: f"{100 * v:.1f} points")
-    for rec in load(records_dir.glob("imagenet-e2e-*.json")):
-        for row in rec.data.get("rows", []):
-            ratio = (row.get("compare") or {}).get("ratio")
-            if ratio is not None and row.get("B") == 64 and row.get("decode") == "cpu" \
-                    and "compile_views=false" not in row.get("command", ""):
-                e2e.measured.append((rec.date, ratio, rec.name))
     # the recipe's own batch, and the training command's own first step: what a user of the recipe meets
     at_recipe_batch = Target(f"`+experiment=imagenet` end to end >= {E2E_TARGET:.0%} of the step benchmark in the "
                              f"same call, B={RECIPE_BATCH} (the recipe's batch), real JPEGs (the recipe as shipped)",
@@ -144,9 +138,13 @@ def targets(records_dir: Path) -> list[Target]:
     for rec in load(records_dir.glob("imagenet-e2e-*.json")):
         command = str((rec.data.get("meta") or {}).get("command", ""))  # an `--override` is not the recipe as shipped
         for row in rec.data.get("rows", []):
-            if row.get("B") != RECIPE_BATCH or row.get("decode") != "cpu" or "--override" in command:
+            if row.get("decode") != "cpu":
                 continue
             ratio = (row.get("compare") or {}).get("ratio")
+            if ratio is not None and row.get("B") == 64 and "compile_views=false" not in row.get("command", ""):
+                e2e.measured.append((rec.date, ratio, rec.name))
+            if row.get("B") != RECIPE_BATCH or "--override" in command:
+                continue
             if ratio is not None:
                 at_recipe_batch.measured.append((rec.date, ratio, rec.name))
             first = ((row.get("compile") or {}).get("compile_parallel") or {}).get("first_step_s")

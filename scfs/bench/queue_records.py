@@ -11,6 +11,8 @@ machine. This files them the one way every record is named (`scfs.bench.records.
 * the end-to-end benchmark's `<recipe>-e2e-<gpu>-<date>-<commit>.json` ->
   `<recipe>-e2e-<gpu>-<date>-<job>-<commit>.{json,md}` and its `-logs/` folder, the command's `--out` rewritten
   to the records' folder;
+* the step benchmark's `step-<gpu>-<date>.json` -> `step-<gpu>-<date>-<job>-<commit>.{json,md}`, the command's
+  `--out` rewritten to the records' folder;
 * the GPU smoke's `gpu-smoke.md` -> `gpu-smoke-<date>-<commit>.md` (date and commit from its own header).
 
 Each record's markdown is made again by its benchmark's own `markdown` from the JSON, so a record filed here reads
@@ -130,6 +132,18 @@ def file_e2e(src: Path, job: str, out: Path, filed: Filed, dry_run: bool, force:
                dry_run, force)
 
 
+def file_step(src: Path, job: str, out: Path, filed: Filed, dry_run: bool, force: bool) -> None:
+    from scfs.bench import step as bench
+
+    d = json.loads(src.read_text())
+    meta = d.get("meta") or {}
+    if "rows" not in d or "gpu" not in meta or "date" not in meta:
+        raise QueueRecordsError(f"{src}: not a step benchmark record (no rows or meta.gpu/date); file it by hand")
+    stem = job_stem(out, "step", meta["gpu"], meta["date"], job, meta.get("commit"))
+    meta["command"] = with_out(str(meta.get("command", "")), str(out))
+    write_record(d, stem, bench.markdown, filed, dry_run, force)
+
+
 def file_smoke(src: Path, job: str, out: Path, filed: Filed, dry_run: bool, force: bool) -> None:
     text = src.read_text()
     title, commit = SMOKE_TITLE.search(text.splitlines()[0] if text else ""), SMOKE_COMMIT.search(text)
@@ -143,6 +157,7 @@ def file_smoke(src: Path, job: str, out: Path, filed: Filed, dry_run: bool, forc
 IMPORTERS: list[tuple[re.Pattern[str], Callable[..., None]]] = [
     (re.compile(r"^compile-\d{4}-\d{2}-\d{2}\.json$"), file_compile),
     (re.compile(r"^[a-z0-9]+-e2e-.+\.json$"), file_e2e),
+    (re.compile(r"^step-[a-z0-9]+-\d{4}-\d{2}-\d{2}\.json$"), file_step),
     (re.compile(r"^gpu-smoke\.md$"), file_smoke),
 ]
 

@@ -15,6 +15,7 @@ RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 COMPILE = RESULTS / "compile-h100-2026-12-05-split-alone-r50-bf45094.json"
 E2E = RESULTS / "imagenet-e2e-h100-2026-12-05-bf45094.json"
 SMOKE = RESULTS / "gpu-smoke-2026-12-05-bf45094.md"
+STEP = RESULTS / "step-h200-2026-12-03-same-call-eager-a181130.json"
 QUEUE_LOG = """[queue] window: 1140 s
 [queue] +0 s start smoke (480 s expected)
 [queue] +411 s smoke ended, exit status 0, in 411 s
@@ -31,7 +32,7 @@ def make_queue(root: Path) -> Path:
     """A queue folder as `scripts/gpu_queue.sh` leaves it, from committed records put back where the device
     machine's jobs wrote them (`--out "$JOB_OUT"`)."""
     jobs = root / "jobs"
-    for job in ("smoke", "split-alone-r50", "e2e-r50", "notes"):
+    for job in ("smoke", "split-alone-r50", "e2e-r50", "step-eager", "notes"):
         (jobs / job).mkdir(parents=True)
     d = json.loads(COMPILE.read_text())
     d["command"] = d["command"].replace(d["command"].split("--out ")[1], "/tmp/queue/jobs/split-alone-r50")
@@ -42,6 +43,10 @@ def make_queue(root: Path) -> Path:
     e["meta"]["command"] = e["meta"]["command"].replace("--out benchmarks/results", '--out "/tmp/queue/jobs/e2e-r50"')
     (jobs / "e2e-r50" / E2E.name).write_text(json.dumps(e))
     (jobs / "e2e-r50" / E2E.with_suffix(".md").name).write_text("# as the device machine wrote it\n")
+    st = json.loads(STEP.read_text())
+    st["meta"]["command"] = st["meta"]["command"].replace("/root/out/e", '"/tmp/queue/jobs/step-eager"')
+    (jobs / "step-eager" / "step-h200-2026-12-03.json").write_text(json.dumps(st))
+    (jobs / "step-eager" / "step-h200-2026-12-03.md").write_text("# as the device machine wrote it\n")
     (jobs / "notes" / "step-x.md").write_text("# a markdown no importer knows, its JSON neither\n")
     shutil.copytree(E2E.with_name(E2E.stem + "-logs"), jobs / "e2e-r50" / (E2E.stem + "-logs"))
     shutil.copy(SMOKE, jobs / "smoke" / "gpu-smoke.md")
@@ -72,8 +77,14 @@ def test_a_queue_archive_is_filed_as_named_records(tmp_path: Path, monkeypatch: 
     assert (out / f"{e2e.name}-logs" / "run-cpu.log").is_file()
     assert "/tmp/queue" not in e2e.with_suffix(".md").read_text()
     assert (out / "gpu-smoke-2026-12-05-bf45094.md").read_text() == SMOKE.read_text()
+    step = out / "step-h200-2026-12-03-step-eager-a181130"
+    st = json.loads(step.with_suffix(".json").read_text())
+    assert st["rows"] == json.loads(STEP.read_text())["rows"]
+    assert st["meta"]["command"].endswith("--no-ceiling --out benchmarks/results")
+    assert "/tmp/queue" not in step.with_suffix(".md").read_text()
+    assert "| scfs | 64 | bf16_cl |" in step.with_suffix(".md").read_text()
     printed = capsys.readouterr().out
-    assert "wrote 6 file(s):" in printed
+    assert "wrote 8 file(s):" in printed
     assert "jobs that did not end cleanly: e2e-r50 (exit 1), cold-r50 (left)" in printed
     assert "left (no importer; file by hand if it is a record): notes/step-x.json, notes/step-x.md\n" in printed
     # filed again: nothing is replaced without --force, and the error is one line
@@ -87,7 +98,7 @@ def test_dry_run_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture) -
     queue = make_queue(tmp_path / "queue")
     assert qr.main([str(queue), "--out", str(tmp_path / "records"), "--dry-run"]) == 0
     assert not (tmp_path / "records").exists()
-    assert "would write 6 file(s):" in capsys.readouterr().out
+    assert "would write 8 file(s):" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("make, message", [

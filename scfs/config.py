@@ -238,6 +238,9 @@ def validate_config(cfg: DictConfig) -> None:
             raise ConfigError(f"config key compile_inductor.{bad[0]} is not an option of torch._inductor.config in "
                               f"torch {torch.__version__}; remove it or name an existing option (e.g. "
                               "compile_inductor.triton.autotune_pointwise=false)")
+    _check(cfg, "compile_autotune_ms", lambda v: v is None or _pos(v),
+           "a positive number of milliseconds per launch config (e.g. 5), or null for inductor's own 25 ms",
+           required=False)
     _check(cfg, "num_workers", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0", required=False)
     _check(cfg, "trainer.max_epochs", lambda v: isinstance(v, int) and v >= 1, "an integer >= 1", required=False)
     _check(cfg, "trainer.accumulate_grad_batches", lambda v: isinstance(v, int) and v >= 1, "an integer >= 1",

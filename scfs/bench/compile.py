@@ -41,6 +41,10 @@ share the seed, so a cache that changed the numbers would show). Where the recip
 * `parallel-backward-cudnn-warmup-compile-tune`: the recipe as shipped with Triton's launch configs benchmarked
   when each graph compiles, on random inputs, instead of at its first run (`COMPILE_TUNE`): the backward's helper
   then leaves its kernels' choices in the cache, so the run's first backward should benchmark none.
+* `parallel-backward-cudnn-warmup-quick-tune`: the recipe as shipped with 5 ms of timed launches for each
+  candidate launch config at a kernel's first run instead of inductor's 25 ms (`QUICK_TUNE`: `compile_autotune_ms`):
+  what the shorter benchmarks take off the first runs on the first step's path, and, by its steady step beside the
+  as-shipped row's, whether the choices they make cost the step.
 * `split`, `parallel-split`: the `cold` and `parallel-backward` rows with the student's call compiled per view size
   (`compile_student_graphs=per_view_size`: one graph per view batch and one for the heads); with the helpers, a
   third compiles the local views' graph and a fourth its backward while the run compiles the global views' graph
@@ -116,7 +120,8 @@ ROWS = ("eager", "cold", "warm", "carried", "blocks", "blocks-carried", "cudagra
         "parallel-warm", "lean", "parallel-lean", "parallel-backward", "parallel-backward-warm",
         "parallel-backward-lean", "parallel-backward-cudnn-warmup", "cudnn-warmup", "heuristics", "split",
         "parallel-split", "parallel-split-lean", "parallel-split-cudnn-warmup",
-        "parallel-backward-cudnn-warmup-compile-tune", "parallel-backward-cudnn-warmup-threads")
+        "parallel-backward-cudnn-warmup-compile-tune", "parallel-backward-cudnn-warmup-threads",
+        "parallel-backward-cudnn-warmup-quick-tune")
 # rows that reuse what an earlier row of the same repeat left (its cache folder, or the artifacts it wrote): a row
 # here runs after the row it names, and only beside it
 NEEDS = {"warm": "cold", "carried": "cold", "blocks-carried": "blocks", "parallel-warm": "parallel",
@@ -133,6 +138,9 @@ WARMUP = ("compile_cudnn_warmup=auto",)
 # the `*compile-tune` row: Triton's launch configs benchmarked at each graph's compile (in whichever process
 # compiles it) instead of at its first run in the run
 COMPILE_TUNE = ("+compile_inductor.triton.autotune_at_compile_time=true",)
+# the `*quick-tune` row: each candidate launch config of a kernel's first-run benchmarks timed for 5 ms instead of
+# inductor's 25 (`compile_autotune_ms`, `scfs.autotune_budget`), in the run and its helpers alike
+QUICK_TUNE = ("compile_autotune_ms=5",)
 # the `*threads` row: each of the three compiling processes (the run and its two helpers) with a third of the
 # cores this process may use for its compile workers (`compile_threads`; inductor's default gives each
 # process one per core, up to 32), so that the workers' kernel builds leave cores to the single-threaded
@@ -610,6 +618,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "parallel-backward-cudnn-warmup-compile-tune": dict(
                         cache_dir=d / "parallel-backward-cudnn-warmup-compile-tune", scope="model", parallel=True,
                         extra=(*BACKWARD, *WARMUP, *COMPILE_TUNE)),
+                    "parallel-backward-cudnn-warmup-quick-tune": dict(
+                        cache_dir=d / "parallel-backward-cudnn-warmup-quick-tune", scope="model", parallel=True,
+                        extra=(*BACKWARD, *WARMUP, *QUICK_TUNE)),
                 }
                 for position, name in enumerate(n for n in rows if not (n == "eager" and rep)):
                     r = run_row(args, recipe, name, **plan[name])

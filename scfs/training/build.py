@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf
 
-from scfs import inductor_options
+from scfs import autotune_budget, inductor_options
 
 
 def build(cfg: DictConfig):
@@ -19,6 +19,7 @@ def build(cfg: DictConfig):
 
     validate_config(cfg)
     inductor_options.use(cfg.get("compile_inductor"))
+    autotune_budget.use(cfg.get("compile_autotune_ms"))
     method = method_class(cfg.method.name)  # an unknown name fails here, before any data is touched
     crops = OmegaConf.to_container(cfg.crops, resolve=True)
     batch_aug = bool(cfg.data.get("batch_aug", False))

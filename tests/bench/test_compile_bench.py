@@ -515,6 +515,7 @@ def test_every_row_has_a_plan_and_its_name_says_its_settings(monkeypatch, tmp_pa
         assert (set(bench.WARMUP) <= extra) == ("cudnn-warmup" in name), name
         assert (set(bench.COMPILE_TUNE) <= extra) == name.endswith("compile-tune"), name
         assert (set(bench.THREADS) <= extra) == name.endswith("threads"), name
+        assert (set(bench.QUICK_TUNE) <= extra) == name.endswith("quick-tune"), name
 
 
 @pytest.mark.parametrize("parallel, extra, user, expected", [

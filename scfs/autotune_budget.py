@@ -1,0 +1,115 @@
+"""`compile_autotune_ms`: how long inductor times each candidate launch config of a kernel at its first run.
+
+A compiled graph's first run benchmarks every Triton kernel that has more than one candidate launch config (block
+sizes, warps) and keeps the fastest; the choice is cached on disk beside the kernel, so later runs skip it. Inductor's
+benchmarker gives each candidate up to 25 ms of timed launches (`max_benchmark_duration`, after a warm-up and a
+runtime estimate). At the ImageNet recipe's batch a kernel takes 0.1 to a few milliseconds, so most candidates use
+their whole 25 ms: on one H100 the student's forward and backward first runs spent 5 to 7 s and 4.6 to 4.8 s in these
+benchmarks, on the first step's critical path (docs/RESULTS.md "Compile time"). Candidates that differ by the few
+per cent that matter are told apart by fewer launches: `compile_autotune_ms=5` gives each 5 ms instead.
+
+The budget is a keyword of the benchmarker, not an option of `torch._inductor.config`, so it is not part of any cache
+key: a run and its compile helpers, with the budget or without, share the cache's graphs and launch-config choices.
+It is set per process where the method is built (`scfs.training.build.build`), as `compile_inductor` is: the run,
+its helpers (whose first runs benchmark the teacher's and the losses' kernels) and the compile benchmark alike.
+
+`use` wraps `benchmark` of inductor's process-wide benchmarker object (`torch._inductor.runtime.benchmarking
+.benchmarker`, the one `CachingAutotuner.bench` calls) so that every call gets `max_benchmark_duration=ms` (inductor's
+own benchmarker) and `rep=ms` (Triton's `do_bench`, the fallback benchmarker: its timed repetitions); the next `use`
+puts the original back first. A torch whose benchmarker has neither keyword is refused in one line; a CPU timing
+(inductor's CPU timer takes neither) passes through unchanged.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+from typing import Any
+
+BENCHMARKING = "torch._inductor.runtime.benchmarking"
+DEFAULT_MS = 25  # inductor's own budget per candidate (`InductorBenchmarker.benchmark_gpu`'s max_benchmark_duration)
+
+
+class AutotuneBudgetError(ValueError):
+    """`compile_autotune_ms` that this torch cannot honour or that is not a positive number, said in one line."""
+
+
+def check(ms: Any) -> float | None:
+    """`ms` as a budget in milliseconds (None: inductor's own); AutotuneBudgetError naming the fix otherwise."""
+    if ms is None:
+        return None
+    if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not ms > 0:
+        raise AutotuneBudgetError(f"compile_autotune_ms={ms!r}: give a positive number of milliseconds (e.g. 5), or "
+                                  f"null for inductor's own {DEFAULT_MS} ms per launch config")
+    return float(ms)
+
+
+def _benchmarker() -> Any:
+    import importlib
+
+    return importlib.import_module(BENCHMARKING).benchmarker
+
+
+def supported(bench: Any | None = None) -> bool:
+    """Whether this torch's benchmarker takes a per-config budget: `max_benchmark_duration` (inductor's) or
+    Triton's `do_bench`'s `rep` (its fallback)."""
+    bench = _benchmarker() if bench is None else bench
+    params = inspect.signature(type(bench).benchmark_gpu).parameters
+    if "max_benchmark_duration" in params:
+        return True
+    do_bench = getattr(bench, "triton_do_bench", None)
+    try:
+        return do_bench is not None and "rep" in inspect.signature(do_bench).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def current() -> float | None:
+    """The budget the benchmarker has now (None: inductor's own)."""
+    if BENCHMARKING not in sys.modules:
+        return None
+    return getattr(_benchmarker().__dict__.get("benchmark"), "scfs_autotune_ms", None)
+
+
+def _on_cpu(bench: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether a `benchmark(fn, fn_args, fn_kwargs, device, ...)` call times a CPU callable: inductor's CPU timer
+    takes neither keyword, so such a call passes through as it came."""
+    import torch
+
+    device = kwargs.get("device", args[3] if len(args) > 3 else None)
+    if device is None:
+        fn_args = kwargs.get("fn_args", args[1] if len(args) > 1 else None) or ()
+        fn_kwargs = kwargs.get("fn_kwargs", args[2] if len(args) > 2 else None) or {}
+        try:
+            device = bench.infer_device(*fn_args, **fn_kwargs)
+        except ValueError:  # no device to infer: the call raises its own error unchanged
+            return True
+    return torch.device(device).type == "cpu"
+
+
+def use(ms: Any) -> float | None:
+    """Give each candidate launch config `ms` milliseconds of timed launches from now on in this process (None:
+    inductor's own budget); what an earlier `use` set is put back first. Returns the budget set."""
+    budget = check(ms)
+    if budget is None and BENCHMARKING not in sys.modules:
+        return None  # nothing set before, and no import of inductor for a run that may never compile
+    bench = _benchmarker()
+    bench.__dict__.pop("benchmark", None)
+    if budget is None:
+        return None
+    if not supported(bench):
+        raise AutotuneBudgetError("compile_autotune_ms: this torch's inductor benchmarker takes no per-config "
+                                  "budget (no max_benchmark_duration); leave compile_autotune_ms=null")
+    original = bench.benchmark
+
+    @functools.wraps(original)
+    def benchmark(*args: Any, **kwargs: Any) -> Any:
+        if not _on_cpu(bench, args, kwargs):
+            kwargs["max_benchmark_duration"] = budget
+            kwargs["rep"] = budget
+        return original(*args, **kwargs)
+
+    benchmark.scfs_autotune_ms = budget  # type: ignore[attr-defined]
+    bench.benchmark = benchmark
+    return budget

@@ -3,10 +3,11 @@
 A compiled graph's first run benchmarks every Triton kernel that has more than one candidate launch config (block
 sizes, warps) and keeps the fastest; the choice is cached on disk beside the kernel, so later runs skip it. Inductor's
 benchmarker gives each candidate up to 25 ms of timed launches (`max_benchmark_duration`, after a warm-up and a
-runtime estimate). At the ImageNet recipe's batch a kernel takes 0.1 to a few milliseconds, so most candidates use
-their whole 25 ms: on one H100 the student's forward and backward first runs spent 5 to 7 s and 4.6 to 4.8 s in these
-benchmarks, on the first step's critical path (docs/RESULTS.md "Compile time"). Candidates that differ by the few
-per cent that matter are told apart by fewer launches: `compile_autotune_ms=5` gives each 5 ms instead.
+runtime estimate): a kernel that runs longer than a quarter of a millisecond uses all of it. On one H100 the ImageNet
+recipe's first step spent 5 to 7 s in these benchmarks at the student's forward's first run and 4.6 to 4.8 s at its
+backward's, on the first step's critical path (docs/RESULTS.md "Compile time"). `compile_autotune_ms=5` gives each
+candidate 5 ms instead: fewer launches to tell candidates apart, which the compile benchmark's `quick-tune` row
+weighs against the step the choices give.
 
 The budget is a keyword of the benchmarker, not an option of `torch._inductor.config`, so it is not part of any cache
 key: a run and its compile helpers, with the budget or without, share the cache's graphs and launch-config choices.

@@ -76,7 +76,8 @@ def test_a_budget_that_is_not_a_positive_number_is_one_line(bad):
 
 @pytest.mark.parametrize("bad", ["0", "-3", "fast"])
 def test_the_config_refuses_a_bad_budget_in_one_line(bad):
-    with pytest.raises(ConfigError, match=rf"config key compile_autotune_ms={bad!r}|compile_autotune_ms=") as err:
+    with pytest.raises(ConfigError, match=r"config key compile_autotune_ms=\S+ is invalid: expected a positive "
+                                          r"number of milliseconds") as err:
         validate_config(compose_cfg(["compile=true", f"compile_autotune_ms={bad}"]))
     assert "positive number of milliseconds" in str(err.value) and len(str(err.value).splitlines()) == 1
     validate_config(compose_cfg(["compile=true", "compile_autotune_ms=5"]))

@@ -148,7 +148,7 @@ def test_rows_out_of_gpu_memory_side_by_side_run_again_alone(tmp_path):
     assert by_id["knn"][5] == ""  # a wave-2 row that passed is not run again
     assert by_id["study-local-gpus"][1] == "PASS" and by_id["study-local-gpus"][5] == again
     assert by_id["pytest-gpu"][1] == "PASS"
-    assert by_id["pytest-gpu"][5] == "run again alone after: timed out after 330 s side by side"
+    assert by_id["pytest-gpu"][5] == "run again alone after: timed out after 450 s side by side"
     # a row with a time limit of its own keeps it when it runs again alone
     assert by_id["pytest-gpu-background"][1] == "PASS" and by_id["pytest-gpu-background"][5] == again
     assert (tmp_path / "mark" / "background-limits").read_text().split() == ["450", "450"]
@@ -162,7 +162,7 @@ def test_more_failures_side_by_side_than_the_cap_run_none_again(tmp_path):
     lines, by_id, record = run_oom_once(tmp_path, SMOKE_RETRY_MAX="2")
     assert len(lines) == len(by_id) == 39
     assert by_id["cifar10-dino"][1] == "FAIL" and "CUDA out of memory" in by_id["cifar10-dino"][5]
-    assert by_id["pytest-gpu"][5] == "timed out after 330 s"
+    assert by_id["pytest-gpu"][5] == "timed out after 450 s"
     assert not any(r[5].startswith("run again alone") or "alone too" in r[5] for r in by_id.values())
     assert "rows failed side by side, more than SMOKE_RETRY_MAX=2: none ran again alone." in record
 

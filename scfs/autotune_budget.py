@@ -59,10 +59,10 @@ def supported(bench: Any | None = None) -> bool:
     params = inspect.signature(type(bench).benchmark_gpu).parameters
     if "max_benchmark_duration" in params:
         return True
-    do_bench = getattr(bench, "triton_do_bench", None)
-    try:
+    try:  # Triton's do_bench, imported on first use: a torch without Triton has none
+        do_bench = getattr(bench, "triton_do_bench", None)
         return do_bench is not None and "rep" in inspect.signature(do_bench).parameters
-    except (TypeError, ValueError):
+    except (ImportError, NotImplementedError, TypeError, ValueError):
         return False
 
 

@@ -97,6 +97,13 @@ def test_a_torch_whose_benchmarker_takes_no_budget_is_refused(monkeypatch):
 
     monkeypatch.setattr(benchmarking, "benchmarker", OldBenchmarker())
     assert not autotune_budget.supported()
+
+    class NoTriton(OldBenchmarker):
+        @property
+        def triton_do_bench(self):
+            raise NotImplementedError("requires Triton")
+
+    assert not autotune_budget.supported(NoTriton())
     with pytest.raises(autotune_budget.AutotuneBudgetError, match="takes no per-config budget.*"
                                                                   "leave compile_autotune_ms=null"):
         autotune_budget.use(5)

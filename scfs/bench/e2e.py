@@ -343,6 +343,17 @@ def own_compile(c: dict) -> str:
     return f"`{c['graph']}` {c['s']} s at {c['at_s']} s" + (f" (inductor cache {cache})" if cache else "")
 
 
+def rest_of_first_run(compiles: list[dict]) -> float | None:
+    """Seconds from the end of the student's forward's first-run benchmarks (`frame_compiles`' first-run entry: its
+    launch-config benchmarks alone) to the start of the teacher's compile, the next thing the step does once the
+    student's call returns; None where the record lacks either (the split student's graphs have other names)."""
+    first = next((c for c in compiles if c.get("graph") == "student_forward" and c.get("first_run")), None)
+    teacher = next((c for c in compiles if c.get("graph") == "teacher_forward" and not c.get("first_run")), None)
+    if first is None or teacher is None or first.get("s") is None:
+        return None
+    return round(teacher["at_s"] - (first["at_s"] + first["s"]), 2)
+
+
 def compile_lines(rows: list[dict]) -> list[str]:
     """What the first epoch spent on the compile, per row whose run reported it: the first step, its waits for the
     helpers' entries, when each helper wrote them, and the cuDNN warm-up (none for a record from before the rows
@@ -380,6 +391,12 @@ def compile_lines(rows: list[dict]) -> list[str]:
             if own:
                 parts.append(f"the run's own compiles and first runs of {OWN_COMPILE_MIN_S} s or more (seconds from "
                              "fit's start): " + ", ".join(own_compile(g) for g in own))
+            rest = rest_of_first_run(par.get("compiles") or [])
+            if rest is not None:
+                parts.append(f"the student's call went on {rest} s past its first run's launch-config benchmarks, "
+                             "until the teacher's compile began (the rest of that first run: its kernels' first "
+                             "launches and, with `trainer.benchmark`, cuDNN's benchmarks of the forward's "
+                             "convolutions, which only the run's own thread can make)")
         if warm.get("convs"):
             parts.append(f"cuDNN's backward algorithms for {warm['convs']} convolutions chosen "
                          f"{warm.get('done_s')} s into training (`compile_cudnn_warmup`)")

@@ -515,8 +515,19 @@ def test_the_record_keeps_the_runs_compile_report_and_the_helpers_logs(tmp_path:
             "(p90 15.9), 17.2 runnable threads (max 61), more runnable threads than cores in 41 % of 428 samples; "
             "the run's own compiles and first runs of 0.5 s or more (seconds "
             "from fit's start): `student_forward` 80.2 s at 0.9 s (inductor cache miss), `student_forward` first run "
-            "5.5 s at 81.1 s; cuDNN's backward algorithms for 46 convolutions chosen 13.0 s "
+            "5.5 s at 81.1 s; the student's call went on 0.4 s past its first run's launch-config benchmarks, until "
+            "the teacher's compile began (the rest of that first run: its kernels' first launches and, with "
+            "`trainer.benchmark`, cuDNN's benchmarks of the forward's convolutions, which only the run's own thread "
+            "can make); cuDNN's backward algorithms for 46 convolutions chosen 13.0 s "
             "into training (`compile_cudnn_warmup`).") in md
+
+
+def test_the_rest_of_the_students_first_run_needs_both_ends() -> None:
+    compiles = COMPILE["compile_parallel"]["compiles"]
+    assert e2e.rest_of_first_run(compiles) == 0.4
+    assert e2e.rest_of_first_run(compiles[:2]) is None  # no teacher's compile in the record
+    assert e2e.rest_of_first_run([compiles[0], compiles[2]]) is None  # no first-run entry
+    assert e2e.rest_of_first_run([{**c, "graph": "student_global"} for c in compiles]) is None  # the split's names
 
 
 def test_a_row_without_a_compile_report_adds_no_compile_lines() -> None:

@@ -114,17 +114,25 @@ def file_compile(src: Path, job: str, out: Path, filed: Filed, dry_run: bool, fo
     write_record(d, stem, bench.markdown, filed, dry_run, force)
 
 
+def file_meta_record(src: Path, job: str, out: Path, filed: Filed, dry_run: bool, force: bool, what: str,
+                     kind: Callable[[dict], str], markdown: Callable[[dict], str]) -> Path:
+    """A record whose provenance sits under `meta` (gpu, date, commit, command), as the end-to-end and step
+    benchmarks write it: filed under `job_stem` with its command's `--out` rewritten to `out`. Returns the stem."""
+    d = json.loads(src.read_text())
+    meta = d.get("meta") or {}
+    if "rows" not in d or "gpu" not in meta or "date" not in meta:
+        raise QueueRecordsError(f"{src}: not {what} record (no rows or meta.gpu/date); file it by hand")
+    stem = job_stem(out, kind(meta), meta["gpu"], meta["date"], job, meta.get("commit"))
+    meta["command"] = with_out(str(meta.get("command", "")), str(out))
+    write_record(d, stem, markdown, filed, dry_run, force)
+    return stem
+
+
 def file_e2e(src: Path, job: str, out: Path, filed: Filed, dry_run: bool, force: bool) -> None:
     from scfs.bench import e2e as bench
 
-    d = json.loads(src.read_text())
-    meta = d.get("meta") or {}
-    if "rows" not in d or "gpu" not in meta:
-        raise QueueRecordsError(f"{src}: not an end-to-end benchmark record (no rows or meta.gpu); file it by hand")
-    kind = f"{meta.get('recipe', 'imagenet')}-e2e"
-    stem = job_stem(out, kind, meta["gpu"], meta["date"], job, meta.get("commit"))
-    meta["command"] = with_out(str(meta.get("command", "")), str(out))
-    write_record(d, stem, bench.markdown, filed, dry_run, force)
+    stem = file_meta_record(src, job, out, filed, dry_run, force, "an end-to-end benchmark",
+                            lambda meta: f"{meta.get('recipe', 'imagenet')}-e2e", bench.markdown)
     logs = src.with_name(src.stem + "-logs")
     if logs.is_dir():
         dest = stem.with_name(stem.name + "-logs")
@@ -135,13 +143,7 @@ def file_e2e(src: Path, job: str, out: Path, filed: Filed, dry_run: bool, force:
 def file_step(src: Path, job: str, out: Path, filed: Filed, dry_run: bool, force: bool) -> None:
     from scfs.bench import step as bench
 
-    d = json.loads(src.read_text())
-    meta = d.get("meta") or {}
-    if "rows" not in d or "gpu" not in meta or "date" not in meta:
-        raise QueueRecordsError(f"{src}: not a step benchmark record (no rows or meta.gpu/date); file it by hand")
-    stem = job_stem(out, "step", meta["gpu"], meta["date"], job, meta.get("commit"))
-    meta["command"] = with_out(str(meta.get("command", "")), str(out))
-    write_record(d, stem, bench.markdown, filed, dry_run, force)
+    file_meta_record(src, job, out, filed, dry_run, force, "a step benchmark", lambda meta: "step", bench.markdown)
 
 
 def file_smoke(src: Path, job: str, out: Path, filed: Filed, dry_run: bool, force: bool) -> None:

@@ -14,11 +14,11 @@ key: a run and its compile helpers, with the budget or without, share the cache'
 It is set per process where the method is built (`scfs.training.build.build`), as `compile_inductor` is: the run,
 its helpers (whose first runs benchmark the teacher's and the losses' kernels) and the compile benchmark alike.
 
-`use` wraps `benchmark` of inductor's process-wide benchmarker object (`torch._inductor.runtime.benchmarking
-.benchmarker`, the one `CachingAutotuner.bench` calls) so that every call gets `max_benchmark_duration=ms` (inductor's
-own benchmarker) and `rep=ms` (Triton's `do_bench`, the fallback benchmarker: its timed repetitions); the next `use`
-puts the original back first. A torch whose benchmarker has neither keyword is refused in one line; a CPU timing
-(inductor's CPU timer takes neither) passes through unchanged.
+`use` wraps `benchmark_gpu` of inductor's process-wide benchmarker object (`torch._inductor.runtime.benchmarking
+.benchmarker`, the one `CachingAutotuner.bench` calls; its `benchmark` hands every GPU timing to `benchmark_gpu`) so
+that every call gets `max_benchmark_duration=ms` (inductor's own benchmarker) and `rep=ms` (Triton's `do_bench`, the
+fallback benchmarker: its timed repetitions); CPU timings go to `benchmark_cpu` and are left as they are. The next
+`use` puts the original back first. A torch whose benchmarker has neither keyword is refused in one line.
 """
 
 from __future__ import annotations
@@ -70,23 +70,7 @@ def current() -> float | None:
     """The budget the benchmarker has now (None: inductor's own)."""
     if BENCHMARKING not in sys.modules:
         return None
-    return getattr(_benchmarker().__dict__.get("benchmark"), "scfs_autotune_ms", None)
-
-
-def _on_cpu(bench: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    """Whether a `benchmark(fn, fn_args, fn_kwargs, device, ...)` call times a CPU callable: inductor's CPU timer
-    takes neither keyword, so such a call passes through as it came."""
-    import torch
-
-    device = kwargs.get("device", args[3] if len(args) > 3 else None)
-    if device is None:
-        fn_args = kwargs.get("fn_args", args[1] if len(args) > 1 else None) or ()
-        fn_kwargs = kwargs.get("fn_kwargs", args[2] if len(args) > 2 else None) or {}
-        try:
-            device = bench.infer_device(*fn_args, **fn_kwargs)
-        except ValueError:  # no device to infer: the call raises its own error unchanged
-            return True
-    return torch.device(device).type == "cpu"
+    return getattr(_benchmarker().__dict__.get("benchmark_gpu"), "scfs_autotune_ms", None)
 
 
 def use(ms: Any) -> float | None:
@@ -96,21 +80,20 @@ def use(ms: Any) -> float | None:
     if budget is None and BENCHMARKING not in sys.modules:
         return None  # nothing set before, and no import of inductor for a run that may never compile
     bench = _benchmarker()
-    bench.__dict__.pop("benchmark", None)
+    bench.__dict__.pop("benchmark_gpu", None)
     if budget is None:
         return None
     if not supported(bench):
         raise AutotuneBudgetError("compile_autotune_ms: this torch's inductor benchmarker takes no per-config "
                                   "budget (no max_benchmark_duration); leave compile_autotune_ms=null")
-    original = bench.benchmark
+    original = bench.benchmark_gpu
 
     @functools.wraps(original)
-    def benchmark(*args: Any, **kwargs: Any) -> Any:
-        if not _on_cpu(bench, args, kwargs):
-            kwargs["max_benchmark_duration"] = budget
-            kwargs["rep"] = budget
+    def benchmark_gpu(*args: Any, **kwargs: Any) -> Any:
+        kwargs["max_benchmark_duration"] = budget
+        kwargs["rep"] = budget
         return original(*args, **kwargs)
 
-    benchmark.scfs_autotune_ms = budget  # type: ignore[attr-defined]
-    bench.benchmark = benchmark
+    benchmark_gpu.scfs_autotune_ms = budget  # type: ignore[attr-defined]
+    bench.benchmark_gpu = benchmark_gpu
     return budget

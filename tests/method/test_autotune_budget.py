@@ -45,9 +45,9 @@ def test_the_budget_reaches_each_gpu_benchmark_and_use_none_puts_inductors_back(
     assert autotune_budget.use(2.5) == 2.5  # a second use replaces the first, it does not wrap it
     autotuner_call()
     assert spy[-1]["max_benchmark_duration"] == 2.5
-    assert "benchmark" in benchmarking.benchmarker.__dict__
+    assert "benchmark_gpu" in benchmarking.benchmarker.__dict__
     autotune_budget.use(None)
-    assert autotune_budget.current() is None and "benchmark" not in benchmarking.benchmarker.__dict__
+    assert autotune_budget.current() is None and "benchmark_gpu" not in benchmarking.benchmarker.__dict__
     autotuner_call()
     assert "max_benchmark_duration" not in spy[-1] and spy[-1]["rep"] == 40
 

@@ -190,6 +190,7 @@ def validate_config(cfg: DictConfig) -> None:
            required=False)
     _check(cfg, "compile_cudnn_warmup", lambda v: isinstance(v, bool) or v == "auto", "true, false or auto",
            required=False)
+    _check(cfg, "compile_cudnn_warmup_forward", lambda v: isinstance(v, bool), "true or false", required=False)
     backend = _get(cfg, "compile_backend", "inductor")
     no_group = "has no process group, so its graphs (plain BatchNorm) are not the run's; set sync_bn=false"
     _refuse_conflicts(cfg, "compile_background", [
@@ -222,6 +223,9 @@ def validate_config(cfg: DictConfig) -> None:
         (not _get(cfg, "trainer.benchmark", False), "trainer.benchmark=false: cuDNN's heuristics choose the "
                                                     "algorithms, so there are no benchmarks to run early; set "
                                                     "trainer.benchmark=true")])
+    _refuse_conflicts(cfg, "compile_cudnn_warmup_forward", [
+        (_get(cfg, "compile_cudnn_warmup", False) is False,
+         "compile_cudnn_warmup=false: the forward's benchmarks run with the warm-up; set compile_cudnn_warmup=auto")])
     inductor = _get(cfg, "compile_inductor", None)
     if inductor is not None:
         from scfs import inductor_options

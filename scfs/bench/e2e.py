@@ -398,6 +398,9 @@ def compile_lines(rows: list[dict]) -> list[str]:
                              "launches and, with `trainer.benchmark`, cuDNN's benchmarks of the forward's "
                              "convolutions, which only the run's own thread can make)")
         if warm.get("convs"):
+            if warm.get("forward_s") is not None:
+                parts.append(f"cuDNN's forward algorithms for {warm['convs']} convolutions chosen on the run's thread "
+                             f"in {warm['forward_s']} s when training started (`compile_cudnn_warmup_forward`)")
             parts.append(f"cuDNN's backward algorithms for {warm['convs']} convolutions chosen "
                          f"{warm.get('done_s')} s into training (`compile_cudnn_warmup`)")
         elif warm.get("off"):
@@ -483,6 +486,22 @@ def opening_lines(rows: list[dict], step_img_s: float | None) -> list[str]:
             "every epoch pays it once:", "", *lines]
 
 
+def cache_state(cache: Path) -> dict[str, Any]:
+    """The compile cache the runs start from: its folder, and whether it held anything (a run on a cache an earlier
+    run filled loads its graphs and launch configs, so its first step is a second run's, not a cold one)."""
+    return {"dir": str(cache), "empty_at_start": not (cache.is_dir() and any(cache.iterdir()))}
+
+
+def cache_sentence(meta: dict[str, Any]) -> str:
+    """The record's sentence on the compile cache it started from ("" for a record from before it was kept)."""
+    c = meta.get("compile_cache")
+    if not c:
+        return ""
+    return (f" Compile cache: `{c['dir']}`, empty at the start." if c.get("empty_at_start") else
+            f" Compile cache: `{c['dir']}`, not empty at the start: the first step loaded what an earlier run "
+            "compiled (a second run's first step).")
+
+
 def markdown(result: dict) -> str:
     m = result["meta"]
     st = result.get("step") or {}
@@ -491,7 +510,7 @@ def markdown(result: dict) -> str:
     col = "decode" if recipe == "imagenet" else "data"
     lines = [f"# End-to-end training speed (`+experiment={recipe}`, {what}): {m['gpu']}, {m['date']}", "",
              f"{provenance(m.get('commit'), m['command'])} torch {m['torch']}, lightning "
-             f"{m['lightning']}, {m['cpus']} CPU cores. Data: {m['data']}.", "",
+             f"{m['lightning']}, {m['cpus']} CPU cores. Data: {m['data']}.{cache_sentence(m)}", "",
              "e2e img/s = the run's `summary.json` `img_per_s`: the median over the epochs after the first of steps x "
              "batch / epoch wall seconds (epoch 0 holds the compile). step img/s = `scfs.bench.step` (synthetic uint8 "
              f"images on the device, median step) at the same batch. Target: e2e >= {100 * TARGET:.0f} % of step."]
@@ -754,12 +773,13 @@ def main(argv: list[str] | None = None) -> int:
             "command": "python -m scfs.bench.e2e " + shlex.join(argv if argv is not None else sys.argv[1:])}
     if args.recipe == "cifar10":
         meta["eval_off"] = NO_EVAL
+    # one compile cache for both sides: the step benchmark reuses the kernels the runs compiled (warm-up only)
+    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or str(Path("~/.cache/scfs/torch-compile").expanduser())
+    meta["compile_cache"] = cache_state(Path(cache))
     result: dict[str, Any] = {"meta": meta, "rows": [], "step": None}
     stem = record_stem(args.out, f"{args.recipe}-e2e", gpu, date, sha, args.tag + ("-tiny" if args.tiny else ""))
     work = args.keep or Path(tempfile.mkdtemp(prefix="scfs-e2e-"))
     work.mkdir(parents=True, exist_ok=True)
-    # one compile cache for both sides: the step benchmark reuses the kernels the runs compiled (warm-up only)
-    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or str(Path("~/.cache/scfs/torch-compile").expanduser())
     # the CPU flow: one thread per process on both sides, so a busy shared host does not swamp either with spinning
     env = {"OMP_NUM_THREADS": "1", "SCFS_THREADS": "1"} if args.device == "cpu" else {}
     failed = False

@@ -150,7 +150,9 @@ def targets(records_dir: Path) -> list[Target]:
             if ratio is not None:
                 at_recipe_batch.measured.append((rec.date, ratio, rec.name))
             first = ((row.get("compile") or {}).get("compile_parallel") or {}).get("first_step_s")
-            if first is not None:
+            # a record from before the cache was kept ran on a fresh machine's empty one
+            cold = ((rec.data.get("meta") or {}).get("compile_cache") or {}).get("empty_at_start", True)
+            if first is not None and cold:
                 first_step.measured.append((rec.date, first, rec.name))
     out = [e2e, at_recipe_batch, first_step]
 

@@ -1,10 +1,10 @@
-"""cuDNN's backward convolution algorithms benchmarked while the first step compiles (`compile_cudnn_warmup`).
+"""cuDNN's convolution algorithms benchmarked before the first step needs them (`compile_cudnn_warmup`).
 
 With `trainer.benchmark=true` (the GPU trainers) cuDNN times its candidate algorithms for a convolution the first time
 a shape of it runs, and keeps the fastest. On one H200 those benchmarks cost the first steps of a cold compiled run
 about 9 s (CIFAR-10) and 7 s (ResNet-50), forward and backward together (docs/RESULTS.md "Compile time"), after
 minutes in which the GPU waited for the compiler. This module has the GPU benchmark the backward's convolutions during
-that wait.
+that wait, and optionally the forward's while the loader makes the first batch.
 
 torch keeps the chosen algorithms per thread (ATen's cuDNN convolutions cache them `thread_local`), so no other thread
 can choose for the main thread's forward. The backward is another matter: autograd runs the backward of every CUDA
@@ -15,17 +15,24 @@ calls `aten.convolution_backward` on the recorded shapes fills the cache the run
    the run's views (`FakeTensorMode`: no memory, no kernel), under the run's autocast, recorded below autocast (the
    dtypes a convolution runs in) with the strides and the gradients it needs. The copy it runs is in eval mode: the
    convolutions are the same, and a SyncBatchNorm does not synchronise.
-2. `CudnnWarmup.start` runs one autograd node on a side thread and stream; its backward, on the device's worker
+2. With `compile_cudnn_warmup_forward=true`, `CudnnWarmup.start` then runs each call's forward (`aten.convolution`)
+   on the calling thread, the only one whose choices the run's forward reads, and waits for them, so the two
+   warm-ups never time their candidates side by side on the GPU. The callback calls `start` when training starts,
+   after Lightning has started the loader's workers (its `setup_data` creates their iterator): the forward's
+   benchmarks take the time the main thread would spend waiting for the first batch (about 2 s at the ImageNet
+   recipe's batch on an H100), not time after the first forward's compile. What they take beyond that wait moves
+   from the first run to before it. Off by default until a run measures what it takes off the first step.
+3. `CudnnWarmup.start` runs one autograd node on a side thread and stream; its backward, on the device's worker
    thread, calls `aten.convolution_backward` for each call on zero tensors of those shapes, strides and dtypes:
    cuDNN's cache key (sizes, memory format, dtype, padding, stride, dilation, groups, pointer alignment) is the one
    the compiled backward's calls make.
 
-The forward's convolutions are still benchmarked by the run's first forward. A call the warm-up has not reached when
-the run needs it is benchmarked by the run, as without it, and the warm-up then finds it cached. An algorithm whose
-workspace the run's call cannot allocate is benchmarked again (ATen drops the cached choice), so on a GPU whose
-memory other processes hold the warm-up may save less. A warm-up that fails logs one line and leaves the run as it
-was. The GPU test `tests/method/test_cudnn_warmup.py::test_gpu_*` checks that the run's compiled backward launches
-no benchmark after it.
+Without the second step, the forward's convolutions are benchmarked by the run's first forward. A call the warm-up
+has not reached when the run needs it is benchmarked by the run, as without it, and the warm-up then finds it cached.
+An algorithm whose workspace the run's call cannot allocate is benchmarked again (ATen drops the cached choice), so on
+a GPU whose memory other processes hold the warm-up may save less. A warm-up that fails logs one line and leaves the
+run as it was. The GPU tests `tests/method/test_cudnn_warmup.py::test_gpu_*` check that the run's compiled backward,
+and its forward after the second step, launch no benchmark after it.
 """
 
 from __future__ import annotations
@@ -92,19 +99,31 @@ class ConvCall:
                    int(groups), tuple(out.shape), tuple(out.stride()),
                    (bool(x.requires_grad), bool(w.requires_grad), bool(b is not None and b.requires_grad)))
 
+    def _zeros(self, shape: tuple[int, ...], stride: tuple[int, ...], device: torch.device | str) -> torch.Tensor:
+        return torch.empty_strided(shape, stride, dtype=self.dtype, device=device).zero_()
+
+    def _bias_sizes(self) -> list[int] | None:
+        return [self.weight_shape[1 if self.transposed else 0] * (self.groups if self.transposed else 1)] \
+            if self.bias else None
+
+    def forward(self, device: torch.device | str) -> torch.Tensor:
+        """Run this call's forward once on zeros (what a step's forward calls for it); its output."""
+        bias_sizes = self._bias_sizes()
+        bias = None if bias_sizes is None else torch.zeros(bias_sizes, dtype=self.dtype, device=device)
+        return torch.ops.aten.convolution.default(
+            self._zeros(self.input_shape, self.input_stride, device),
+            self._zeros(self.weight_shape, self.weight_stride, device), bias, list(self.stride), list(self.padding),
+            list(self.dilation), self.transposed, list(self.output_padding), self.groups)
+
     def backward(self, device: torch.device | str) -> tuple[torch.Tensor | None, ...]:
         """Run this call's backward once on zeros (what a step's backward calls for it); its gradients."""
 
-        def zeros(shape: tuple[int, ...], stride: tuple[int, ...]) -> torch.Tensor:
-            return torch.empty_strided(shape, stride, dtype=self.dtype, device=device).zero_()
-
-        grad_out = zeros(self.output_shape, self.output_stride)
-        x, w = zeros(self.input_shape, self.input_stride), zeros(self.weight_shape, self.weight_stride)
-        bias_sizes = [self.weight_shape[1 if self.transposed else 0] * (self.groups if self.transposed else 1)] \
-            if self.bias else None
+        grad_out = self._zeros(self.output_shape, self.output_stride, device)
+        x = self._zeros(self.input_shape, self.input_stride, device)
+        w = self._zeros(self.weight_shape, self.weight_stride, device)
         return torch.ops.aten.convolution_backward.default(
-            grad_out, x, w, bias_sizes, list(self.stride), list(self.padding), list(self.dilation), self.transposed,
-            list(self.output_padding), self.groups, list(self.needs))
+            grad_out, x, w, self._bias_sizes(), list(self.stride), list(self.padding), list(self.dilation),
+            self.transposed, list(self.output_padding), self.groups, list(self.needs))
 
 
 def _recorder() -> Any:
@@ -152,6 +171,18 @@ def conv_calls(model: Any, cfg: Any, device: torch.device | str) -> list[ConvCal
     return list(recorder.calls)
 
 
+def run_forwards(calls: list[ConvCall], device: torch.device | str) -> int:
+    """Each call's forward, once, on the calling thread and its current stream, without autograd; waits for the
+    device, so that what runs after it times nothing beside them. Returns how many ran."""
+    device = torch.device(device)
+    with torch.no_grad():
+        for call in calls:
+            call.forward(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return len(calls)
+
+
 class _BackwardsOnTheDeviceThread(torch.autograd.Function):
     """An identity whose backward runs `work()`: autograd calls it on the worker thread of the seed's device."""
 
@@ -186,13 +217,15 @@ def run_backwards(calls: list[ConvCall], device: torch.device | str) -> dict[str
 
 class CudnnWarmup:
     """One warm-up of a run's backward convolutions on a side thread (module docstring). `start()` lists them on the
-    calling thread (under a second for ResNet-50), then returns; `report()` says how far it got."""
+    calling thread (under a second for ResNet-50), with `compile_cudnn_warmup_forward` runs their forwards there
+    too, then returns; `report()` says how far it got."""
 
     def __init__(self, model: Any, cfg: Any, device: torch.device | str) -> None:
         self.model, self.cfg, self.device = model, cfg, torch.device(device)
+        self.forward = bool(cfg.get("compile_cudnn_warmup_forward", False))
         self.calls: list[ConvCall] = []
         self.thread: threading.Thread | None = None
-        self.t0 = self.record_s = self.done_s = None
+        self.t0 = self.record_s = self.forward_s = self.done_s = None
         self.error: str | None = None
 
     def start(self) -> CudnnWarmup:
@@ -203,6 +236,15 @@ class CudnnWarmup:
             self._failed(err)
             return self
         self.record_s = time.monotonic() - self.t0
+        if self.forward:
+            try:
+                run_forwards(self.calls, self.device)
+            except Exception as err:  # noqa: BLE001 - as above; the backward's warm-up is lost with it
+                self._failed(err)
+                return self
+            self.forward_s = time.monotonic() - self.t0 - self.record_s
+            log.info("compile_cudnn_warmup_forward: cuDNN's forward algorithms for %d convolutions chosen in %.1f s "
+                     "on the run's thread", len(self.calls), self.forward_s)
         self.thread = threading.Thread(target=self._run, name="scfs-cudnn-warmup", daemon=True)
         self.thread.start()
         return self
@@ -223,19 +265,25 @@ class CudnnWarmup:
 
     def _failed(self, err: BaseException) -> None:
         self.error = f"{type(err).__name__}: {err}"
-        log.warning("compile_cudnn_warmup: the warm-up failed (%s); the run benchmarks its backward's convolutions "
-                    "itself", self.error)
+        which = "convolutions" if self.forward and self.forward_s is None else "backward's convolutions"
+        log.warning("compile_cudnn_warmup: the warm-up failed (%s); the run benchmarks its %s itself", self.error,
+                    which)
 
     def join(self, timeout: float | None = None) -> None:
         if self.thread is not None:
             self.thread.join(timeout)
 
     def report(self) -> dict[str, Any]:
-        """`convs`, `record_s` (listing them), `done_s` (seconds from the start to the last benchmark; None while
-        it runs), `error`."""
-        out: dict[str, Any] = {"convs": len(self.calls),
-                               "record_s": None if self.record_s is None else round(self.record_s, 2),
-                               "done_s": None if self.done_s is None else round(self.done_s, 2)}
+        """`convs`, `record_s` (listing them), `forward_s` (their forwards on the calling thread, with
+        `compile_cudnn_warmup_forward`), `done_s` (seconds from the start to the last benchmark; None while it
+        runs), `error`."""
+        def secs(v: float | None) -> float | None:
+            return None if v is None else round(v, 2)
+
+        out: dict[str, Any] = {"convs": len(self.calls), "record_s": secs(self.record_s),
+                               "done_s": secs(self.done_s)}
+        if self.forward:
+            out["forward_s"] = secs(self.forward_s)
         if self.error:
             out["error"] = self.error
         return out

@@ -535,3 +535,32 @@ def test_a_row_without_a_compile_report_adds_no_compile_lines() -> None:
     assert e2e.compile_lines([{"decode": "cpu", "compile": {"compile_cudnn_warmup": {"off": "on the CPU"}}}]) == [
         "", "The first epoch's compile (the run's `summary.json`; the helpers' logs beside the record):", "",
         "- cpu: `compile_cudnn_warmup` off (on the CPU)."]
+
+
+def test_a_forward_warmup_is_said_before_the_backwards() -> None:
+    """With `compile_cudnn_warmup_forward` the run's summary has `forward_s`: the record says how long the forward's
+    benchmarks took on the run's thread, then when the backward's last was chosen; without it, only the latter."""
+    warm = {"convs": 46, "record_s": 0.7, "done_s": 12.0}
+    forward = e2e.compile_lines([{"decode": "cpu", "compile": {"compile_cudnn_warmup": {**warm, "forward_s": 2.1}}}])
+    assert forward[-1] == ("- cpu: cuDNN's forward algorithms for 46 convolutions chosen on the run's thread in 2.1 s "
+                           "when training started (`compile_cudnn_warmup_forward`); cuDNN's backward algorithms for 46 "
+                           "convolutions chosen 12.0 s into training (`compile_cudnn_warmup`).")
+    plain = e2e.compile_lines([{"decode": "cpu", "compile": {"compile_cudnn_warmup": warm}}])
+    assert plain[-1] == ("- cpu: cuDNN's backward algorithms for 46 convolutions chosen 12.0 s into training "
+                         "(`compile_cudnn_warmup`).")
+
+
+def test_the_record_says_whether_its_compile_cache_was_empty(tmp_path: Path) -> None:
+    """A run on a cache an earlier run filled has a second run's first step: the record says which it was."""
+    cache = tmp_path / "cache"
+    assert e2e.cache_state(cache) == {"dir": str(cache), "empty_at_start": True}  # not there yet
+    cache.mkdir()
+    assert e2e.cache_state(cache)["empty_at_start"] is True
+    (cache / "fxgraph").mkdir()
+    warm = e2e.cache_state(cache)
+    assert warm["empty_at_start"] is False
+    assert e2e.cache_sentence({"compile_cache": warm}) == (
+        f" Compile cache: `{cache}`, not empty at the start: the first step loaded what an earlier run compiled (a "
+        "second run's first step).")
+    assert e2e.cache_sentence({"compile_cache": e2e.cache_state(tmp_path / "none")}).endswith(", empty at the start.")
+    assert e2e.cache_sentence({}) == ""

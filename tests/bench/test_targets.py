@@ -163,7 +163,7 @@ def test_a_miss_that_tenths_would_round_away_reads_in_hundredths(tmp_path: Path)
 def test_the_recipes_batch_and_the_commands_first_step_come_from_its_e2e_records(tmp_path: Path) -> None:
     """The end-to-end ratio at the recipe's batch and the real run's first step are read from the B=256 e2e rows
     of the recipe as shipped: a row with an `--override` and the B=64 rows are not measurements of them, and the B=64
-    target takes no row with an `--override` either."""
+    target takes no row with an `--override` either; a run whose compile cache was not empty is no first step's."""
     d = tmp_path / "results"
     d.mkdir()
 
@@ -180,9 +180,12 @@ def test_the_recipes_batch_and_the_commands_first_step_come_from_its_e2e_records
     _write(d, "imagenet-e2e-h100-2026-01-02-d.json", e2e("2026-01-02", 0.2, 40.0, b=64))
     _write(d, "imagenet-e2e-h100-2026-01-02-e.json",
            e2e("2026-01-02", 0.9, 30.0, b=64, command="--override compile_autotune_ms=5"))
+    warm = e2e("2026-01-02", 0.97, 14.0)
+    warm["meta"]["compile_cache"] = {"dir": "/c", "empty_at_start": False}  # a second run: not a cold first step
+    _write(d, "imagenet-e2e-h100-2026-01-02-f.json", warm)
     ts = tg.targets(d)
     at_batch = _find(ts, "end to end", "B=256")
-    assert [v for _, v, _ in at_batch.current()] == [0.967] and at_batch.verdict() == "**met**"
+    assert [v for _, v, _ in at_batch.current()] == [0.967, 0.97] and at_batch.verdict() == "**met** (all 2)"
     first = _find(ts, "the training command's own first step")
     assert [v for _, v, _ in first.current()] == [69.0] and first.verdict() == "**missed** by 9.0 s"
     assert [v for _, v, _ in first.measured] == [93.2, 69.0]

@@ -50,6 +50,24 @@ class BackwardConvs(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+class ForwardConvs(TorchDispatchMode):
+    """Records each `aten.convolution` as cuDNN's forward algorithm cache keys it (as `BackwardConvs`, with whether
+    a bias is added in place of the gradients)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.keys: set[tuple] = set()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.convolution.default:
+            x, w, b, stride, padding, dilation, transposed, _, groups = args
+            self.keys.add((tuple(x.shape), tuple(w.shape), x.dtype, layout(x), layout(w), tuple(stride), tuple(padding),
+                           tuple(dilation), bool(transposed), int(groups), b is not None))
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
 def grad_leaves(out) -> list[torch.Tensor]:
     """The tensors with a gradient among a call's nested outputs."""
     from torch.utils._pytree import tree_leaves
@@ -87,6 +105,45 @@ def test_the_warmup_runs_every_backward_convolution_the_step_runs(overrides):
     assert any(k[-1][0] is False for k in warm.keys)  # the stem's: no input gradient, as in the step
     if "trainer.precision=bf16-mixed" in overrides:
         assert torch.bfloat16 in {k[2] for k in warm.keys}
+
+
+@pytest.mark.parametrize("overrides", [
+    [*TINY_RESNET18, "backbone.channels_last=true", "trainer.precision=bf16-mixed"],
+    ["backbone.channels_last=false"],
+], ids=["resnet18-bf16-autocast", "tiny-contiguous"])
+def test_the_forward_warmup_runs_every_forward_convolution_the_step_runs(overrides):
+    """`run_forwards` calls each listed convolution once, and their keys are the eager step's forward convolutions'
+    (sizes, dtype after autocast, memory format, parameters, bias), with no autograd graph left behind."""
+    cfg, model = _build(overrides)
+    step = ForwardConvs()
+    g, loc = random_views(cfg, "cpu", model.channels_last)
+    with step, autocast_for(str(cfg.trainer.precision), "cpu"):
+        student_forward(model.student, g, loc, model.stages, model._local_heads)
+    calls = cw.conv_calls(model, cfg, "cpu")
+    warm = ForwardConvs()
+    with warm:
+        assert cw.run_forwards(calls, "cpu") == len(calls)
+    assert warm.count == len(warm.keys) == len(calls)
+    assert warm.keys == step.keys
+    if "trainer.precision=bf16-mixed" in overrides:
+        assert {k[2] for k in warm.keys} == {torch.bfloat16}
+
+
+def test_a_biased_and_a_transposed_convolution_run_forward_as_called():
+    """A call with a bias and a transposed one (neither in a ResNet) come out of `ConvCall.forward` as the module
+    computes them."""
+    torch.manual_seed(0)
+    for conv, x in ((torch.nn.Conv2d(3, 5, 3, stride=2, padding=1, bias=True), torch.zeros(2, 3, 9, 9)),
+                    (torch.nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2),
+                     torch.zeros(1, 4, 5, 5))):
+        conv = conv.requires_grad_(False)
+        rec = cw._recorder()
+        with rec:
+            want = conv(x)
+        (call,) = rec.calls
+        got = call.forward("cpu")
+        assert got.shape == want.shape and got.stride() == want.stride() and call.bias
+        assert torch.equal(got, torch.zeros_like(want))  # zeros in: zeros out, the bias zero too
 
 
 def test_listing_the_convolutions_runs_nothing_on_the_model():
@@ -140,6 +197,47 @@ def test_a_failed_warmup_says_so_in_one_line_and_leaves_the_run_alone(caplog):
     assert "the warm-up failed" in line and "benchmarks its backward's convolutions itself" in line
 
 
+def test_the_forward_warmup_runs_on_the_calling_thread_before_the_side_thread(monkeypatch, caplog):
+    """With `compile_cudnn_warmup_forward=true`: `start` runs the forwards on the calling thread (cuDNN's forward
+    choices are that thread's), before the backward's thread exists (the two never benchmark side by side), and the
+    report says how long they took; without it the report has no such entry and no forward runs."""
+    seen: list[tuple] = []
+    real = cw.run_forwards
+
+    def spy(calls, device):
+        seen.append((threading.current_thread().name, warmup.thread, len(calls)))
+        return real(calls, device)
+
+    monkeypatch.setattr(cw, "run_forwards", spy)
+    cfg, model = _build([*TINY_RESNET18])
+    warmup = cw.CudnnWarmup(model, cfg, "cpu")
+    warmup.start().join(60)
+    assert not seen and "forward_s" not in warmup.report()
+    cfg.compile_cudnn_warmup_forward = True
+    warmup = cw.CudnnWarmup(model, cfg, "cpu")
+    with caplog.at_level(logging.INFO, logger=cw.__name__):
+        warmup.start().join(60)
+    report = warmup.report()
+    assert seen == [(threading.current_thread().name, None, report["convs"])]
+    assert report["forward_s"] is not None and report["forward_s"] >= 0 and report["done_s"] is not None
+    assert report["done_s"] >= report["record_s"] + report["forward_s"] - 0.02  # rounding of the three
+    assert f"forward algorithms for {report['convs']} convolutions chosen in" in caplog.text
+
+
+def test_a_failed_forward_warmup_says_so_in_one_line_and_starts_no_thread(monkeypatch, caplog):
+    def fail(calls, device):
+        raise RuntimeError("CUDA out of memory")
+
+    monkeypatch.setattr(cw, "run_forwards", fail)
+    cfg, model = _build([*TINY_RESNET18, "compile_cudnn_warmup_forward=true"])
+    with caplog.at_level(logging.WARNING, logger=cw.__name__):
+        warmup = cw.CudnnWarmup(model, cfg, "cpu").start()
+    assert warmup.thread is None and warmup.report()["forward_s"] is None
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert line == "compile_cudnn_warmup: the warm-up failed (RuntimeError: CUDA out of memory); the run " \
+                   "benchmarks its convolutions itself"
+
+
 @pytest.mark.parametrize("settings, cuda, benchmark, why", [
     ({}, True, True, None),
     ({"compile_cudnn_warmup": True}, True, True, None),
@@ -164,10 +262,15 @@ def test_auto_runs_where_a_compiled_step_benchmarks_cudnn_on_a_gpu(settings, cud
     (["compile=true", "trainer=gpu", "trainer.benchmark=false"],
      "compile_cudnn_warmup=true is invalid with trainer.benchmark=false.*set trainer.benchmark=true"),
     (["compile=true", "compile_cudnn_warmup=maybe"], "compile_cudnn_warmup='maybe' is invalid.*true, false or auto"),
+    (["compile=true", "compile_cudnn_warmup=false", "compile_cudnn_warmup_forward=true"],
+     r"^config key compile_cudnn_warmup_forward=true is invalid with compile_cudnn_warmup=false: the forward's "
+     r"benchmarks run with the warm-up; set compile_cudnn_warmup=auto \(or compile_cudnn_warmup_forward=false\)$"),
+    (["compile=true", "compile_cudnn_warmup_forward=auto"], "compile_cudnn_warmup_forward='auto' is invalid.*true or "
+                                                           "false"),
 ])
 def test_true_refuses_what_leaves_nothing_to_warm_in_one_line(overrides, match):
-    cfg = compose_cfg(["compile_cudnn_warmup=true", *overrides]) if "compile_cudnn_warmup=maybe" not in overrides \
-        else compose_cfg(overrides)
+    own = [o for o in overrides if o.startswith(("compile_cudnn_warmup=", "compile_cudnn_warmup_forward="))]
+    cfg = compose_cfg(overrides if own else ["compile_cudnn_warmup=true", *overrides])
     with pytest.raises(ConfigError, match=match):
         validate_config(cfg)
 
@@ -256,6 +359,49 @@ def test_gpu_the_compiled_backward_benchmarks_nothing_after_the_warmup(monkeypat
         f"{extra['warmed']}; GPU memory free now {free / 2**30:.1f} of {total / 2**30:.0f} GiB"
     seen = cw.run_backwards(cw.conv_calls(model, cfg, "cuda")[:1], "cuda")
     assert seen["autograd_thread"] != threading.current_thread().name
+    torch._dynamo.reset()
+
+
+@pytest.mark.gpu
+def test_gpu_the_compiled_forward_benchmarks_nothing_after_the_forward_warmup(monkeypatch):
+    """On a GPU, with cuDNN benchmarking: the compiled student call's first forward launches more cuDNN, cuBLAS and
+    CUTLASS kernels than its second where no warm-up ran (cuDNN times its candidates), and exactly as many where
+    `compile_cudnn_warmup_forward` ran on this thread first: the compiled forward's convolutions found every
+    algorithm chosen. The kernels left out are the backward test's."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from torch.profiler import ProfilerActivity, profile
+
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
+    gpu = ["trainer.accelerator=gpu", "trainer.devices=1", "trainer.precision=bf16-mixed",
+           "backbone.channels_last=true", "compile_cudnn_warmup_forward=true"]
+    fn = torch.compile(student_forward, dynamic=False)
+
+    def forward_kernels(model, cfg) -> Counter:
+        g, loc = random_views(cfg, "cuda", True)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            with autocast_for(str(cfg.trainer.precision), "cuda"):
+                fn(model.student, g, loc, model.stages, model._local_heads)
+            torch.cuda.synchronize()
+        return Counter(e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+                       and not e.name.startswith(("triton", "Memcpy", "Memset")) and "at::native" not in e.name)
+
+    counts, extra = {}, {}
+    for name, batch in (("cold", 11), ("warmed", 13)):  # batch sizes no other test benchmarked in this process
+        cfg, model = _build([*TINY_RESNET18, *gpu, f"batch_size={batch}"])
+        model = model.cuda()
+        if name == "warmed":
+            warmup = cw.CudnnWarmup(model, cfg, "cuda").start()
+            warmup.join(300)
+            report = warmup.report()
+            assert report["forward_s"] is not None and "error" not in report, report
+        first, second = forward_kernels(model, cfg), forward_kernels(model, cfg)
+        counts[name], extra[name] = (first.total(), second.total()), (first - second).most_common(3)
+    assert counts["cold"][0] > counts["cold"][1], counts  # the benchmarks show in a cold first forward
+    free, total = torch.cuda.mem_get_info()
+    assert counts["warmed"][0] == counts["warmed"][1], f"{counts}; the warmed first forward's extra kernels " \
+        f"{extra['warmed']}; GPU memory free now {free / 2**30:.1f} of {total / 2**30:.0f} GiB"
     torch._dynamo.reset()
 
 

@@ -763,6 +763,8 @@ def warmup_phrase(row: dict[str, Any]) -> str:
     (seconds from the first step's start), or why it failed."""
     w = row["cudnn_warmup"]
     what = f"{row['recipe']} {row['setting']} ({w.get('convs', 0)} convolutions, listed in {w.get('record_s')} s"
+    if w.get("forward_s") is not None:  # `compile_cudnn_warmup_forward`
+        what += f", their forwards benchmarked on the run's thread in {w['forward_s']} s"
     if w.get("error"):
         return what + f"; failed: {w['error']})"
     done = w.get("done_s")

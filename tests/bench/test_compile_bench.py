@@ -80,6 +80,10 @@ def test_the_record_says_which_rows_benchmarked_cudnns_algorithms():
         "The backward's benchmarked on a side thread during the compile (`compile_cudnn_warmup`) in imagenet "
         "parallel-backward-cudnn-warmup (46 convolutions, listed in 0.41 s, the last chosen 21.3 s into the first "
         "step); imagenet cudnn-warmup (0 convolutions, listed in None s; failed: RuntimeError: boom); in no other row.")
+    forward = {**warmed[0], "cudnn_warmup": {"convs": 46, "record_s": 0.41, "forward_s": 2.2, "done_s": 21.3}}
+    assert bench.warmup_phrase(forward) == (
+        "imagenet parallel-backward-cudnn-warmup (46 convolutions, listed in 0.41 s, their forwards benchmarked on the "
+        "run's thread in 2.2 s, the last chosen 21.3 s into the first step)")
 
 
 @pytest.mark.slow

@@ -32,40 +32,42 @@ def layout(t: torch.Tensor) -> tuple[bool, bool]:
     return t.is_contiguous(), t.is_contiguous(memory_format=torch.channels_last)
 
 
+def conv_key(x, w, stride, padding, dilation, transposed, groups, last) -> tuple:
+    """A convolution as cuDNN's algorithm cache keys it: the sizes, the dtype, the memory formats of input and weight
+    (`layout`), stride, padding, dilation, groups, and `last` (the gradients computed, or whether a bias is added)."""
+    return (tuple(x.shape), tuple(w.shape), x.dtype, layout(x), layout(w), tuple(stride), tuple(padding),
+            tuple(dilation), bool(transposed), int(groups), last)
+
+
 class BackwardConvs(TorchDispatchMode):
-    """Records each `aten.convolution_backward` as cuDNN's algorithm cache keys it: the sizes, the dtype, the
-    memory formats of input and weight (`layout`), stride, padding, dilation, groups, and the gradients computed."""
+    """Records each `aten.convolution_backward`'s key (`conv_key`, with the gradients computed); `ForwardConvs`
+    each `aten.convolution`'s (with whether a bias is added)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.keys: set[tuple] = set()
         self.count = 0
 
+    def key(self, func, args) -> tuple | None:
+        if func is not torch.ops.aten.convolution_backward.default:
+            return None
+        _, x, w, _, stride, padding, dilation, transposed, _, groups, mask = args
+        return conv_key(x, w, stride, padding, dilation, transposed, groups, tuple(mask))
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.aten.convolution_backward.default:
-            _, x, w, _, stride, padding, dilation, transposed, _, groups, mask = args
-            self.keys.add((tuple(x.shape), tuple(w.shape), x.dtype, layout(x), layout(w), tuple(stride), tuple(padding),
-                           tuple(dilation), bool(transposed), int(groups), tuple(mask)))
+        key = self.key(func, args)
+        if key is not None:
+            self.keys.add(key)
             self.count += 1
         return func(*args, **(kwargs or {}))
 
 
-class ForwardConvs(TorchDispatchMode):
-    """Records each `aten.convolution` as cuDNN's forward algorithm cache keys it (as `BackwardConvs`, with whether
-    a bias is added in place of the gradients)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.keys: set[tuple] = set()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.aten.convolution.default:
-            x, w, b, stride, padding, dilation, transposed, _, groups = args
-            self.keys.add((tuple(x.shape), tuple(w.shape), x.dtype, layout(x), layout(w), tuple(stride), tuple(padding),
-                           tuple(dilation), bool(transposed), int(groups), b is not None))
-            self.count += 1
-        return func(*args, **(kwargs or {}))
+class ForwardConvs(BackwardConvs):
+    def key(self, func, args) -> tuple | None:
+        if func is not torch.ops.aten.convolution.default:
+            return None
+        x, w, b, stride, padding, dilation, transposed, _, groups = args
+        return conv_key(x, w, stride, padding, dilation, transposed, groups, b is not None)
 
 
 def grad_leaves(out) -> list[torch.Tensor]:
@@ -309,6 +311,41 @@ def test_a_compiled_run_gets_the_callback_and_a_cpu_run_says_why_it_is_off(tmp_p
     assert "compile_cudnn_warmup=auto: off here (no CUDA device)" in caplog.text
 
 
+GPU = ["trainer.accelerator=gpu", "trainer.devices=1", "trainer.precision=bf16-mixed", "backbone.channels_last=true"]
+
+
+def library_kernels(prof) -> Counter:
+    """The CUDA kernels of a profile that are cuDNN's, cuBLAS's or CUTLASS's (what the GPU tests below count)."""
+    return Counter(e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+                   and not e.name.startswith(("triton", "Memcpy", "Memset")) and "at::native" not in e.name)
+
+
+def cold_and_warmed(measure, overrides: list[str], batches: tuple[int, int], done_key: str):
+    """`measure(model, cfg)` twice on a tiny ResNet-18 on the GPU without a warm-up (`cold`) and after one
+    (`warmed`, its report's `done_key` set), each at its own batch size (sizes no other test benchmarked in this
+    process): the first and second calls' kernel totals, the first's extra kernels, and the last model and cfg."""
+    counts, extra = {}, {}
+    for name, batch in zip(("cold", "warmed"), batches, strict=True):
+        cfg, model = _build([*TINY_RESNET18, *GPU, *overrides, f"batch_size={batch}"])
+        model = model.cuda()
+        if name == "warmed":
+            warmup = cw.CudnnWarmup(model, cfg, "cuda").start()
+            warmup.join(300)
+            report = warmup.report()
+            assert report[done_key] is not None and "error" not in report, report
+        first, second = measure(model, cfg), measure(model, cfg)
+        counts[name], extra[name] = (first.total(), second.total()), (first - second).most_common(3)
+    return counts, extra, model, cfg
+
+
+def assert_the_warmed_first_call_benchmarks_nothing(counts: dict, extra: dict, what: str) -> None:
+    assert counts["cold"][0] > counts["cold"][1], counts  # the benchmarks show in a cold first call
+    free, total = torch.cuda.mem_get_info()
+    # cuDNN benchmarks again a chosen algorithm whose workspace it cannot allocate: a GPU shared with other work
+    assert counts["warmed"][0] == counts["warmed"][1], f"{counts}; the warmed first {what}'s extra kernels " \
+        f"{extra['warmed']}; GPU memory free now {free / 2**30:.1f} of {total / 2**30:.0f} GiB"
+
+
 @pytest.mark.gpu
 def test_gpu_the_compiled_backward_benchmarks_nothing_after_the_warmup(monkeypatch):
     """On a GPU, with cuDNN benchmarking: the first backward of the compiled student call launches more kernels than
@@ -324,8 +361,6 @@ def test_gpu_the_compiled_backward_benchmarks_nothing_after_the_warmup(monkeypat
     from torch.profiler import ProfilerActivity, profile
 
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
-    gpu = ["trainer.accelerator=gpu", "trainer.devices=1", "trainer.precision=bf16-mixed",
-           "backbone.channels_last=true"]
     fn = torch.compile(student_forward, dynamic=False)
 
     def backward_kernels(model, cfg) -> Counter:
@@ -338,25 +373,10 @@ def test_gpu_the_compiled_backward_benchmarks_nothing_after_the_warmup(monkeypat
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             loss.backward()
             torch.cuda.synchronize()
-        return Counter(e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
-                       and not e.name.startswith(("triton", "Memcpy", "Memset")) and "at::native" not in e.name)
+        return library_kernels(prof)
 
-    counts, extra = {}, {}
-    for name, batch in (("cold", 12), ("warmed", 10)):  # batch sizes no other test benchmarked in this process
-        cfg, model = _build([*TINY_RESNET18, *gpu, f"batch_size={batch}"])
-        model = model.cuda()
-        if name == "warmed":
-            warmup = cw.CudnnWarmup(model, cfg, "cuda").start()
-            warmup.join(300)
-            report = warmup.report()
-            assert report["done_s"] is not None and "error" not in report, report
-        first, second = backward_kernels(model, cfg), backward_kernels(model, cfg)
-        counts[name], extra[name] = (first.total(), second.total()), (first - second).most_common(3)
-    assert counts["cold"][0] > counts["cold"][1], counts  # the benchmarks show in a cold first backward
-    free, total = torch.cuda.mem_get_info()
-    # cuDNN benchmarks again a chosen algorithm whose workspace it cannot allocate: a GPU shared with other work
-    assert counts["warmed"][0] == counts["warmed"][1], f"{counts}; the warmed first backward's extra kernels " \
-        f"{extra['warmed']}; GPU memory free now {free / 2**30:.1f} of {total / 2**30:.0f} GiB"
+    counts, extra, model, cfg = cold_and_warmed(backward_kernels, [], (12, 10), "done_s")
+    assert_the_warmed_first_call_benchmarks_nothing(counts, extra, "backward")
     seen = cw.run_backwards(cw.conv_calls(model, cfg, "cuda")[:1], "cuda")
     assert seen["autograd_thread"] != threading.current_thread().name
     torch._dynamo.reset()
@@ -367,14 +387,12 @@ def test_gpu_the_compiled_forward_benchmarks_nothing_after_the_forward_warmup(mo
     """On a GPU, with cuDNN benchmarking: the compiled student call's first forward launches more cuDNN, cuBLAS and
     CUTLASS kernels than its second where no warm-up ran (cuDNN times its candidates), and exactly as many where
     `compile_cudnn_warmup_forward` ran on this thread first: the compiled forward's convolutions found every
-    algorithm chosen. The kernels left out are the backward test's."""
+    algorithm chosen."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     from torch.profiler import ProfilerActivity, profile
 
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
-    gpu = ["trainer.accelerator=gpu", "trainer.devices=1", "trainer.precision=bf16-mixed",
-           "backbone.channels_last=true", "compile_cudnn_warmup_forward=true"]
     fn = torch.compile(student_forward, dynamic=False)
 
     def forward_kernels(model, cfg) -> Counter:
@@ -384,24 +402,11 @@ def test_gpu_the_compiled_forward_benchmarks_nothing_after_the_forward_warmup(mo
             with autocast_for(str(cfg.trainer.precision), "cuda"):
                 fn(model.student, g, loc, model.stages, model._local_heads)
             torch.cuda.synchronize()
-        return Counter(e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
-                       and not e.name.startswith(("triton", "Memcpy", "Memset")) and "at::native" not in e.name)
+        return library_kernels(prof)
 
-    counts, extra = {}, {}
-    for name, batch in (("cold", 11), ("warmed", 13)):  # batch sizes no other test benchmarked in this process
-        cfg, model = _build([*TINY_RESNET18, *gpu, f"batch_size={batch}"])
-        model = model.cuda()
-        if name == "warmed":
-            warmup = cw.CudnnWarmup(model, cfg, "cuda").start()
-            warmup.join(300)
-            report = warmup.report()
-            assert report["forward_s"] is not None and "error" not in report, report
-        first, second = forward_kernels(model, cfg), forward_kernels(model, cfg)
-        counts[name], extra[name] = (first.total(), second.total()), (first - second).most_common(3)
-    assert counts["cold"][0] > counts["cold"][1], counts  # the benchmarks show in a cold first forward
-    free, total = torch.cuda.mem_get_info()
-    assert counts["warmed"][0] == counts["warmed"][1], f"{counts}; the warmed first forward's extra kernels " \
-        f"{extra['warmed']}; GPU memory free now {free / 2**30:.1f} of {total / 2**30:.0f} GiB"
+    counts, extra, _, _ = cold_and_warmed(forward_kernels, ["compile_cudnn_warmup_forward=true"], (11, 13),
+                                          "forward_s")
+    assert_the_warmed_first_call_benchmarks_nothing(counts, extra, "forward")
     torch._dynamo.reset()
 
 

@@ -52,6 +52,8 @@ Usage:
         [--batch 64] [--epochs 3] [--decode cpu gpu] [--profile] [--out benchmarks/results]
     python -m scfs.bench.e2e --recipe cifar10 --archive .gpudata/cifar10-jpeg.tar.xz [--root data/cifar10]
         [--batch 512] [--epochs 6] [--profile] [--out benchmarks/results]
+    python -m scfs.bench.e2e --archive .gpudata/imagenet-samples-100.tar.xz --batch 256 --epochs 2 --no-step \
+        --fresh-cache    # the command's cold first step, whatever the machine's cache holds
     python -m scfs.bench.e2e --device cpu --tiny --photos DIR --repeat 4 --batch 8 --out /tmp/x
     python -m scfs.bench.e2e --recipe cifar10 --device cpu --tiny --root DIR --batch 8 --epochs 2 --out /tmp/x
 """
@@ -497,6 +499,8 @@ def cache_sentence(meta: dict[str, Any]) -> str:
     c = meta.get("compile_cache")
     if not c:
         return ""
+    if c.get("fresh"):
+        return " Compile cache: an empty folder of each run's own (`--fresh-cache`), so every first step is a cold one."
     return (f" Compile cache: `{c['dir']}`, empty at the start." if c.get("empty_at_start") else
             f" Compile cache: `{c['dir']}`, not empty at the start: the first step loaded what an earlier run "
             "compiled (a second run's first step).")
@@ -736,6 +740,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--keep", type=Path, default=None, help="keep the runs' folders and logs here (default: a tmp dir)")
     ap.add_argument("--tag", default="", help="suffix of the record's name")
+    ap.add_argument("--fresh-cache", action="store_true",
+                    help="each real run compiles into an empty compile cache of its own under the work folder "
+                         "(TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR): a cold first step on a machine whose cache "
+                         "earlier runs filled")
     args = ap.parse_args(argv)
     prog = "scfs.bench.e2e"
     try:
@@ -773,13 +781,14 @@ def main(argv: list[str] | None = None) -> int:
             "command": "python -m scfs.bench.e2e " + shlex.join(argv if argv is not None else sys.argv[1:])}
     if args.recipe == "cifar10":
         meta["eval_off"] = NO_EVAL
-    # one compile cache for both sides: the step benchmark reuses the kernels the runs compiled (warm-up only)
-    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or str(Path("~/.cache/scfs/torch-compile").expanduser())
-    meta["compile_cache"] = cache_state(Path(cache))
-    result: dict[str, Any] = {"meta": meta, "rows": [], "step": None}
-    stem = record_stem(args.out, f"{args.recipe}-e2e", gpu, date, sha, args.tag + ("-tiny" if args.tiny else ""))
     work = args.keep or Path(tempfile.mkdtemp(prefix="scfs-e2e-"))
     work.mkdir(parents=True, exist_ok=True)
+    # one compile cache for both sides: the step benchmark reuses the kernels the runs compiled (warm-up only)
+    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or str(Path("~/.cache/scfs/torch-compile").expanduser())
+    meta["compile_cache"] = ({"dir": str(work / "compile-cache-<run>"), "empty_at_start": True, "fresh": True}
+                             if args.fresh_cache else cache_state(Path(cache)))
+    result: dict[str, Any] = {"meta": meta, "rows": [], "step": None}
+    stem = record_stem(args.out, f"{args.recipe}-e2e", gpu, date, sha, args.tag + ("-tiny" if args.tiny else ""))
     # the CPU flow: one thread per process on both sides, so a busy shared host does not swamp either with spinning
     env = {"OMP_NUM_THREADS": "1", "SCFS_THREADS": "1"} if args.device == "cpu" else {}
     failed = False
@@ -794,7 +803,12 @@ def main(argv: list[str] | None = None) -> int:
                                 workers=args.workers, profile=args.profile, tiny=args.tiny, device=args.device,
                                 overrides=args.override, recipe=args.recipe)
             print(f"real run, {name}: {shown(cmd)}", flush=True)
-            rc, secs = run_logged(cmd, log, args.timeout, env)
+            run_env = env
+            if args.fresh_cache:  # the step benchmark below then reuses the last run's kernels
+                cache = str(work / f"compile-cache-{decode or args.recipe}")
+                shutil.rmtree(cache, ignore_errors=True)
+                run_env = {**env, "TORCHINDUCTOR_CACHE_DIR": cache, "TRITON_CACHE_DIR": str(Path(cache) / "triton")}
+            rc, secs = run_logged(cmd, log, args.timeout, run_env)
             row: dict[str, Any] = {"decode": decode, "B": args.batch, "epochs": args.epochs, "command": shown(cmd),
                                    "returncode": rc, "wall_s": round(secs, 1), "settings": run_settings(run_dir)}
             summary_file = run_dir / "summary.json"

@@ -564,3 +564,45 @@ def test_the_record_says_whether_its_compile_cache_was_empty(tmp_path: Path) -> 
         "second run's first step).")
     assert e2e.cache_sentence({"compile_cache": e2e.cache_state(tmp_path / "none")}).endswith(", empty at the start.")
     assert e2e.cache_sentence({}) == ""
+
+
+def test_fresh_cache_gives_each_run_an_empty_compile_cache_of_its_own(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--fresh-cache`: each real run compiles into an empty folder of its own (so its first step is cold whatever
+    the machine's cache holds), the step benchmark reuses the last run's, and the record says so; without it the
+    runs share the caller's cache."""
+    src = photos(tmp_path / "photos", 8)
+    seen: list[dict] = []
+
+    def fake_run(cmd, log, timeout, env=None, cwd=None):
+        env = env or {}
+        cache = env.get("TORCHINDUCTOR_CACHE_DIR")
+        seen.append({"step": "scfs.bench.step" in " ".join(cmd), "cache": cache,
+                     "empty": cache is None or not (Path(cache).is_dir() and any(Path(cache).iterdir())),
+                     "triton": env.get("TRITON_CACHE_DIR")})
+        if cache:  # the run fills it
+            Path(cache).mkdir(parents=True, exist_ok=True)
+            (Path(cache) / "fxgraph").write_text("x")
+        log.write_text("")
+        return 1, 1.0
+
+    monkeypatch.setattr(e2e, "run_logged", fake_run)
+    monkeypatch.delenv("COMMIT", raising=False)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "callers-cache"))
+    keep = tmp_path / "work"
+    common = ["--device", "cpu", "--tiny", "--photos", str(src), "--tree", str(tmp_path / "tree"), "--batch", "4",
+              "--epochs", "2", "--decode", "cpu", "gpu", "--keep", str(keep)]
+    e2e.main([*common, "--fresh-cache", "--out", str(tmp_path / "fresh")])
+    runs, step = [s for s in seen if not s["step"]], [s for s in seen if s["step"]]
+    assert [r["cache"] for r in runs] == [str(keep / "compile-cache-cpu"), str(keep / "compile-cache-gpu")]
+    assert all(r["empty"] and r["triton"] == str(Path(r["cache"]) / "triton") for r in runs)
+    assert [s["cache"] for s in step] == [str(keep / "compile-cache-gpu")]
+    (js,) = (tmp_path / "fresh").glob("*.json")
+    meta = json.loads(js.read_text())["meta"]
+    assert meta["compile_cache"]["fresh"] is True and meta["compile_cache"]["empty_at_start"] is True
+    assert "an empty folder of each run's own (`--fresh-cache`)" in js.with_suffix(".md").read_text()
+    seen.clear()
+    e2e.main([*common, "--out", str(tmp_path / "shared")])
+    assert [s["cache"] for s in seen if not s["step"]] == [None, None]  # the caller's environment, unchanged
+    (js,) = (tmp_path / "shared").glob("*.json")
+    assert json.loads(js.read_text())["meta"]["compile_cache"]["dir"] == str(tmp_path / "callers-cache")

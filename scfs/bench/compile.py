@@ -45,6 +45,9 @@ share the seed, so a cache that changed the numbers would show). Where the recip
   candidate launch config at a kernel's first run instead of inductor's 25 ms (`QUICK_TUNE`: `compile_autotune_ms`):
   what the shorter benchmarks take off the first runs on the first step's path, and, by its steady step beside the
   as-shipped row's, whether the choices they make cost the step.
+* `parallel-split-cudnn-warmup-quick-tune`: both choices documented for short runs at once, the student's call per
+  view size with four helpers (`SPLIT`) and 5 ms of launch-config benchmarks (`QUICK_TUNE`), with the warm-up as
+  shipped: the shortest first compile that keeps inductor's options, and its steady step.
 * `split`, `parallel-split`: the `cold` and `parallel-backward` rows with the student's call compiled per view size
   (`compile_student_graphs=per_view_size`: one graph per view batch and one for the heads); with the helpers, a
   third compiles the local views' graph and a fourth its backward while the run compiles the global views' graph
@@ -121,7 +124,7 @@ ROWS = ("eager", "cold", "warm", "carried", "blocks", "blocks-carried", "cudagra
         "parallel-backward-lean", "parallel-backward-cudnn-warmup", "cudnn-warmup", "heuristics", "split",
         "parallel-split", "parallel-split-lean", "parallel-split-cudnn-warmup",
         "parallel-backward-cudnn-warmup-compile-tune", "parallel-backward-cudnn-warmup-threads",
-        "parallel-backward-cudnn-warmup-quick-tune")
+        "parallel-backward-cudnn-warmup-quick-tune", "parallel-split-cudnn-warmup-quick-tune")
 # rows that reuse what an earlier row of the same repeat left (its cache folder, or the artifacts it wrote): a row
 # here runs after the row it names, and only beside it
 NEEDS = {"warm": "cold", "carried": "cold", "blocks-carried": "blocks", "parallel-warm": "parallel",
@@ -621,6 +624,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "parallel-backward-cudnn-warmup-quick-tune": dict(
                         cache_dir=d / "parallel-backward-cudnn-warmup-quick-tune", scope="model", parallel=True,
                         extra=(*BACKWARD, *WARMUP, *QUICK_TUNE)),
+                    "parallel-split-cudnn-warmup-quick-tune": dict(
+                        cache_dir=d / "parallel-split-cudnn-warmup-quick-tune", scope="model", parallel=True,
+                        extra=(*BACKWARD, *SPLIT, *WARMUP, *QUICK_TUNE)),
                 }
                 for position, name in enumerate(n for n in rows if not (n == "eager" and rep)):
                     r = run_row(args, recipe, name, **plan[name])

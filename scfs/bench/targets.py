@@ -169,6 +169,9 @@ def targets(records_dir: Path) -> list[Target]:
                                   ("parallel-backward-cudnn-warmup-quick-tune", "first compile, empty cache, as "
                                    "shipped and 5 ms of launch-config benchmarks per candidate "
                                    "(`compile_autotune_ms=5`)", COMPILE_S),
+                                  ("parallel-split-cudnn-warmup-quick-tune", "first compile, empty cache, the "
+                                   "short-run choices: four helpers (`compile_student_graphs=per_view_size`), "
+                                   "`compile_cudnn_warmup=auto` and `compile_autotune_ms=5`", COMPILE_S),
                                   ("parallel-backward-cudnn-warmup-threads", "first compile, empty cache, as "
                                    "shipped and a third of the host's cores for each process's compile workers "
                                    "(`compile_inductor.compile_threads`)", COMPILE_S),

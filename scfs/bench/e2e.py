@@ -32,8 +32,9 @@ What one call does:
    instead, e.g. one measured in an earlier call on the same machine when one call cannot hold both compiles).
 4. the record `<recipe>-e2e-<gpu>-<date>[-<commit>].{json,md}`: both figures, their ratio against the target, the
    first epoch's seconds, the profile split, the settings each side ran (a mismatch between them is named), the
-   exact commands, the commit, torch / lightning versions and the GPU; the subprocesses' logs beside it in
-   `<record>-logs/`.
+   exact commands, the commit, torch / lightning versions and the GPU, and whether the compile cache the runs
+   started from was empty (`--fresh-cache`: an empty one for each run, so each first step is a cold one whatever
+   the machine's cache holds); the subprocesses' logs beside it in `<record>-logs/`.
 
 Profile times are the host's: with CUDA the step is queued asynchronously, so a part's time includes waiting for
 the GPU wherever the host synchronises (a GPU-bound run shows it in the training batch; a loader-bound run in

@@ -453,26 +453,32 @@ def test_dino_and_a_vit_list_their_convolutions_too(overrides):
         assert (False, True, True) in {k[-1] for k in warm.keys}  # the patch embedding: a bias, no input gradient
 
 
+@pytest.mark.parametrize("forward", [False, True], ids=["backward", "forward-too"])
 def test_a_run_starts_the_warmup_when_training_starts_and_its_summary_says_what_it_did(tmp_path, shapes_root,
-                                                                                       monkeypatch, eager_backend):
+                                                                                       monkeypatch, eager_backend,
+                                                                                       forward):
     """Through `scfs.train.run` (two compiled steps, dynamo's eager backend): the callback starts the warm-up when
-    training starts, before the first step, and `summary.json` records it. On the CPU the device condition is
-    stood in for (there is no cuDNN here): the warm-up itself runs as on a GPU, on the CPU's tensors."""
+    training starts, before the first step and after Lightning has made the loader's iterator (so the forward's
+    benchmarks overlap the first batch's production), and `summary.json` records it. On the CPU the device
+    condition is stood in for (there is no cuDNN here): the warm-up itself runs as on a GPU, on the CPU's
+    tensors."""
     import json
 
     from scfs.train import run
 
-    started: list[int] = []
-    real_start = cw.CudnnWarmup.start
+    started: list[tuple[int, bool]] = []
+    real_hook = cw.CudnnWarmupCallback.on_train_start
 
-    def start(self):
-        started.append(self.model.global_step)
-        return real_start(self)
+    def on_train_start(self, trainer, pl_module):
+        started.append((pl_module.global_step, trainer.fit_loop._data_fetcher.iterator is not None))
+        return real_hook(self, trainer, pl_module)
 
     monkeypatch.setattr(cw, "warmup_off_reason", lambda cfg, cuda, benchmark: None)
-    monkeypatch.setattr(cw.CudnnWarmup, "start", start)
-    cfg = compose_cfg([*TINY_RESNET18, "compile=true", "compile_cudnn_warmup=auto"], data_root=shapes_root)
+    monkeypatch.setattr(cw.CudnnWarmupCallback, "on_train_start", on_train_start)
+    cfg = compose_cfg([*TINY_RESNET18, "compile=true", "compile_cudnn_warmup=auto",
+                       f"compile_cudnn_warmup_forward={str(forward).lower()}"], data_root=shapes_root)
     summary = run(cfg, tmp_path)
-    assert summary["steps"] == 2 and started == [0]
+    assert summary["steps"] == 2 and started == [(0, True)]
     entry = json.loads((tmp_path / "summary.json").read_text())["compile_cudnn_warmup"]
     assert entry["convs"] > 0 and entry["done_s"] is not None and "error" not in entry
+    assert ("forward_s" in entry) is forward and (not forward or entry["forward_s"] >= 0)

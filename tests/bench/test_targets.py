@@ -183,6 +183,10 @@ def test_the_recipes_batch_and_the_commands_first_step_come_from_its_e2e_records
     warm = e2e("2026-01-02", 0.97, 14.0)
     warm["meta"]["compile_cache"] = {"dir": "/c", "empty_at_start": False}  # a second run: not a cold first step
     _write(d, "imagenet-e2e-h100-2026-01-02-f.json", warm)
+    older_warm = e2e("2026-01-02", None, 15.0)  # no cache state kept, but its student's forward came from the cache
+    older_warm["rows"][0]["compile"]["compile_parallel"]["compiles"] = [{"graph": "student_forward",
+                                                                         "inductor_cache": "hit"}]
+    _write(d, "imagenet-e2e-h100-2026-01-02-g.json", older_warm)
     ts = tg.targets(d)
     at_batch = _find(ts, "end to end", "B=256")
     assert [v for _, v, _ in at_batch.current()] == [0.967, 0.97] and at_batch.verdict() == "**met** (all 2)"

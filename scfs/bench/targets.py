@@ -113,6 +113,16 @@ def step_rows(records: list[Record]) -> list[tuple[Record, dict[str, Any]]]:
             if "error" not in r and (r.get("published") or {}).get("source") == "same call"]
 
 
+def cold_start(meta: dict, parallel: dict) -> bool:
+    """Whether an e2e run's first step compiled from an empty cache: as its record says (`meta.compile_cache`), or,
+    in a record from before that was kept, where the student's forward compile missed the cache."""
+    said = (meta.get("compile_cache") or {}).get("empty_at_start")
+    if said is not None:
+        return bool(said)
+    return not any(c.get("graph") == "student_forward" and c.get("inductor_cache") == "hit"
+                   for c in parallel.get("compiles") or [])
+
+
 def targets(records_dir: Path) -> list[Target]:
     """Every target with its measurements from the records in `records_dir`."""
     def pct(v: float) -> str:
@@ -151,11 +161,7 @@ def targets(records_dir: Path) -> list[Target]:
                 at_recipe_batch.measured.append((rec.date, ratio, rec.name))
             par = (row.get("compile") or {}).get("compile_parallel") or {}
             first = par.get("first_step_s")
-            # a record from before the cache state was kept: cold where the student's forward compile missed it
-            cold = ((rec.data.get("meta") or {}).get("compile_cache") or {}).get(
-                "empty_at_start", not any(c.get("graph") == "student_forward" and c.get("inductor_cache") == "hit"
-                                          for c in par.get("compiles") or []))
-            if first is not None and cold:
+            if first is not None and cold_start(rec.data.get("meta") or {}, par):
                 first_step.measured.append((rec.date, first, rec.name))
     out = [e2e, at_recipe_batch, first_step]
 

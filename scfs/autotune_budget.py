@@ -6,8 +6,9 @@ benchmarker gives each candidate up to 25 ms of timed launches (`max_benchmark_d
 runtime estimate): a kernel that runs longer than a quarter of a millisecond uses all of it. On one H100 the ImageNet
 recipe's first step spent 5 to 7 s in these benchmarks at the student's forward's first run and 4.6 to 4.8 s at its
 backward's, on the first step's critical path (docs/RESULTS.md "Compile time"). `compile_autotune_ms=5` gives each
-candidate 5 ms instead: fewer launches to tell candidates apart, which the compile benchmark's `quick-tune` row
-weighs against the step the choices give.
+candidate 5 ms instead: fewer launches to tell candidates apart. The compile benchmark's `quick-tune` row measured
+it at the recipe's batch (3.55 s off the first steps, no steady cost within run-to-run noise); the recipes keep
+inductor's own, since over a long run a step even 0.1 % slower would cost more than that saves.
 
 The budget is a keyword of the benchmarker, not an option of `torch._inductor.config`, so it is not part of any cache
 key: a run and its compile helpers, with the budget or without, share the cache's graphs and launch-config choices.

@@ -216,9 +216,9 @@ def run_backwards(calls: list[ConvCall], device: torch.device | str) -> dict[str
 
 
 class CudnnWarmup:
-    """One warm-up of a run's backward convolutions on a side thread (module docstring). `start()` lists them on the
-    calling thread (under a second for ResNet-50), with `compile_cudnn_warmup_forward` runs their forwards there
-    too, then returns; `report()` says how far it got."""
+    """One warm-up of a run's convolutions (module docstring). `start()` lists them on the calling thread (under a
+    second for ResNet-50), with `compile_cudnn_warmup_forward` runs their forwards there too, starts the side
+    thread of their backwards and returns; `report()` says how far it got."""
 
     def __init__(self, model: Any, cfg: Any, device: torch.device | str) -> None:
         self.model, self.cfg, self.device = model, cfg, torch.device(device)

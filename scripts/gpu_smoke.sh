@@ -28,6 +28,8 @@ WK=${SMOKE_WORK:-/tmp/gpu-smoke-work}; rm -rf "$WK"; mkdir -p "$WK/logs"
 PY=${PY:-python3}
 COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 STAMP=$(date +%F); T0=$(date +%s)
+# the host's CPU and speed before the rows load it: rows take 1.3-1.45x longer on some hosts of the same GPU kind
+HOST=$($PY -m scfs.bench.host --phrase 2>/dev/null); [ -n "$HOST" ] || HOST="Host: not measured (python -m scfs.bench.host failed)."
 NGPU=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l)
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
 # rows at once: all of a wave on a GPU of an H200's memory (about 139 GiB); on a smaller one (an H100's 80 GiB) so
@@ -249,6 +251,7 @@ NPASS=$(awk -F'\t' '$2 == "PASS"' "$ROWS" | wc -l); NROWS=$(wc -l < "$ROWS")
   echo "Commit \`$COMMIT\`; $GPU x $NGPU; $WALL s wall; torch $($PY -c 'import torch; print(torch.__version__)'), lightning \
 $($PY -c 'import lightning; print(lightning.__version__)'). Made by \`COMMIT=$COMMIT OUT=\$OUT bash scripts/gpu_smoke.sh\`:"
   echo "each README command as written there, then only the overrides that cut it to a few steps."
+  echo "$HOST"
   [ -n "$NOT_RETRIED" ] && echo "$NOT_RETRIED"
   [ "$NGPU" -lt 2 ] && echo "$NGPU GPU(s): the 2-GPU DDP rows did not run."
   echo

@@ -113,6 +113,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from scfs.bench.host import host_info, host_phrase
 from scfs.bench.records import provenance, save_record, source_commit
 from scfs.names import CONF_DIR
 from scfs.training.compile_helpers import HELPER_NAMES, startup_phrase
@@ -572,7 +573,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                               "date": dt.date.today().isoformat(), "device": args.device, "tiny": args.tiny,
                               "first_steps": args.first, "steady_steps": args.steady,
                               "command": "python -m scfs.bench.compile " + " ".join(args.argv),
-                              "commit": source_commit(), "rows": []}
+                              "commit": source_commit(), "host": host_info("cpu"), "rows": []}
     if args.prime:
         result["prime_s"] = run_prime(args)
         result["prime_builds_kernels"] = True
@@ -691,7 +692,8 @@ def markdown(result: dict[str, Any]) -> str:
              f"{provenance(result.get('commit'), result['command'])} First steps = wall seconds of the first "
              f"{result['first_steps']} training steps in a fresh process (the compile); process CPU = the whole "
              "process's CPU seconds, compiler processes included; steady = median step after them. Median over "
-             "the repeats (each repeat's time in brackets).\n",
+             "the repeats (each repeat's time in brackets)." + (f" {host_phrase(result['host'])}"
+                                                                  if result.get("host") else "") + "\n",
              "| recipe | setting | first steps s | compile cost s | process CPU s | steady step ms | graphs | "
              "inductor cache | AOT cache | artifacts MB | loss |",
              "|---|---|---:|---:|---:|---:|---:|---|---|---:|---:|"]

@@ -77,6 +77,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from scfs.bench.host import host_info, host_phrase
 from scfs.bench.records import provenance, record_stem, run_logged, save_record, source_commit, why_it_failed
 from scfs.names import DATA_DECODE
 from scfs.training.compile_helpers import HELPER_NAMES, startup_phrase
@@ -515,7 +516,8 @@ def markdown(result: dict) -> str:
     col = "decode" if recipe == "imagenet" else "data"
     lines = [f"# End-to-end training speed (`+experiment={recipe}`, {what}): {m['gpu']}, {m['date']}", "",
              f"{provenance(m.get('commit'), m['command'])} torch {m['torch']}, lightning "
-             f"{m['lightning']}, {m['cpus']} CPU cores. Data: {m['data']}.{cache_sentence(m)}", "",
+             f"{m['lightning']}, {m['cpus']} CPU cores. Data: {m['data']}.{cache_sentence(m)}"
+             + (f" {host_phrase(m['host'])}" if m.get("host") else ""), "",
              "e2e img/s = the run's `summary.json` `img_per_s`: the median over the epochs after the first of steps x "
              "batch / epoch wall seconds (epoch 0 holds the compile). step img/s = `scfs.bench.step` (synthetic uint8 "
              f"images on the device, median step) at the same batch. Target: e2e >= {100 * TARGET:.0f} % of step."]
@@ -779,6 +781,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"recipe": args.recipe, "gpu": gpu, "date": date, "commit": sha, "torch": torch.__version__,
             "lightning": lightning.__version__, "python": platform.python_version(), "cpus": cpus, "data": data,
             "batch": args.batch, "epochs": args.epochs, "method": args.method, "target": TARGET,
+            "host": host_info("cpu"),  # the runs' processes hold the GPU, not this one
             "command": "python -m scfs.bench.e2e " + shlex.join(argv if argv is not None else sys.argv[1:])}
     if args.recipe == "cifar10":
         meta["eval_off"] = NO_EVAL

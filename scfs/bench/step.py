@@ -42,11 +42,11 @@ import os
 import platform
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from scfs.bench.host import host_info, host_phrase
 from scfs.bench.records import device_slug, provenance, save_record, source_commit
 from scfs.bench.timing import StepClock, p10_p90, time_steps
 from scfs.names import CONF_DIR
@@ -516,7 +516,8 @@ def markdown(result: dict) -> str:
         + "Backbone-bound = the two backbones' work of the step alone (student forward + backward on every view, "
         "teacher forward on the global views, one SGD step; same batch, precision, memory format and "
         "compilation): the ceiling of the step, and `of it` our share of that ceiling."
-        + (f" Host: {m['host_us_per_op']:.1f} us to dispatch one tiny op (the yardstick for host-bound steps)."
+        + (f" {host_phrase(m['host'])}" if m.get("host") else
+           f" Host: {m['host_us_per_op']:.1f} us to dispatch one tiny op (the yardstick for host-bound steps)."
            if m.get("host_us_per_op") else "")
         + (f" Overrides on every row: `{' '.join(m['overrides'])}`." if m.get("overrides") else ""), "",
         "| method | B/GPU | setting | step ms | img/s | warm-up s | peak GiB | aug ms | SCFS/DINO | "
@@ -647,26 +648,6 @@ def save(result: dict, stem: Path) -> str:
     return save_record(result, stem, markdown)
 
 
-def host_us_per_op(device: str, n: int = 5000) -> float:
-    """Host cost of dispatching one tiny op (an in-place add on 16 elements), in microseconds: the yardstick of
-    this machine's CPU for a host-bound step, whose time grows with (ops per step) x (this). Steps measured on
-    different machines compare only with it: one commit ran the ResNet-50 SCFS step at 84.3 and 98.7 ms on two
-    H200 machines (step-h200-2026-11-30-ab.md)."""
-    import torch
-
-    x = torch.zeros(16, device=device)
-    for _ in range(200):
-        x.add_(1)
-    if device == "cuda":
-        torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        x.add_(1)
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return (time.perf_counter() - t) / n * 1e6
-
-
 def run(args: argparse.Namespace) -> dict:
     import lightning
     import torch
@@ -681,7 +662,8 @@ def run(args: argparse.Namespace) -> dict:
             "torch": torch.__version__, "lightning": lightning.__version__, "python": platform.python_version(),
             "processes": args.devices, "data": args.data, "warmup": args.warmup, "steps": args.steps,
             "command": "python -m scfs.bench.step " + " ".join(sys.argv[1:]), "commit": source_commit(),
-            "host_us_per_op": host_us_per_op(args.device), "overrides": list(args.override or [])}
+            "host": host_info(args.device), "overrides": list(args.override or [])}
+    meta["host_us_per_op"] = meta["host"]["us_per_op"]
     compare = json.loads(Path(args.compare).read_text()) if args.compare else None
     rows: list[dict] = []
     result = {"meta": meta, "rows": rows}

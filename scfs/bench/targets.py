@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from scfs.bench.e2e import TARGET as E2E_TARGET
+from scfs.bench.host import host_tag
 from scfs.bench.records import save_record, source_commit
 
 SPEEDUP = 2.0  # our default path over the published step, same call
@@ -162,7 +163,8 @@ def targets(records_dir: Path) -> list[Target]:
             par = (row.get("compile") or {}).get("compile_parallel") or {}
             first = par.get("first_step_s")
             if first is not None and cold_start(rec.data.get("meta") or {}, par):
-                first_step.measured.append((rec.date, first, rec.name))
+                first_step.measured.append((rec.date, first, with_host(rec.name, (rec.data.get("meta") or {}).get(
+                    "host"))))
     out = [e2e, at_recipe_batch, first_step]
 
     compiles = [rec for rec in load(records_dir.glob("compile-*.json"))
@@ -213,7 +215,8 @@ def targets(records_dir: Path) -> list[Target]:
         for recipe, title in RECIPES.items():
             t = Target(f"{title}: {label}, <= {limit:.0f} s (the first 3 steps)", limit, False,
                        secs_within(limit))
-            t.measured = [(rec.date, row["first_s"], compile_source(rec.name, row)) for rec in compiles
+            t.measured = [(rec.date, row["first_s"], with_host(compile_source(rec.name, row), rec.data.get("host")))
+                          for rec in compiles
                           for row in rec.data.get("table", [])
                           if row.get("recipe") == recipe and row.get("setting") == setting and row.get("first_s")]
             out.append(t)
@@ -260,6 +263,13 @@ def compile_source(name: str, row: dict[str, Any]) -> str:
     """A compile measurement's record, and whether its steps made the views as a run does (`compile_views`, the
     `imagenet` recipe; the rows say so from `5c6835f`): an older row of that recipe left the views' compile out."""
     return f"{name}, views' compile included" if row.get("views") else name
+
+
+def with_host(source: str, host: dict[str, Any] | None) -> str:
+    """A first-compile measurement's source with its host's Python yardstick (`scfs.bench.host`), where the record
+    has one: a compile is mostly Python, so the same row reads tens of seconds apart on hosts of unequal CPUs."""
+    tag = host_tag(host)
+    return f"{source}, {tag}" if tag else source
 
 
 def markdown(result: dict[str, Any]) -> str:

@@ -24,6 +24,7 @@ def test_eager_row_writes_a_table(tmp_path):
     assert row["process_cpu_s"] > 0 and row["loss"] == row["loss"]
     md = out.with_suffix(".md").read_text()
     assert "| default | eager |" in md and row["phases"] == {}
+    assert rec["host"]["python_ms"] > 0 and f"Host: {rec['host']['cpu']}" in md  # the host's CPU and speed
     assert row["cudnn_benchmark"] is False and "off (cuDNN's heuristics) in default eager." in md  # the CPU
     assert "Where the first steps' compile went" not in md  # nothing compiled: no phase table
     assert rec["prime_s"] > 0 and f"primed the machine in {rec['prime_s']} s" in md

@@ -206,6 +206,7 @@ def test_whole_cli_on_the_cpu_writes_the_record(tmp_path: Path, monkeypatch: pyt
     assert {p.name for p in (out / f"{js.stem}-logs").iterdir()} == {"run-cpu.log", "run-gpu.log", "step.log"}
     md = js.with_suffix(".md").read_text()
     assert "| cpu | 0 | 32-true | eager | 4 | 2 |" in md and "- step benchmark: `python -m scfs.bench.step" in md
+    assert rec["meta"]["host"]["python_ms"] > 0 and f"Host: {rec['meta']['host']['cpu']}" in md
     assert "Each epoch's opening" in md and "- gpu: " in md
 
 

@@ -24,6 +24,8 @@ def test_step_benchmark_tiny_cpu_writes_json_and_markdown(tmp_path: Path) -> Non
     scfs = next(r for r in rec["rows"] if r["method"] == "scfs")
     assert scfs["ratio_scfs_dino"] > 0
     assert "| scfs | 8 | fp32 |" in js.with_suffix(".md").read_text()
+    assert rec["meta"]["host"]["us_per_op"] == rec["meta"]["host_us_per_op"]  # one measurement, two keys
+    assert f"Host: {rec['meta']['host']['cpu']}" in js.with_suffix(".md").read_text()
 
 
 def test_step_profile_counts_ops_per_step(tmp_path: Path) -> None:

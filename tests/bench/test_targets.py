@@ -105,6 +105,25 @@ def test_a_compile_row_that_made_the_views_says_so(records: Path) -> None:
     assert ("2026-01-02", 130.0, "compile-h200-2026-01-02-y.json") in cold.measured
 
 
+def test_a_first_compile_names_its_hosts_python_yardstick(records: Path) -> None:
+    """A compile record and an end-to-end record that measured their host (`scfs.bench.host`) give its Python
+    yardstick beside each first-compile measurement: the same row reads tens of seconds apart across hosts."""
+    host = {"cpu": "Stand-in CPU", "cores": 16, "python_ms": 24.31, "us_per_op": 2.0, "op_device": "cpu"}
+    data = _compile("2026-01-06", [("imagenet", "cold", 140.0)])
+    data["host"] = host
+    _write(records, "compile-h200-2026-01-06-h.json", data)
+    e2e = {"meta": {"date": "2026-01-06", "host": host, "compile_cache": {"dir": "/c", "empty_at_start": True}},
+           "rows": [{"B": 256, "decode": "cpu", "command": "c", "compile": {"compile_parallel": {
+               "first_step_s": 70.0, "fx_cache": "0 hit / 5 miss"}}}]}
+    _write(records, "imagenet-e2e-h100-2026-01-06-h.json", e2e)
+    ts = tg.targets(records)
+    cold = _find(ts, "ResNet-50", "first compile, empty cache, no helper, <=")
+    assert cold.current() == [("2026-01-06", 140.0, "compile-h200-2026-01-06-h.json, host Python 24.3 ms")]
+    assert ("2026-01-02", 130.0, "compile-h200-2026-01-02-y.json") in cold.measured  # no host: as before
+    first = _find(ts, "the training command's own first step")
+    assert first.current() == [("2026-01-06", 70.0, "imagenet-e2e-h100-2026-01-06-h.json, host Python 24.3 ms")]
+
+
 def test_step_targets_only_from_same_call_rows(records: Path) -> None:
     ts = tg.targets(records)
     speed64 = _find(ts, "2.0x", "B=64")

@@ -13,6 +13,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 FAKE_PY = """#!/bin/sh
+case "$*" in *scfs.bench.host*) echo "Host: Stand-in CPU, 16 usable cores."; exit 0;; esac
 case "$*" in *scfs.eval.detect*) echo "scfs.eval.detect: error: detect went wrong" >&2
   echo "Compile with TORCH_USE_CUDA_DSA to enable device-side assertions." >&2; exit 1;; esac
 exit 0
@@ -65,6 +66,7 @@ def test_smoke_runs_every_readme_command_and_reports_failures(tmp_path):
     assert all(r[1] == "PASS" for i, r in by_id.items() if i != "detect"), [r for r in rows if r[1] != "PASS"]
     record = next((tmp_path / "rec").glob("gpu-smoke-*.md")).read_text()
     assert "38 of 39 PASS" in record and "Commit `test`" in record
+    assert "\nHost: Stand-in CPU, 16 usable cores.\n" in record  # measured before the rows load the host
     # a device call returns at most 8 files: the rows' scratch stays out of $OUT, the work after the smoke needs room
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["gpu-smoke.md", "smoke-logs.tgz"]
 

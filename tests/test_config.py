@@ -1,6 +1,8 @@
 """Every experiment composes; every invalid value fails at start-up with one line naming key, value, allowed."""
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -302,3 +304,24 @@ def test_compile_cache_points_torch_at_the_configured_folder(tmp_path, monkeypat
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
     assert prepare_compile_cache(cfg) == tmp_path / "mine"
     assert prepare_compile_cache(OmegaConf.create({"compile": False})) is None
+
+
+def test_compile_cache_is_not_lost_to_the_folder_importing_lightning_sets(tmp_path):
+    """Importing Lightning writes inductor's default folder into TORCHINDUCTOR_CACHE_DIR; a run imports it before
+    choosing its cache, so that value is nobody's choice: `compile_cache` still names the folder (in a fresh
+    process, as the training command runs), and `compile_cache=null` keeps torch's own."""
+    script = f"""
+import os
+assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ
+import lightning  # noqa: F401
+from omegaconf import OmegaConf
+from scfs.training.compile_helpers import choose_compile_cache, torch_default_cache_dir
+assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == torch_default_cache_dir(), "Lightning no longer sets it"
+print(choose_compile_cache(OmegaConf.create({{"compile_cache": None}})))
+print(choose_compile_cache(OmegaConf.create({{"compile_cache": {str(tmp_path / "c")!r}}})))
+print(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.split("\n")[:3] == ["None", str(tmp_path / "c"), str(tmp_path / "c")]

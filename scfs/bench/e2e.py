@@ -79,7 +79,7 @@ from typing import Any
 
 from scfs.bench.host import host_info, host_phrase
 from scfs.bench.records import provenance, record_stem, run_logged, save_record, source_commit, why_it_failed
-from scfs.names import DATA_DECODE
+from scfs.names import CONF_DIR, DATA_DECODE
 from scfs.training.compile_helpers import HELPER_NAMES, startup_phrase
 from scfs.training.host_load import load_phrase
 
@@ -369,8 +369,11 @@ def compile_lines(rows: list[dict]) -> list[str]:
         parts = []
         if par.get("first_step_s") is not None:
             waited = ", ".join(f"{k} {v} s" for k, v in (par.get("waited_s") or {}).items())
+            second_run = (r.get("compile_cache") or {}).get("empty_at_start") is False
             parts.append(f"the first step took {par['first_step_s']} s" + (f", waiting for the helpers' entries "
-                                                                          f"({waited})" if waited else ""))
+                                                                          f"({waited})" if waited else "")
+                         + (" (its compile cache held an earlier run's graphs: a second run's first step)"
+                            if second_run else ""))
             if par.get("early_s") is not None:
                 ready, after = par.get("ready_at_go"), par.get("early_started_after_s")
                 parts.append(f"the helpers started {par['early_s']} s before fit"
@@ -488,6 +491,31 @@ def opening_lines(rows: list[dict], step_img_s: float | None) -> list[str]:
             "batch's start, i.e. the loader's first batch of the epoch on the device; epoch 0's includes the first "
             "views' compile where the recipe compiles them). The workers start each epoch's sampling afresh, so "
             "every epoch pays it once:", "", *lines]
+
+
+def run_cache_dir(overrides: list[str] | None, config: Path = CONF_DIR / "config.yaml") -> Path:
+    """The compile cache folder a run of the training command uses (`choose_compile_cache`): TORCHINDUCTOR_CACHE_DIR
+    where a user set it (`users_cache_dir`), else the last `compile_cache=<folder>` of the run's overrides, else the
+    shipped config's; with `compile_cache=null` torch's own default folder."""
+    from scfs.training.compile_helpers import torch_default_cache_dir, users_cache_dir
+
+    env = users_cache_dir()
+    if env:
+        return Path(env)
+    chosen: str | None = None
+    for item in overrides or []:
+        key, sep, value = item.lstrip("+").partition("=")
+        if sep and key == "compile_cache":
+            chosen = value
+    if chosen is None:
+        import yaml
+
+        shipped = yaml.safe_load(config.read_text()).get("compile_cache")
+        chosen = "null" if shipped is None else str(shipped)
+    chosen = chosen.strip().strip("'\"")
+    if chosen in ("", "null", "~", "None"):
+        return Path(torch_default_cache_dir())
+    return Path(chosen).expanduser()
 
 
 def cache_state(cache: Path) -> dict[str, Any]:
@@ -788,7 +816,7 @@ def main(argv: list[str] | None = None) -> int:
     work = args.keep or Path(tempfile.mkdtemp(prefix="scfs-e2e-"))
     work.mkdir(parents=True, exist_ok=True)
     # one compile cache for both sides: the step benchmark reuses the kernels the runs compiled (warm-up only)
-    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or str(Path("~/.cache/scfs/torch-compile").expanduser())
+    cache = str(run_cache_dir(args.override))
     meta["compile_cache"] = ({"dir": str(work / "compile-cache-<run>"), "empty_at_start": True, "fresh": True}
                              if args.fresh_cache else cache_state(Path(cache)))
     result: dict[str, Any] = {"meta": meta, "rows": [], "step": None}
@@ -812,9 +840,12 @@ def main(argv: list[str] | None = None) -> int:
                 cache = str(work / f"compile-cache-{decode or args.recipe}")
                 shutil.rmtree(cache, ignore_errors=True)
                 run_env = {**env, "TORCHINDUCTOR_CACHE_DIR": cache, "TRITON_CACHE_DIR": str(Path(cache) / "triton")}
+            # each run's own: a run after another on the shared cache starts from what that one compiled
+            started_from = cache_state(Path(cache))
             rc, secs = run_logged(cmd, log, args.timeout, run_env)
             row: dict[str, Any] = {"decode": decode, "B": args.batch, "epochs": args.epochs, "command": shown(cmd),
-                                   "returncode": rc, "wall_s": round(secs, 1), "settings": run_settings(run_dir)}
+                                   "returncode": rc, "wall_s": round(secs, 1), "settings": run_settings(run_dir),
+                                   "compile_cache": started_from}
             summary_file = run_dir / "summary.json"
             if rc != 0 or not summary_file.is_file():
                 why = why_it_failed(log)

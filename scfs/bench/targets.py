@@ -114,10 +114,13 @@ def step_rows(records: list[Record]) -> list[tuple[Record, dict[str, Any]]]:
             if "error" not in r and (r.get("published") or {}).get("source") == "same call"]
 
 
-def cold_start(meta: dict, parallel: dict) -> bool:
-    """Whether an e2e run's first step compiled from an empty cache: as its record says (`meta.compile_cache`), or,
-    in a record from before that was kept, where the student's forward compile missed the cache."""
-    said = (meta.get("compile_cache") or {}).get("empty_at_start")
+def cold_start(meta: dict, parallel: dict, row: dict | None = None) -> bool:
+    """Whether an e2e run's first step compiled from an empty cache: as its record says (the run's own
+    `compile_cache`, else the record's `meta.compile_cache`: its first run's), or, in a record from before that was
+    kept, where the student's forward compile missed the cache."""
+    said = ((row or {}).get("compile_cache") or {}).get("empty_at_start")
+    if said is None:
+        said = (meta.get("compile_cache") or {}).get("empty_at_start")
     if said is not None:
         return bool(said)
     return not any(c.get("graph") == "student_forward" and c.get("inductor_cache") == "hit"
@@ -162,7 +165,7 @@ def targets(records_dir: Path) -> list[Target]:
                 at_recipe_batch.measured.append((rec.date, ratio, rec.name))
             par = (row.get("compile") or {}).get("compile_parallel") or {}
             first = par.get("first_step_s")
-            if first is not None and cold_start(rec.data.get("meta") or {}, par):
+            if first is not None and cold_start(rec.data.get("meta") or {}, par, row):
                 first_step.measured.append((rec.date, first, with_host(rec.name, (rec.data.get("meta") or {}).get(
                     "host"))))
     out = [e2e, at_recipe_batch, first_step]

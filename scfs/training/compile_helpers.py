@@ -328,10 +328,30 @@ def launch_local_rank() -> int:
     return 0
 
 
+def torch_default_cache_dir() -> str:
+    """The folder torch.compile caches into when nothing names one (inductor's own default, under the temp dir)."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    return os.path.abspath(default_cache_dir())
+
+
+def users_cache_dir() -> str | None:
+    """TORCHINDUCTOR_CACHE_DIR where a user set it; None where it is unset or holds torch's own default folder.
+
+    Importing Lightning has inductor write its default folder into this process's environment, so by the time a
+    run reads the variable it is set whether or not anybody chose it; only another folder is a user's choice (a
+    user who wants torch's folder says `compile_cache=null`)."""
+    value = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not value or os.path.abspath(value) == torch_default_cache_dir():
+        return None
+    return value
+
+
 def choose_compile_cache(cfg: DictConfig) -> str | None:
-    """The compile cache folder of this process and its children: TORCHINDUCTOR_CACHE_DIR when set (a user's own
-    setting wins), else `compile_cache`, put into the environment; None for torch's default."""
-    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    """The compile cache folder of this process and its children: TORCHINDUCTOR_CACHE_DIR where a user set it
+    (`users_cache_dir`: their own setting wins), else `compile_cache`, put into the environment; None for torch's
+    default."""
+    chosen = users_cache_dir()
     if not chosen and cfg.get("compile_cache"):
         chosen = os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(str(cfg.compile_cache)).expanduser())
     return chosen or None

@@ -607,3 +607,58 @@ def test_fresh_cache_gives_each_run_an_empty_compile_cache_of_its_own(tmp_path: 
     assert [s["cache"] for s in seen if not s["step"]] == [None, None]  # the caller's environment, unchanged
     (js,) = (tmp_path / "shared").glob("*.json")
     assert json.loads(js.read_text())["meta"]["compile_cache"]["dir"] == str(tmp_path / "callers-cache")
+
+
+def test_the_record_names_the_cache_the_runs_use_and_each_runs_own_start(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without `--fresh-cache` the runs use the cache the training command picks (`--override compile_cache=...`
+    included, not only the shipped folder), and each run's row says whether that cache was empty when it started:
+    a second decode mode's run starts from what the first compiled, a second run's first step, and the targets
+    do not count it as a cold one."""
+    from scfs.bench import targets as tg
+
+    src = photos(tmp_path / "photos", 8)
+    mine = tmp_path / "mine"
+
+    def fake_run(cmd, log, timeout, env=None, cwd=None):
+        assert f"compile_cache={mine}" in cmd
+        mine.mkdir(parents=True, exist_ok=True)
+        (mine / "fxgraph").write_text("x")  # the run fills the cache it was given
+        log.write_text("")
+        return 1, 1.0
+
+    monkeypatch.setattr(e2e, "run_logged", fake_run)
+    monkeypatch.delenv("COMMIT", raising=False)
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    e2e.main(["--device", "cpu", "--tiny", "--photos", str(src), "--tree", str(tmp_path / "tree"), "--batch", "4",
+              "--epochs", "2", "--decode", "cpu", "gpu", "--override", f"compile_cache={mine}", "--no-step",
+              "--out", str(tmp_path / "out")])
+    (js,) = (tmp_path / "out").glob("*.json")
+    rec = json.loads(js.read_text())
+    assert rec["meta"]["compile_cache"] == {"dir": str(mine), "empty_at_start": True}
+    assert [r["compile_cache"]["empty_at_start"] for r in rec["rows"]] == [True, False]
+    par = {"first_step_s": 12.0}
+    assert tg.cold_start(rec["meta"], par, rec["rows"][0]) and not tg.cold_start(rec["meta"], par, rec["rows"][1])
+    second = "\n".join(e2e.compile_lines([{**rec["rows"][1], "compile": {"compile_parallel": par}}]))
+    assert "the first step took 12.0 s (its compile cache held an earlier run's graphs: a second run's first step)" \
+        in second
+    first = "\n".join(e2e.compile_lines([{**rec["rows"][0], "compile": {"compile_parallel": par}}]))
+    assert "the first step took 12.0 s" in first and "held an earlier run's" not in first
+
+
+def test_the_runs_cache_is_the_environments_then_the_overrides_then_the_shipped_configs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    config = tmp_path / "config.yaml"
+    config.write_text("compile: true\ncompile_cache: ~/shipped-cache\n")
+    assert e2e.run_cache_dir(None, config) == Path("~/shipped-cache").expanduser()
+    assert e2e.run_cache_dir(["compile_cache=/a", "compile=false", "compile_cache=/b"], config) == Path("/b")
+    default = e2e.run_cache_dir(["++compile_cache=null"], config)  # torch's own folder
+    assert default.name.startswith("torchinductor_")
+    config.write_text("compile_cache: null\n")
+    assert e2e.run_cache_dir([], config) == default
+    assert e2e.run_cache_dir(None) == Path("~/.cache/scfs/torch-compile").expanduser()  # the shipped config
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(default))  # as importing Lightning leaves it: nobody's choice
+    assert e2e.run_cache_dir(["compile_cache=/b"], config) == Path("/b")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "env"))
+    assert e2e.run_cache_dir(["compile_cache=/b"], config) == tmp_path / "env"  # the user's own setting wins

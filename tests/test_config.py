@@ -325,3 +325,18 @@ print(os.environ["TORCHINDUCTOR_CACHE_DIR"])
     res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.split("\n")[:3] == ["None", str(tmp_path / "c"), str(tmp_path / "c")]
+
+
+def test_a_users_own_cache_folder_is_taken_without_importing_torch(tmp_path):
+    """TORCHINDUCTOR_CACHE_DIR set to a folder not named like torch's own is a user's choice, read without
+    importing torch (the early compile helpers start before the run imports it)."""
+    script = """
+import os, sys
+from omegaconf import OmegaConf
+from scfs.training.compile_helpers import choose_compile_cache
+print(choose_compile_cache(OmegaConf.create({"compile_cache": "/elsewhere"})), "torch" in sys.modules)
+"""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "mine")}
+    res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.split() == [str(tmp_path / "mine"), "False"]

@@ -340,9 +340,12 @@ def users_cache_dir() -> str | None:
 
     Importing Lightning has inductor write its default folder into this process's environment, so by the time a
     run reads the variable it is set whether or not anybody chose it; only another folder is a user's choice (a
-    user who wants torch's folder says `compile_cache=null`)."""
+    user who wants torch's folder says `compile_cache=null`). Torch is imported only for a value named like its
+    folder (`torchinductor_<user>`): the early helpers start before the run imports it."""
     value = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if not value or os.path.abspath(value) == torch_default_cache_dir():
+    if not value:
+        return None
+    if Path(value).name.startswith("torchinductor_") and os.path.abspath(value) == torch_default_cache_dir():
         return None
     return value
 

@@ -327,7 +327,7 @@ def on_a_thread_of_its_own(call) -> None:
     def target() -> None:
         try:
             call()
-        except BaseException as e:  # noqa: BLE001 (re-raised on the calling thread)
+        except BaseException as e:  # re-raised on the calling thread
             failed.append(e)
 
     thread = threading.Thread(target=target, name="compile-elsewhere")

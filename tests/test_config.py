@@ -327,16 +327,28 @@ print(os.environ["TORCHINDUCTOR_CACHE_DIR"])
     assert res.stdout.split("\n")[:3] == ["None", str(tmp_path / "c"), str(tmp_path / "c")]
 
 
-def test_a_users_own_cache_folder_is_taken_without_importing_torch(tmp_path):
-    """TORCHINDUCTOR_CACHE_DIR set to a folder not named like torch's own is a user's choice, read without
-    importing torch (the early compile helpers start before the run imports it)."""
+def test_the_cache_is_chosen_without_importing_torch(tmp_path):
+    """The early compile helpers start before the run imports torch, and they take the cache folder it chose: a
+    user's own TORCHINDUCTOR_CACHE_DIR is taken, and one holding torch's own folder (inherited from a process that
+    imported Lightning) gives way to `compile_cache`, both without importing torch."""
     script = """
 import os, sys
 from omegaconf import OmegaConf
 from scfs.training.compile_helpers import choose_compile_cache
 print(choose_compile_cache(OmegaConf.create({"compile_cache": "/elsewhere"})), "torch" in sys.modules)
 """
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "mine")}
-    res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-2000:]
-    assert res.stdout.split() == [str(tmp_path / "mine"), "False"]
+    from scfs.training.compile_helpers import torch_default_cache_dir
+
+    for value, chosen in ((str(tmp_path / "mine"), str(tmp_path / "mine")), (torch_default_cache_dir(), "/elsewhere")):
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": value}
+        res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr[-2000:]
+        assert res.stdout.split() == [chosen, "False"]
+
+
+def test_torchs_default_cache_folder_is_worked_out_as_torch_does():
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    from scfs.training.compile_helpers import torch_default_cache_dir
+
+    assert torch_default_cache_dir() == os.path.abspath(default_cache_dir())

@@ -13,10 +13,13 @@ keys. The child's side of the protocol is `scfs.training.background_compile`.
 from __future__ import annotations
 
 import contextlib
+import getpass
 import json
 import os
+import re
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -329,23 +332,26 @@ def launch_local_rank() -> int:
 
 
 def torch_default_cache_dir() -> str:
-    """The folder torch.compile caches into when nothing names one (inductor's own default, under the temp dir)."""
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-
-    return os.path.abspath(default_cache_dir())
+    """The folder torch.compile caches into when nothing names one: inductor's `default_cache_dir`
+    (`<temp dir>/torchinductor_<user>`), worked out here as it does without importing torch, since the early
+    helpers start before the run imports it (`tests/test_config.py` holds the two equal)."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, ModuleNotFoundError, OSError):
+        user = f"uid_{os.getuid()}" if hasattr(os, "getuid") else "unknown_user"
+    folder = "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user)
+    return os.path.abspath(os.path.join(tempfile.gettempdir(), folder))
 
 
 def users_cache_dir() -> str | None:
     """TORCHINDUCTOR_CACHE_DIR where a user set it; None where it is unset or holds torch's own default folder.
 
-    Importing Lightning has inductor write its default folder into this process's environment, so by the time a
-    run reads the variable it is set whether or not anybody chose it; only another folder is a user's choice (a
-    user who wants torch's folder says `compile_cache=null`). Torch is imported only for a value named like its
-    folder (`torchinductor_<user>`): the early helpers start before the run imports it."""
+    Importing Lightning has inductor write its default folder into the environment, so by the time a run reads
+    the variable it is set whether or not anybody chose it, and a process started by one that imported Lightning
+    (a notebook's, a benchmark's) inherits it; only another folder is a user's choice (a user who wants torch's
+    folder says `compile_cache=null`)."""
     value = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if not value:
-        return None
-    if Path(value).name.startswith("torchinductor_") and os.path.abspath(value) == torch_default_cache_dir():
+    if not value or os.path.abspath(value) == torch_default_cache_dir():
         return None
     return value
 

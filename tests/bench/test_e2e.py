@@ -491,6 +491,7 @@ def test_the_record_keeps_the_runs_compile_report_and_the_helpers_logs(tmp_path:
 
     monkeypatch.setattr(e2e, "run_logged", fake_run)
     monkeypatch.delenv("COMMIT", raising=False)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))  # empty: a cold first step
     assert e2e.main(["--device", "cpu", "--tiny", "--photos", str(src), "--tree", str(tmp_path / "tree"),
                      "--batch", "4", "--epochs", "2", "--decode", "cpu", "--no-step", "--profile",
                      "--out", str(out)]) == 0

@@ -439,7 +439,9 @@ def test_whole_cli_on_the_cpu_for_cifar10(tmp_path: Path, monkeypatch: pytest.Mo
     assert r["settings"]["precision"] == "32-true" and not r["settings"]["compile"] and r["mismatch"] == []
     assert r["profile"]["steps"] == 10 and r["profile"]["ms_per_step"]["batch"] > 0
     pe = r["profile"]["per_epoch"]
-    assert pe["epochs"] == 2 and pe["saves"] >= 2 and pe["s_per_epoch"]["checkpoint"] > 0
+    # as shipped, last.ckpt is written at an epoch end at most once a minute (`checkpoint.last_min_interval_s`)
+    # and always at the last: this short run's one save is the last epoch's
+    assert pe["epochs"] == 2 and pe["saves"] >= 1 and pe["s_per_epoch"]["checkpoint"] > 0
     assert pe["s_per_epoch"]["epoch_end"] >= pe["s_per_epoch"]["checkpoint"]  # the epoch-end saves are in it
     assert rec["step"]["img_per_s"] > 0 and rec["step"]["setting"] == "fp32"
     assert "--suite cifar" in rec["step"]["command"]

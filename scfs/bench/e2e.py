@@ -493,29 +493,21 @@ def opening_lines(rows: list[dict], step_img_s: float | None) -> list[str]:
             "every epoch pays it once:", "", *lines]
 
 
-def run_cache_dir(overrides: list[str] | None, config: Path = CONF_DIR / "config.yaml") -> Path:
+def run_cache_dir(recipe: str, overrides: list[str] | None) -> Path:
     """The compile cache folder a run of the training command uses (`choose_compile_cache`): TORCHINDUCTOR_CACHE_DIR
-    where a user set it (`users_cache_dir`), else the last `compile_cache=<folder>` of the run's overrides, else the
-    shipped config's; with `compile_cache=null` torch's own default folder."""
+    where a user set it (`users_cache_dir`), else the recipe's `compile_cache` with the run's overrides (Hydra's
+    compose); with `compile_cache=null` torch's own default folder."""
+    from hydra import compose, initialize_config_dir
+
     from scfs.training.compile_helpers import torch_default_cache_dir, users_cache_dir
 
     env = users_cache_dir()
     if env:
         return Path(env)
-    chosen: str | None = None
-    for item in overrides or []:
-        key, sep, value = item.lstrip("+").partition("=")
-        if sep and key == "compile_cache":
-            chosen = value
-    if chosen is None:
-        import yaml
-
-        shipped = yaml.safe_load(config.read_text()).get("compile_cache")
-        chosen = "null" if shipped is None else str(shipped)
-    chosen = chosen.strip().strip("'\"")
-    if chosen in ("", "null", "~", "None"):
-        return Path(torch_default_cache_dir())
-    return Path(chosen).expanduser()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"+experiment={recipe}", *(overrides or [])])
+    chosen = cfg.get("compile_cache")
+    return Path(str(chosen)).expanduser() if chosen else Path(torch_default_cache_dir())
 
 
 def cache_state(cache: Path) -> dict[str, Any]:
@@ -816,7 +808,7 @@ def main(argv: list[str] | None = None) -> int:
     work = args.keep or Path(tempfile.mkdtemp(prefix="scfs-e2e-"))
     work.mkdir(parents=True, exist_ok=True)
     # one compile cache for both sides: the step benchmark reuses the kernels the runs compiled (warm-up only)
-    cache = str(run_cache_dir(args.override))
+    cache = str(run_cache_dir(args.recipe, args.override))
     meta["compile_cache"] = ({"dir": str(work / "compile-cache-<run>"), "empty_at_start": True, "fresh": True}
                              if args.fresh_cache else cache_state(Path(cache)))
     result: dict[str, Any] = {"meta": meta, "rows": [], "step": None}

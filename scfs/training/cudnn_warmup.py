@@ -21,7 +21,8 @@ calls `aten.convolution_backward` on the recorded shapes fills the cache the run
    after Lightning has started the loader's workers (its `setup_data` creates their iterator): the forward's
    benchmarks take the time the main thread would spend waiting for the first batch (about 2 s at the ImageNet
    recipe's batch on an H100), not time after the first forward's compile. What they take beyond that wait moves
-   from the first run to before it. Off by default until a run measures what it takes off the first step.
+   from the first run to before it. Off by default: at the ImageNet recipe's batch on an H100 it took about 0.8 s
+   off a 68-73 s first step (docs/RESULTS.md "Compile time").
 3. `CudnnWarmup.start` runs one autograd node on a side thread and stream; its backward, on the device's worker
    thread, calls `aten.convolution_backward` for each call on zero tensors of those shapes, strides and dtypes:
    cuDNN's cache key (sizes, memory format, dtype, padding, stride, dilation, groups, pointer alignment) is the one

@@ -651,17 +651,16 @@ def test_the_record_names_the_cache_the_runs_use_and_each_runs_own_start(tmp_pat
 
 def test_the_runs_cache_is_the_environments_then_the_overrides_then_the_shipped_configs(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from scfs.training.compile_helpers import torch_default_cache_dir
+
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
-    config = tmp_path / "config.yaml"
-    config.write_text("compile: true\ncompile_cache: ~/shipped-cache\n")
-    assert e2e.run_cache_dir(None, config) == Path("~/shipped-cache").expanduser()
-    assert e2e.run_cache_dir(["compile_cache=/a", "compile=false", "compile_cache=/b"], config) == Path("/b")
-    default = e2e.run_cache_dir(["++compile_cache=null"], config)  # torch's own folder
-    assert default.name.startswith("torchinductor_")
-    config.write_text("compile_cache: null\n")
-    assert e2e.run_cache_dir([], config) == default
-    assert e2e.run_cache_dir(None) == Path("~/.cache/scfs/torch-compile").expanduser()  # the shipped config
+    shipped = Path("~/.cache/scfs/torch-compile").expanduser()
+    assert e2e.run_cache_dir("imagenet", None) == shipped and e2e.run_cache_dir("cifar10", []) == shipped
+    assert e2e.run_cache_dir("imagenet", ["compile_cache=/a", "compile=false", "compile_cache=/b"]) == Path("/b")
+    assert e2e.run_cache_dir("imagenet", ["compile_cache='~/z'"]) == Path("~/z").expanduser()
+    default = e2e.run_cache_dir("imagenet", ["compile_cache=null"])  # torch's own folder
+    assert default == Path(torch_default_cache_dir()) and default.name.startswith("torchinductor_")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(default))  # as importing Lightning leaves it: nobody's choice
-    assert e2e.run_cache_dir(["compile_cache=/b"], config) == Path("/b")
+    assert e2e.run_cache_dir("imagenet", ["compile_cache=/b"]) == Path("/b")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "env"))
-    assert e2e.run_cache_dir(["compile_cache=/b"], config) == tmp_path / "env"  # the user's own setting wins
+    assert e2e.run_cache_dir("imagenet", ["compile_cache=/b"]) == tmp_path / "env"  # the user's own setting wins

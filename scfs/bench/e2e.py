@@ -79,7 +79,7 @@ from typing import Any
 
 from scfs.bench.host import host_info, host_phrase
 from scfs.bench.records import provenance, record_stem, run_logged, save_record, source_commit, why_it_failed
-from scfs.names import CONF_DIR, DATA_DECODE
+from scfs.names import DATA_DECODE
 from scfs.training.compile_helpers import HELPER_NAMES, startup_phrase
 from scfs.training.host_load import load_phrase
 
@@ -496,17 +496,14 @@ def opening_lines(rows: list[dict], step_img_s: float | None) -> list[str]:
 def run_cache_dir(recipe: str, overrides: list[str] | None) -> Path:
     """The compile cache folder a run of the training command uses (`choose_compile_cache`): TORCHINDUCTOR_CACHE_DIR
     where a user set it (`users_cache_dir`), else the recipe's `compile_cache` with the run's overrides (Hydra's
-    compose); with `compile_cache=null` torch's own default folder."""
-    from hydra import compose, initialize_config_dir
-
+    compose, as the CLI composes it: `compose_train_cfg`); with `compile_cache=null` torch's own default folder."""
     from scfs.training.compile_helpers import torch_default_cache_dir, users_cache_dir
+    from scfs.workbench import compose_train_cfg
 
     env = users_cache_dir()
     if env:
         return Path(env)
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[f"+experiment={recipe}", *(overrides or [])])
-    chosen = cfg.get("compile_cache")
+    chosen = compose_train_cfg([f"+experiment={recipe}", *(overrides or [])]).get("compile_cache")
     return Path(str(chosen)).expanduser() if chosen else Path(torch_default_cache_dir())
 
 

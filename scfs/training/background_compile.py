@@ -77,7 +77,14 @@ from scfs.training.compile_helpers import (
 )
 from scfs.training.compile_metrics import compile_phase_seconds, frame_compiles
 from scfs.training.host_load import HostLoad
-from scfs.training.plain_step import cache_counters, cache_counts, cache_deltas, make_step, make_views
+from scfs.training.plain_step import (
+    cache_counters,
+    cache_counts,
+    cache_deltas,
+    make_step,
+    make_views,
+    make_views_ahead,
+)
 
 log = logging.getLogger("scfs.train")
 
@@ -171,7 +178,8 @@ def compile_in_child(cfg_path: Path, status_path: Path, device: str, steps: int,
     the run's go (`wait_for_go`) and compile under the settings and the final config it names; the status says
     when the model was ready and when the go came (`early`), and where its start-up went (seconds from its spawn:
     `entry_s`, `torch_s`, `lightning_s` from `scfs.training.helper_entry`; `imported_s` this function reached, its
-    modules imported; `cuda_s` CUDA started on a GPU; `built_s` the model built; `on_device_s` on the device)."""
+    modules imported; `cuda_s` CUDA started on a GPU; `built_s` the model built; `on_device_s` on the device;
+    `views_s` its random views made, `make_views_ahead`)."""
     t0 = time.perf_counter()
     early: dict[str, Any] = {**STARTUP_MARKS, "imported_s": since_spawn()} if wait_go else {}
     try:
@@ -194,6 +202,8 @@ def compile_in_child(cfg_path: Path, status_path: Path, device: str, steps: int,
             early["on_device_s"] = since_spawn()
             if not (backward or local):  # one helper builds them: the others would only wait on the build's lock
                 early["kernels_s"] = prebuild_search_kernels(model, device)
+            make_views_ahead(cfg, device, model.channels_last)
+            early["views_s"] = since_spawn()
             early["ready_s"] = since_spawn()
             write_status(ready_path(status_path), {"ready_s": early["ready_s"]})
             go = wait_for_go(status_path)

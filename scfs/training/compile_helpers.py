@@ -192,15 +192,16 @@ def since_spawn() -> float | None:
 
 def startup_phrase(early: dict[str, Any]) -> str:
     """`: the interpreter started at 0.4 s, torch imported at 3.0 s, Lightning imported at 4.1 s, imports done at 6.1 s,
-    CUDA started at 7.5 s, model built at 9.0 s, on the device at 14.2 s` from a helper's `early` status
-    (`scfs.training.background_compile.compile_in_child`; empty for a status from before it said so)."""
+    CUDA started at 7.5 s, model built at 9.0 s, on the device at 14.2 s, views made at 15.1 s` from a helper's
+    `early` status (`scfs.training.background_compile.compile_in_child`; empty for a status from before it said so)."""
     parts = [f"{label} at {early[key]} s" for key, label in (("entry_s", "the interpreter started"),
                                                            ("torch_s", "torch imported"),
                                                            ("lightning_s", "Lightning imported"),
                                                            ("imported_s", "imports done"),
                                                            ("cuda_s", "CUDA started"),
                                                            ("built_s", "model built"),
-                                                           ("on_device_s", "on the device"))
+                                                           ("on_device_s", "on the device"),
+                                                           ("views_s", "views made"))
              if early.get(key) is not None]
     return f": {', '.join(parts)}" if parts else ""
 

@@ -27,11 +27,18 @@ def step_autocast(cfg: Any, device: str | torch.device) -> contextlib.AbstractCo
     return autocast_for(str(cfg.trainer.precision), torch.device(device).type)
 
 
-def random_views(cfg: Any, device: str | torch.device = "cpu",
-                 channels_last: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Random views of the recipe's sizes, as a step takes them: the two global views of `cfg.batch_size` images
-    as one float32 batch, the local views as another (None without local views), seeded, in the model's memory
-    format. The compiled graphs depend on these shapes, dtypes and strides only, so they are the run's graphs."""
+def views_key(cfg: Any, device: str | torch.device, channels_last: bool) -> tuple[Any, ...]:
+    """What `random_views` makes its views from: the recipe's sizes, the device and the memory format."""
+    return (int(cfg.batch_size), int(cfg.crops.n_local), int(cfg.crops.global_size), int(cfg.crops.local_size),
+            str(torch.device(device)), bool(channels_last))
+
+
+# `make_views_ahead`'s one pair of views, under its `views_key`, until a `random_views` call of that key takes it
+_AHEAD: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor | None]] = {}
+
+
+def _new_random_views(cfg: Any, device: str | torch.device,
+                      channels_last: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     b, n_local = int(cfg.batch_size), int(cfg.crops.n_local)
     gen = torch.Generator(device="cpu").manual_seed(1)
     cl = torch.channels_last if channels_last else torch.contiguous_format
@@ -40,6 +47,26 @@ def random_views(cfg: Any, device: str | torch.device = "cpu",
     g = torch.cat(views[:2]).contiguous(memory_format=cl)
     loc = torch.cat(views[2:]).contiguous(memory_format=cl) if n_local else None
     return g, loc
+
+
+def make_views_ahead(cfg: Any, device: str | torch.device, channels_last: bool) -> None:
+    """Make the next `random_views` call's views now. A compile helper does this while it waits for the run's go:
+    at ImageNet's sizes the views are about 134 million seeded normal samples drawn on the host, seconds of CPU
+    that would otherwise lie between the go and the helper's compile, beside three other processes compiling."""
+    _AHEAD.clear()
+    _AHEAD[views_key(cfg, device, channels_last)] = _new_random_views(cfg, device, channels_last)
+
+
+def random_views(cfg: Any, device: str | torch.device = "cpu",
+                 channels_last: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Random views of the recipe's sizes, as a step takes them: the two global views of `cfg.batch_size` images
+    as one float32 batch, the local views as another (None without local views), seeded, in the model's memory
+    format. The compiled graphs depend on these shapes, dtypes and strides only, so they are the run's graphs.
+    Views made ahead for the same sizes (`make_views_ahead`) are handed out once instead of made again; views made
+    ahead for other sizes are dropped."""
+    ahead = _AHEAD.pop(views_key(cfg, device, channels_last), None)
+    _AHEAD.clear()
+    return ahead if ahead is not None else _new_random_views(cfg, device, channels_last)
 
 
 def make_step(model: Any, cfg: Any, device: str, opt: torch.optim.Optimizer, eager_student: bool = False,

@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 
 import scfs.training.background_compile as bgc
 import scfs.training.compile_helpers as ch
+import scfs.training.plain_step as plain_step
 from scfs.train import run
 
 
@@ -136,17 +137,40 @@ def test_an_early_helper_compiles_under_the_gos_settings_and_final_config(tmp_pa
     assert all(ch.part_path(tmp_path / "s.json", p).exists() for p in ch.PARTS)
     # where the start-up went, in order, seconds from the spawn (the clock's zero here)
     e = status["early"]
-    assert 0 <= e["imported_s"] <= e["built_s"] <= e["on_device_s"] <= e["ready_s"], e
+    assert 0 <= e["imported_s"] <= e["built_s"] <= e["on_device_s"] <= e["views_s"] <= e["ready_s"], e
     assert ch.startup_phrase(e) == (f": imports done at {e['imported_s']} s, model built at {e['built_s']} s, "
-                                    f"on the device at {e['on_device_s']} s")
+                                    f"on the device at {e['on_device_s']} s, views made at {e['views_s']} s")
+    assert not plain_step._AHEAD  # the views made before the go were the ones its step took
     assert ch.startup_phrase({"ready_s": 3.0}) == ""  # a status from before the helper said where its start-up went
     marks = {"entry_s": 0.4, "torch_s": 3.0, "lightning_s": 4.1, "imported_s": 6.1, "cuda_s": 7.5, "built_s": 9.0,
-             "on_device_s": 14.2}  # a GPU helper's, each in the order the helper reaches it
+             "on_device_s": 14.2, "views_s": 15.1}  # a GPU helper's, each in the order the helper reaches it
     assert ch.startup_phrase(marks) == (": the interpreter started at 0.4 s, torch imported at 3.0 s, Lightning "
                                         "imported at 4.1 s, imports done at 6.1 s, CUDA started at 7.5 s, model built "
-                                        "at 9.0 s, on the device at 14.2 s")
+                                        "at 9.0 s, on the device at 14.2 s, views made at 15.1 s")
     # where its compile went, by its own compile timers (dynamo traced the teacher's call and the losses here)
     assert status["phases"]["_compile.compile_inner"] > 0 and all(v >= 0.001 for v in status["phases"].values())
+
+
+def test_views_made_ahead_are_handed_out_once_and_only_for_their_sizes():
+    """A helper makes its random views while it waits for the go (`make_views_ahead`): the next `random_views` call
+    of the same sizes, device and memory format gets exactly those tensors, which equal freshly made ones; a second
+    call makes its own; views made ahead for other sizes are never handed out, and are dropped."""
+    cfg = compose_cfg(["batch_size=4"])
+    fresh_g, fresh_loc = plain_step.random_views(cfg, "cpu", True)
+    plain_step.make_views_ahead(cfg, "cpu", True)
+    ahead = plain_step._AHEAD[plain_step.views_key(cfg, "cpu", True)]
+    g, loc = plain_step.random_views(cfg, "cpu", True)
+    assert g is ahead[0] and loc is ahead[1] and not plain_step._AHEAD
+    assert torch.equal(g, fresh_g) and torch.equal(loc, fresh_loc) and g.stride() == fresh_g.stride()
+    again = plain_step.random_views(cfg, "cpu", True)
+    assert again[0] is not g and torch.equal(again[0], g)
+    plain_step.make_views_ahead(cfg, "cpu", True)
+    other = compose_cfg(["batch_size=2"])
+    g2, _ = plain_step.random_views(other, "cpu", True)
+    assert g2.shape[0] == 4 and not plain_step._AHEAD  # two global views of 2 images; the stale pair dropped
+    plain_step.make_views_ahead(cfg, "cpu", True)
+    g3, _ = plain_step.random_views(cfg, "cpu", False)  # another memory format: made afresh
+    assert g3.is_contiguous() and not plain_step._AHEAD
 
 
 def test_an_early_helper_without_a_go_reports_it_and_compiles_nothing(tmp_path, monkeypatch, eager_backend):

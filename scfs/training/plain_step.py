@@ -52,7 +52,7 @@ def _new_random_views(cfg: Any, device: str | torch.device,
 def make_views_ahead(cfg: Any, device: str | torch.device, channels_last: bool) -> None:
     """Make the next `random_views` call's views now. A compile helper does this while it waits for the run's go:
     at ImageNet's sizes the views are about 134 million seeded normal samples drawn on the host, seconds of CPU
-    that would otherwise lie between the go and the helper's compile, beside three other processes compiling."""
+    that would otherwise lie between the go and the helper's compile, while the run and the other helpers compile."""
     _AHEAD.clear()
     _AHEAD[views_key(cfg, device, channels_last)] = _new_random_views(cfg, device, channels_last)
 

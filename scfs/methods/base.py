@@ -476,9 +476,9 @@ class SelfDistillation(L.LightningModule):
         """`student_forward` as three compiled graphs (`compile_student_graphs=per_view_size`): the global views'
         features, the local views' (the same code, another shape: dynamo's second graph of it) and the heads on
         both. Each is about half of the one graph's compile or less, so `compile_parallel`'s helpers can compile
-        the local views' graph and each graph's backward while this process compiles the global views' graph;
-        `compile_gate` is asked for "student_local" before the local views' graph and for "student_heads" before the
-        heads (no helper compiles these: it marks where the local views' graph ended). The weights' gradients from
+        the local views' graph, the heads' and each graph's backward while this process compiles the global views'
+        graph; `compile_gate` is asked for "student_local" before the local views' graph and for "student_heads"
+        before the heads'. The weights' gradients from
         both view sizes are summed by autograd between the graphs instead of inside one."""
         f_g = self._features_fn(student, g, stages, True)
         f_l = None

@@ -322,24 +322,73 @@ def _compile_backward_only(model: Any, cfg: DictConfig, device: str, status_path
 def _compile_local_forward(model: Any, cfg: DictConfig, device: str, status_path: Path) -> dict[str, Any]:
     """`compile_in_child` with `local` alone: the forward graph of the student's local views
     (`SelfDistillation.split_student_call`) compiled and run once as the run calls it (its compiled function, the
-    run's autocast, weights that require grad), begun and written files around it; the seconds it took. Its backward
-    is not compiled here (no backward is run): the local backward's helper does that beside it."""
+    run's autocast, weights that require grad), then the heads' graph (`_compile_heads`), begun and written files
+    around each; the seconds each took. The local views' backward is not compiled here (no backward runs through
+    that graph): the local backward's helper does that beside it."""
     from scfs.training.plain_step import random_views, step_autocast
 
     if model.compile_student_graphs != "per_view_size":
         raise RuntimeError("the local views' helper needs compile_student_graphs=per_view_size")
-    _, loc = random_views(cfg, device, model.channels_last)
+    g, loc = random_views(cfg, device, model.channels_last)
     if loc is None:
         raise RuntimeError("the local views' helper needs local views (crops.n_local > 0)")
     part_marker(started_path, status_path, (LOCAL_PART,))(LOCAL_PART)
     t0 = time.perf_counter()
     with step_autocast(cfg, device):
         out = model._features_fn(model.student, loc, model.stages, model._local_heads)
+    f_l = detached_leaves(out)
     del out  # its activations: the run needs the GPU's memory for its own first step
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     part_marker(part_path, status_path, (LOCAL_PART,))(LOCAL_PART)
-    return {"steps": 0, "local_s": round(time.perf_counter() - t0, 1)}
+    local_s = round(time.perf_counter() - t0, 1)
+    t0 = time.perf_counter()
+    part_marker(started_path, status_path, (HEADS_PART,))(HEADS_PART)
+    _compile_heads(model, cfg, device, g, f_l)
+    part_marker(part_path, status_path, (HEADS_PART,))(HEADS_PART)
+    return {"steps": 0, "local_s": local_s, "heads_s": round(time.perf_counter() - t0, 1)}
+
+
+def detached_leaves(features: Any) -> Any:
+    """`features` (a view batch's `student_view_features`: dicts of tensors and ints) with every tensor cut from
+    its graph: the heads' graph's inputs as a fresh autograd leaf each, floating ones requiring grad as the run's
+    do, so the heads' backward runs through the heads alone."""
+    if isinstance(features, dict):
+        return {k: detached_leaves(v) for k, v in features.items()}
+    if isinstance(features, torch.Tensor):
+        return features.detach().requires_grad_(features.is_floating_point())
+    return features
+
+
+def _compile_heads(model: Any, cfg: DictConfig, device: str, g: torch.Tensor, f_l: dict[str, Any]) -> None:
+    """The heads' graph of the student's call per view size (`student_head_outputs`), compiled, run forward and
+    backward once, so its AOTAutograd entry (forward and backward) and its kernels' launch configs land in the
+    cache: the run then builds both graphs from the cache instead of compiling them after its local views' graph.
+    Its inputs are the run's: the local views' features from this process's compiled graph (`f_l`) and the global
+    views' from the same code run eagerly (inductor keeps a compiled graph's output strides equal to eager's), cut
+    from their graphs (`detached_leaves`)."""
+    from scfs.methods.networks import student_view_features
+    from scfs.training.plain_step import step_autocast
+
+    with torch.no_grad(), step_autocast(cfg, device):
+        f_g = detached_leaves(student_view_features(model.student, g, model.stages, True))
+    with step_autocast(cfg, device):
+        out = model._heads_fn(model.student, f_g, f_l, model.stages)
+    grads = [t for t in _tensors(out) if t.requires_grad]
+    torch.autograd.backward([t.float().sum() for t in grads])
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    """The tensors in `obj` (dicts, lists and tuples of them), in order."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    if isinstance(obj, (list, tuple)):
+        return [t for item in obj for t in _tensors(item)]
+    return []
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -439,8 +488,8 @@ class HelperGates:
     """`compile_gate` of a run beside `compile_parallel`'s helpers: `parts`, the gate of the helper that compiles
     the teacher's call and the losses, and `backward` (`compile_parallel_backward`), that of the helper compiling
     the student's backward graph, or None. With the student's call per view size (`split_student_call`), `local`
-    is the gate of the helper compiling the local views' graph and `local_backward` that of its backward's helper
-    (`backward` then compiles the global views' graph's backward).
+    is the gate of the helper compiling the local views' graph and the heads' and `local_backward` that of the local
+    views' backward's helper (`backward` then compiles the global views' graph's backward).
 
     The method asks for `STUDENT` before the student's call, then for the teacher's call and the losses, then for
     `BACKWARD_PART` before the backward; per view size also for `LOCAL_PART` before the local views' graph and for
@@ -493,6 +542,8 @@ class HelperGates:
         if part == HEADS_PART:
             if self.local_brought_backward is None and self._before_local is not None:
                 self.local_brought_backward = cache_deltas(self._before_local)[2] > 0
+            if self.local is not None:
+                self.local(part)
             return
         if part != BACKWARD_PART:
             self.parts(part)

@@ -41,7 +41,8 @@ STUDENT = "student"
 # `compile_student_graphs=per_view_size` (`SelfDistillation.split_student_call`): a third helper compiles the local
 # views' graph of the student's call ("student_local", asked for before that graph) and a fourth its backward
 # ("student_local_backward", asked for before the backward); the backward's helper then compiles the global views'
-# graph's backward. "student_heads" is asked for before the heads' graph, which the run compiles itself.
+# graph's backward. The local views' helper then compiles the heads' graph, forward and backward ("student_heads",
+# asked for before it).
 LOCAL_PART = "student_local"
 HEADS_PART = "student_heads"
 LOCAL_BACKWARD_PART = "student_local_backward"
@@ -73,8 +74,8 @@ ROLES: dict[str, HelperRole] = {
                         "the teacher's call and the losses", "the first helper"),
     "backward": HelperRole(BACKWARD_STATUS_FILE, (BACKWARD_PART,), ("--backward",), 0, "backward_helper",
                            "the student's backward graph", "the backward's helper"),
-    "local": HelperRole(LOCAL_STATUS_FILE, (LOCAL_PART,), ("--local",), 0, "local_helper",
-                        "the student's local views' graph", "the local views' helper"),
+    "local": HelperRole(LOCAL_STATUS_FILE, (LOCAL_PART, HEADS_PART), ("--local",), 0, "local_helper",
+                        "the student's local views' graph and its heads'", "the local views' helper"),
     "local_backward": HelperRole(LOCAL_BACKWARD_STATUS_FILE, (LOCAL_BACKWARD_PART,), ("--backward", "--local"), 0,
                                  "local_backward_helper", "the student's local views' backward graph",
                                  "the local views' backward's helper"),

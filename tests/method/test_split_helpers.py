@@ -93,15 +93,17 @@ def test_the_run_waits_for_the_local_views_graph_and_its_backward_only_when_need
     gates = _gates(tmp_path, begun=("local", "local_backward", "backward"))
     path = {role: tmp_path / ch.ROLES[role].status_file for role in ch.ROLES}
     _later(bgc.part_path(path["local"], ch.LOCAL_PART), 0.3)
-    _later(bgc.part_path(path["backward"], ch.BACKWARD_PART), 0.6)
-    _later(bgc.part_path(path["local_backward"], ch.LOCAL_BACKWARD_PART), 0.9)
+    _later(bgc.part_path(path["local"], ch.HEADS_PART), 0.45)
+    _later(bgc.part_path(path["backward"], ch.BACKWARD_PART), 0.8)
+    _later(bgc.part_path(path["local_backward"], ch.LOCAL_BACKWARD_PART), 1.1)
     for part in ASKED_SPLIT:
         gates(part)
     timeline = gates.timeline()
     assert timeline["student_compiled"] is True and timeline["local_brought_backward"] is bool(local_aot_hits)
-    assert list(timeline["asked_s"]) == ["teacher", "loss", ch.BACKWARD_PART, ch.LOCAL_PART,
+    assert list(timeline["asked_s"]) == ["teacher", "loss", ch.BACKWARD_PART, ch.LOCAL_PART, ch.HEADS_PART,
                                          ch.LOCAL_BACKWARD_PART]
     assert timeline["waited_s"][ch.LOCAL_PART] >= 0.2
+    assert timeline["waited_s"][ch.HEADS_PART] >= 0.05  # written 0.15 s after the local views' graph
     assert timeline["waited_s"][ch.BACKWARD_PART] >= 0.2
     if local_aot_hits:
         assert timeline["waited_s"][ch.LOCAL_BACKWARD_PART] == 0.0
@@ -109,21 +111,35 @@ def test_the_run_waits_for_the_local_views_graph_and_its_backward_only_when_need
     else:
         assert timeline["waited_s"][ch.LOCAL_BACKWARD_PART] >= 0.1  # written 0.3 s after the global one's
         assert ch.LOCAL_BACKWARD_PART not in timeline["built_here"]
-    assert ch.LOCAL_PART not in timeline["built_here"]
+    assert ch.LOCAL_PART not in timeline["built_here"] and ch.HEADS_PART not in timeline["built_here"]
     stopped = gates.stop_behind({})
     assert set(stopped) == {"parts", "backward", "local", "local_backward"} and not any(stopped.values())
 
 
-def test_the_heads_mark_is_no_helpers_part(tmp_path):
-    """"student_heads" only marks where the local views' graph ended: it is never waited for nor counted as a
-    part built here (which would stop the parts' helper after the first step)."""
+def test_the_heads_graph_is_waited_for_only_once_the_local_helper_has_begun_it(tmp_path):
+    """"student_heads" is the local views' helper's second part: the run waits for it once that helper has begun it;
+    a heads' graph it has not begun is built here at once, and the helper is then stopped after the first step."""
     gates = _gates(tmp_path, begun=())
-    gates("student")
-    gates(ch.LOCAL_PART)
-    gates(ch.HEADS_PART)
+    for part in ("student", ch.LOCAL_PART, ch.HEADS_PART):
+        gates(part)
     timeline = gates.timeline()
-    assert ch.HEADS_PART not in timeline["asked_s"] and ch.HEADS_PART not in timeline["built_here"]
-    assert timeline["built_here"] == [ch.LOCAL_PART]  # not begun by its helper: built here at once
+    assert timeline["waited_s"][ch.HEADS_PART] < 0.05
+    assert timeline["built_here"] == [ch.LOCAL_PART, ch.HEADS_PART]  # neither begun by the helper
+    stopped = gates.stop_behind({"local": None})
+    assert stopped["local"] is False  # no process to stop here; `stop_helper_if_behind` is tested on its own
+    path = tmp_path / "begun" / ch.ROLES["local"].status_file
+    path.parent.mkdir()
+    begun = bgc.PartGate(path, lambda: False, 60.0, path.with_suffix(".log"), parts=ch.ROLES["local"].parts)
+    gates = bgc.HelperGates(bgc.PartGate(tmp_path / "begun" / "p.json", lambda: False, 60.0, tmp_path / "p.log"),
+                            local=begun)
+    for part in ch.ROLES["local"].parts:
+        bgc.write_status(bgc.started_path(path, part), {"ok": True})
+    bgc.write_status(bgc.part_path(path, ch.LOCAL_PART), {"ok": True})
+    _later(bgc.part_path(path, ch.HEADS_PART), 0.3)
+    for part in ("student", ch.LOCAL_PART, ch.HEADS_PART):
+        gates(part)
+    timeline = gates.timeline()
+    assert timeline["waited_s"][ch.HEADS_PART] >= 0.2 and timeline["built_here"] == [], timeline
 
 
 def test_the_callback_starts_all_four_helpers_and_reports_each(tmp_path, monkeypatch):

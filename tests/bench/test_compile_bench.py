@@ -630,9 +630,9 @@ def test_a_helpers_start_up_is_named_where_its_status_says_it():
 
 def test_the_parallel_split_row_starts_four_helpers_and_waits_for_each_graph(monkeypatch, eager_backend):
     """`compile_student_graphs=per_view_size` in a `parallel-split` row: stand-ins for the four helpers begin their
-    parts at once and write them after a while; the gate waits for the local views' graph before it and for both
-    graphs' backwards before the backward (the counters say the run compiled its graphs itself), and the record says
-    what the local views' helpers did."""
+    parts at once and write them after a while; the gate waits for the local views' graph and the heads' graph (the
+    local views' helper's two parts) before each and for both graphs' backwards before the backward (the counters
+    say the run compiled its graphs itself), and the record says what the local views' helpers did."""
     import scfs.training.background_compile as bgc
     import scfs.training.compile_helpers as ch
 
@@ -657,7 +657,7 @@ def test_the_parallel_split_row_starts_four_helpers_and_waits_for_each_graph(mon
                                                                  *bench.SPLIT])
     row = bench.measure(cfg, "cpu", 1, 1, None, None)
     par = row["parallel"]
-    want = {"teacher", "loss", ch.BACKWARD_PART, ch.LOCAL_PART, ch.LOCAL_BACKWARD_PART}
+    want = {"teacher", "loss", ch.BACKWARD_PART, ch.LOCAL_PART, ch.HEADS_PART, ch.LOCAL_BACKWARD_PART}
     assert set(par["waited_s"]) == set(par["ready_s"]) == want, par
     assert par["built_here"] == [] and par["local_brought_backward"] is False
     assert par["helper"]["local_helper"]["local_s"] == 0.7

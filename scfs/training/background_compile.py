@@ -219,7 +219,7 @@ def compile_in_child(cfg_path: Path, status_path: Path, device: str, steps: int,
         if backward:
             status = _compile_backward_only(model, cfg, device, status_path, local)
         elif local:
-            status = _compile_local_forward(model, cfg, device, status_path)
+            status = _compile_local_graphs(model, cfg, device, status_path)
         else:
             status = _run_steps(model, cfg, device, steps, helper, status_path)
         status = {"ok": True, "seconds": round(time.perf_counter() - t0, 1), **status, **cache_counts(),
@@ -319,7 +319,7 @@ def _compile_backward_only(model: Any, cfg: DictConfig, device: str, status_path
     return {"steps": 0, "backward_s": round(time.perf_counter() - t0, 1), "graph": graph}
 
 
-def _compile_local_forward(model: Any, cfg: DictConfig, device: str, status_path: Path) -> dict[str, Any]:
+def _compile_local_graphs(model: Any, cfg: DictConfig, device: str, status_path: Path) -> dict[str, Any]:
     """`compile_in_child` with `local` alone: the forward graph of the student's local views
     (`SelfDistillation.split_student_call`) compiled and run once as the run calls it (its compiled function, the
     run's autocast, weights that require grad), then the heads' graph (`_compile_heads`), begun and written files

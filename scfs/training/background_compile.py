@@ -173,7 +173,8 @@ def compile_in_child(cfg_path: Path, status_path: Path, device: str, steps: int,
     (`BACKWARD_PART`); with the student's call per view size (`compile_student_graphs=per_view_size`), that of its
     global views' graph.
     `local` (`compile_student_graphs=per_view_size`): no step; this process compiles the forward graph of the
-    student's local views (`LOCAL_PART`), or with `backward` that graph's backward (`LOCAL_BACKWARD_PART`).
+    student's local views (`LOCAL_PART`) and then the heads' graph (`HEADS_PART`), or with `backward` the local
+    views' graph's backward (`LOCAL_BACKWARD_PART`).
     `wait_go` (started early, `scfs.training.compile_helpers.start_early_helpers`): build the model, then wait for
     the run's go (`wait_for_go`) and compile under the settings and the final config it names; the status says
     when the model was ready and when the go came (`early`), and where its start-up went (seconds from its spawn:

@@ -403,8 +403,8 @@ def main(argv: list[str] | None = None) -> int:
                    "(compile_parallel)")
     p.add_argument("--backward", action="store_true", help="compile the student's backward graph only "
                    "(compile_parallel_backward)")
-    p.add_argument("--local", action="store_true", help="compile the student's local views' graph only, or with "
-                   "--backward its backward (compile_student_graphs=per_view_size)")
+    p.add_argument("--local", action="store_true", help="compile the student's local views' graph and its heads' "
+                   "graph, or with --backward the local views' graph's backward (compile_student_graphs=per_view_size)")
     p.add_argument("--settings", default=None, help="the run's process-wide settings that are part of the cache "
                    "keys, as JSON (key_settings)")
     p.add_argument("--wait-go", action="store_true", help="build the model, then wait for the run's go file with "

@@ -478,8 +478,8 @@ class SelfDistillation(L.LightningModule):
         both. Each is about half of the one graph's compile or less, so `compile_parallel`'s helpers can compile
         the local views' graph, the heads' and each graph's backward while this process compiles the global views'
         graph; `compile_gate` is asked for "student_local" before the local views' graph and for "student_heads"
-        before the heads'. The weights' gradients from
-        both view sizes are summed by autograd between the graphs instead of inside one."""
+        before the heads'. The weights' gradients from both view sizes are summed by autograd between the graphs
+        instead of inside one."""
         f_g = self._features_fn(student, g, stages, True)
         f_l = None
         if loc is not None:

@@ -326,6 +326,7 @@ def _compile_local_graphs(model: Any, cfg: DictConfig, device: str, status_path:
     run's autocast, weights that require grad), then the heads' graph (`_compile_heads`), begun and written files
     around each; the seconds each took. The local views' backward is not compiled here (no backward runs through
     that graph): the local backward's helper does that beside it."""
+    from scfs.methods.base import helper_student_outputs
     from scfs.training.plain_step import random_views, step_autocast
 
     if model.compile_student_graphs != "per_view_size":
@@ -337,7 +338,7 @@ def _compile_local_graphs(model: Any, cfg: DictConfig, device: str, status_path:
     t0 = time.perf_counter()
     with step_autocast(cfg, device):
         out = model._features_fn(model.student, loc, model.stages, model._local_heads)
-    f_l = detached_leaves(out)
+    f_l = helper_student_outputs(out)  # the heads' inputs, cut from this graph
     del out  # its activations: the run needs the GPU's memory for its own first step
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -350,46 +351,28 @@ def _compile_local_graphs(model: Any, cfg: DictConfig, device: str, status_path:
     return {"steps": 0, "local_s": local_s, "heads_s": round(time.perf_counter() - t0, 1)}
 
 
-def detached_leaves(features: Any) -> Any:
-    """`features` (a view batch's `student_view_features`: dicts of tensors and ints) with every tensor cut from
-    its graph: the heads' graph's inputs as a fresh autograd leaf each, floating ones requiring grad as the run's
-    do, so the heads' backward runs through the heads alone."""
-    if isinstance(features, dict):
-        return {k: detached_leaves(v) for k, v in features.items()}
-    if isinstance(features, torch.Tensor):
-        return features.detach().requires_grad_(features.is_floating_point())
-    return features
-
-
 def _compile_heads(model: Any, cfg: DictConfig, device: str, g: torch.Tensor, f_l: dict[str, Any]) -> None:
     """The heads' graph of the student's call per view size (`student_head_outputs`), compiled, run forward and
     backward once, so its AOTAutograd entry (forward and backward) and its kernels' launch configs land in the
     cache: the run then builds both graphs from the cache instead of compiling them after its local views' graph.
     Its inputs are the run's: the local views' features from this process's compiled graph (`f_l`) and the global
-    views' from the same code run eagerly (inductor keeps a compiled graph's output strides equal to eager's), cut
-    from their graphs (`detached_leaves`)."""
+    views' from the same code run eagerly (inductor keeps a compiled graph's output strides equal to eager's), each
+    cut from its graph as a leaf that requires grad where the run's input does (`helper_student_outputs`; the eager
+    forward keeps no activations, `discard_saved_tensors`), so the backward runs through the heads alone."""
+    from torch.utils._pytree import tree_leaves
+
+    from scfs.methods.base import discard_saved_tensors, helper_student_outputs
     from scfs.methods.networks import student_view_features
     from scfs.training.plain_step import step_autocast
 
-    with torch.no_grad(), step_autocast(cfg, device):
-        f_g = detached_leaves(student_view_features(model.student, g, model.stages, True))
+    with step_autocast(cfg, device), discard_saved_tensors():
+        f_g = helper_student_outputs(student_view_features(model.student, g, model.stages, True))
     with step_autocast(cfg, device):
         out = model._heads_fn(model.student, f_g, f_l, model.stages)
-    grads = [t for t in _tensors(out) if t.requires_grad]
+    grads = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
     torch.autograd.backward([t.float().sum() for t in grads])
     if device.startswith("cuda"):
         torch.cuda.synchronize()
-
-
-def _tensors(obj: Any) -> list[torch.Tensor]:
-    """The tensors in `obj` (dicts, lists and tuples of them), in order."""
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, dict):
-        obj = list(obj.values())
-    if isinstance(obj, (list, tuple)):
-        return [t for item in obj for t in _tensors(item)]
-    return []
 
 
 def main(argv: list[str] | None = None) -> int:

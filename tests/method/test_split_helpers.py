@@ -127,13 +127,9 @@ def test_the_heads_graph_is_waited_for_only_once_the_local_helper_has_begun_it(t
     assert timeline["built_here"] == [ch.LOCAL_PART, ch.HEADS_PART]  # neither begun by the helper
     stopped = gates.stop_behind({"local": None})
     assert stopped["local"] is False  # no process to stop here; `stop_helper_if_behind` is tested on its own
+    (tmp_path / "begun").mkdir()
+    gates = _gates(tmp_path / "begun", begun=("local",))
     path = tmp_path / "begun" / ch.ROLES["local"].status_file
-    path.parent.mkdir()
-    begun = bgc.PartGate(path, lambda: False, 60.0, path.with_suffix(".log"), parts=ch.ROLES["local"].parts)
-    gates = bgc.HelperGates(bgc.PartGate(tmp_path / "begun" / "p.json", lambda: False, 60.0, tmp_path / "p.log"),
-                            local=begun)
-    for part in ch.ROLES["local"].parts:
-        bgc.write_status(bgc.started_path(path, part), {"ok": True})
     bgc.write_status(bgc.part_path(path, ch.LOCAL_PART), {"ok": True})
     _later(bgc.part_path(path, ch.HEADS_PART), 0.3)
     for part in ("student", ch.LOCAL_PART, ch.HEADS_PART):

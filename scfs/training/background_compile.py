@@ -358,14 +358,17 @@ def _compile_heads(model: Any, cfg: DictConfig, device: str, g: torch.Tensor, f_
     Its inputs are the run's: the local views' features from this process's compiled graph (`f_l`) and the global
     views' from the same code run eagerly (inductor keeps a compiled graph's output strides equal to eager's), each
     cut from its graph as a leaf that requires grad where the run's input does (`helper_student_outputs`; the eager
-    forward keeps no activations, `discard_saved_tensors`), so the backward runs through the heads alone."""
+    forward keeps no activations, `discard_saved_tensors`), so the backward runs through the heads alone. The eager
+    forward runs under `force_eager`: the backbone is also compiled in place (`SelfDistillation._compile`), and
+    calling it would otherwise compile the global views' whole backbone here, a graph as large as the local views'
+    that the run never asks for, before the heads'."""
     from torch.utils._pytree import tree_leaves
 
     from scfs.methods.base import discard_saved_tensors, helper_student_outputs
     from scfs.methods.networks import student_view_features
     from scfs.training.plain_step import step_autocast
 
-    with step_autocast(cfg, device), discard_saved_tensors():
+    with step_autocast(cfg, device), discard_saved_tensors(), torch.compiler.set_stance("force_eager"):
         f_g = helper_student_outputs(student_view_features(model.student, g, model.stages, True))
     with step_autocast(cfg, device):
         out = model._heads_fn(model.student, f_g, f_l, model.stages)

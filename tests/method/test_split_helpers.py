@@ -7,6 +7,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import torch
 from helpers import compose_cfg
 
 import scfs.training.background_compile as bgc
@@ -61,6 +62,42 @@ def test_the_local_views_helper_refuses_a_one_graph_config_in_its_status(tmp_pat
     status = bgc.compile_in_child(tmp_path / "c.yaml", tmp_path / "l.json", "cpu", steps=0, local=True)
     assert not status["ok"] and "compile_student_graphs=per_view_size" in status["error"]
     assert not bgc.part_path(tmp_path / "l.json", ch.LOCAL_PART).exists()
+
+
+def test_the_local_views_helper_traces_only_the_graphs_the_run_asks_for(tmp_path, monkeypatch):
+    """The local views' helper traces two graphs: the student's call on the local views and the heads'. The global
+    views' features it feeds the heads run eager, although the backbone is compiled in place as well: a third,
+    backbone-sized graph there would hold the heads' entry back while the run waits for it. Dynamo's own tracing,
+    with a backend that records each graph and runs it as traced, so no kernel is generated."""
+    from helpers import TINY_RESNET18
+
+    from scfs.training.build import build
+
+    traced: list = []
+
+    def record(gm, example_inputs):
+        traced.append([n.name for n in gm.graph.nodes if n.op == "placeholder"])
+        return gm.forward
+
+    compile_ = torch.compile
+
+    def compile_recorded(fn=None, **kw):
+        kw.pop("mode", None)
+        return compile_(fn, **{**kw, "backend": record})
+
+    monkeypatch.setattr(torch, "compile", compile_recorded)
+    torch._dynamo.reset()
+    cfg = compose_cfg([*TINY_RESNET18, "compile=true", SPLIT, "compile_mode=default"])
+    torch.manual_seed(0)
+    model = build(cfg)[1].train()
+    status = bgc._compile_local_graphs(model, cfg, "cpu", tmp_path / "l.json")
+    torch._dynamo.reset()
+    assert set(status) == {"steps", "local_s", "heads_s"}
+    assert len(traced) == 2, [names[:2] for names in traced]
+    backbone, heads = traced
+    assert "l_x_" in backbone and backbone[0].startswith("l_student_modules_backbone_"), backbone[:3]
+    assert heads[0] == "l_f_l_pooled_", heads[:3]
+    assert bgc.part_path(tmp_path / "l.json", ch.HEADS_PART).exists()
 
 
 def _gates(tmp_path: Path, begun: tuple[str, ...], wait_s: float = 60.0) -> bgc.HelperGates:

@@ -810,6 +810,8 @@ def parallel_lines(rows: list[dict[str, Any]]) -> list[str]:
                     out[-1] += (f" {HELPER_NAMES[key].capitalize()}: " + (
                         f"its compile took {side.get(seconds, '–')} s, inductor cache {side.get('fx_cache', '–')}"
                         + (f", peak GPU memory {side['peak_GiB']} GiB" if side.get("peak_GiB") is not None else "")
+                        + (", the local views' backward run once for AOTAutograd's entry"
+                           if side.get("local_backward_run") else "")
                         if side.get("ok") else f"no entry ({side.get('error', 'it had not ended')})") + ".")
             if par.get("local_brought_backward"):
                 out[-1] += " The run's local views' graph came with its backward from the cache: no wait for it."

@@ -320,12 +320,41 @@ def _compile_backward_only(model: Any, cfg: DictConfig, device: str, status_path
     return {"steps": 0, "backward_s": round(time.perf_counter() - t0, 1), "graph": graph}
 
 
+# How long the local views' helper waits, once its forward is compiled, for the local backward's helper to write
+# that graph's backward: a run asking for the local views' graph meanwhile waits too, and past a few seconds it
+# would lose more than the AOTAutograd entry saves it (building the graph from the inductor entry alone took about
+# 9 s on an H100, from AOTAutograd's about 2 s).
+LOCAL_BACKWARD_WAIT_S = 5.0
+
+
+def local_backward_written(status_path: Path, timeout_s: float = LOCAL_BACKWARD_WAIT_S) -> bool:
+    """Whether the local backward's helper, beside the local views' helper writing `status_path`, has written the
+    local views' graph's backward (`LOCAL_BACKWARD_PART`) or does within `timeout_s`. False at once where it has not
+    begun that part (no such helper: `compile_parallel_backward` off, or it failed early) or has ended without it."""
+    other = status_path.with_name(ROLES["local_backward"].status_file)
+    if other == status_path or not started_path(other, LOCAL_BACKWARD_PART).exists():
+        return False
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if part_path(other, LOCAL_BACKWARD_PART).exists():
+            return True
+        if other.exists() or time.monotonic() >= deadline:  # its final status: it ended without the part
+            return False
+        time.sleep(0.05)
+
+
 def _compile_local_graphs(model: Any, cfg: DictConfig, device: str, status_path: Path) -> dict[str, Any]:
     """`compile_in_child` with `local` alone: the forward graph of the student's local views
     (`SelfDistillation.split_student_call`) compiled and run once as the run calls it (its compiled function, the
     run's autocast, weights that require grad), then the heads' graph (`_compile_heads`), begun and written files
-    around each; the seconds each took. The local views' backward is not compiled here (no backward runs through
-    that graph): the local backward's helper does that beside it."""
+    around each; the seconds each took. The local views' backward is not compiled here: the local backward's
+    helper does that beside it. Once it has written it (`local_backward_written`), this process runs the backward
+    through the local views' graph too, which builds that backward from its entry and so completes AOTAutograd's
+    entry of the graph (AOTAutograd writes it only once the backward is compiled, and then for both directions):
+    the run then builds the graph, forward and backward, from that one entry instead of tracing and partitioning
+    it again around the inductor entries (`local_backward_run` in the status says whether it ran)."""
+    from torch.utils._pytree import tree_leaves
+
     from scfs.methods.base import helper_student_outputs
     from scfs.training.plain_step import random_views, step_autocast
 
@@ -339,6 +368,11 @@ def _compile_local_graphs(model: Any, cfg: DictConfig, device: str, status_path:
     with step_autocast(cfg, device):
         out = model._features_fn(model.student, loc, model.stages, model._local_heads)
     f_l = helper_student_outputs(out)  # the heads' inputs, cut from this graph
+    backward_run = local_backward_written(status_path)
+    if backward_run:
+        grads = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
+        torch.autograd.backward([t.float().sum() for t in grads])
+        model.student.zero_grad(set_to_none=True)
     del out  # its activations: the run needs the GPU's memory for its own first step
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -348,7 +382,8 @@ def _compile_local_graphs(model: Any, cfg: DictConfig, device: str, status_path:
     part_marker(started_path, status_path, (HEADS_PART,))(HEADS_PART)
     _compile_heads(model, cfg, device, g, f_l)
     part_marker(part_path, status_path, (HEADS_PART,))(HEADS_PART)
-    return {"steps": 0, "local_s": local_s, "heads_s": round(time.perf_counter() - t0, 1)}
+    return {"steps": 0, "local_s": local_s, "heads_s": round(time.perf_counter() - t0, 1),
+            "local_backward_run": backward_run}
 
 
 def _compile_heads(model: Any, cfg: DictConfig, device: str, g: torch.Tensor, f_l: dict[str, Any]) -> None:

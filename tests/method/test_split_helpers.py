@@ -92,7 +92,7 @@ def test_the_local_views_helper_traces_only_the_graphs_the_run_asks_for(tmp_path
     model = build(cfg)[1].train()
     status = bgc._compile_local_graphs(model, cfg, "cpu", tmp_path / "l.json")
     torch._dynamo.reset()
-    assert set(status) == {"steps", "local_s", "heads_s"}
+    assert set(status) == {"steps", "local_s", "heads_s", "local_backward_run"} and not status["local_backward_run"]
     assert len(traced) == 2, [names[:2] for names in traced]
     backbone, heads = traced
     assert "l_x_" in backbone and backbone[0].startswith("l_student_modules_backbone_"), backbone[:3]
@@ -112,6 +112,39 @@ def _gates(tmp_path: Path, begun: tuple[str, ...], wait_s: float = 60.0) -> bgc.
 
 def _later(path: Path, after_s: float) -> None:
     threading.Timer(after_s, lambda: bgc.write_status(path, {"ok": True})).start()
+
+
+@pytest.mark.parametrize("local_backward, written, expected", [
+    ("absent", False, False), ("begun", False, False), ("written", True, True), ("written later", True, True),
+    ("ended without it", False, False),
+])
+def test_the_local_helper_runs_the_local_backward_only_once_its_entry_is_written(tmp_path, local_backward,
+                                                                                   written, expected):
+    """`local_backward_written`: the local views' helper runs that graph's backward (for AOTAutograd's entry) only
+    where the local backward's helper has written its entry, now or within the short wait; a helper that never
+    began it, ended without it or is still at it when the wait ends means no backward run, at once where nothing
+    is coming."""
+    import time
+
+    local = tmp_path / ch.LOCAL_STATUS_FILE
+    other = tmp_path / ch.LOCAL_BACKWARD_STATUS_FILE
+    if local_backward != "absent":
+        bgc.write_status(bgc.started_path(other, ch.LOCAL_BACKWARD_PART), {"ok": True})
+    if local_backward == "written":
+        bgc.write_status(bgc.part_path(other, ch.LOCAL_BACKWARD_PART), {"ok": True})
+    if local_backward == "written later":
+        _later(bgc.part_path(other, ch.LOCAL_BACKWARD_PART), 0.3)
+    if local_backward == "ended without it":
+        bgc.write_status(other, {"ok": False, "error": "RuntimeError: x"})
+    t0 = time.monotonic()
+    assert bgc.local_backward_written(local, timeout_s=1.5 if written else 0.5) is expected
+    took = time.monotonic() - t0
+    if local_backward in ("absent", "written", "ended without it"):
+        assert took < 0.2, took
+    elif local_backward == "begun":
+        assert 0.5 <= took < 1.5, took
+    # the local backward's own helper never waits on itself
+    assert bgc.local_backward_written(other, timeout_s=0.5) is False
 
 
 @pytest.mark.parametrize("local_aot_hits", [0, 1], ids=["local-built-here", "local-from-aot-cache"])

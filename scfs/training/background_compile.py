@@ -353,8 +353,6 @@ def _compile_local_graphs(model: Any, cfg: DictConfig, device: str, status_path:
     entry of the graph (AOTAutograd writes it only once the backward is compiled, and then for both directions):
     the run then builds the graph, forward and backward, from that one entry instead of tracing and partitioning
     it again around the inductor entries (`local_backward_run` in the status says whether it ran)."""
-    from torch.utils._pytree import tree_leaves
-
     from scfs.methods.base import helper_student_outputs
     from scfs.training.plain_step import random_views, step_autocast
 
@@ -370,8 +368,7 @@ def _compile_local_graphs(model: Any, cfg: DictConfig, device: str, status_path:
     f_l = helper_student_outputs(out)  # the heads' inputs, cut from this graph
     backward_run = local_backward_written(status_path)
     if backward_run:
-        grads = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
-        torch.autograd.backward([t.float().sum() for t in grads])
+        backward_through(out)
         model.student.zero_grad(set_to_none=True)
     del out  # its activations: the run needs the GPU's memory for its own first step
     if device.startswith("cuda"):
@@ -386,6 +383,16 @@ def _compile_local_graphs(model: Any, cfg: DictConfig, device: str, status_path:
             "local_backward_run": backward_run}
 
 
+def backward_through(out: Any) -> None:
+    """One backward through every output tensor of `out` (a pytree) that requires grad, each summed: what a helper
+    runs so that a compiled graph's backward is built (and its cache entries written) as the run's first backward
+    builds it."""
+    from torch.utils._pytree import tree_leaves
+
+    grads = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
+    torch.autograd.backward([t.float().sum() for t in grads])
+
+
 def _compile_heads(model: Any, cfg: DictConfig, device: str, g: torch.Tensor, f_l: dict[str, Any]) -> None:
     """The heads' graph of the student's call per view size (`student_head_outputs`), compiled, run forward and
     backward once, so its AOTAutograd entry (forward and backward) and its kernels' launch configs land in the
@@ -397,8 +404,6 @@ def _compile_heads(model: Any, cfg: DictConfig, device: str, g: torch.Tensor, f_
     forward runs under `force_eager`: the backbone is also compiled in place (`SelfDistillation._compile`), and
     calling it would otherwise compile the global views' whole backbone here, a graph as large as the local views'
     that the run never asks for, before the heads'."""
-    from torch.utils._pytree import tree_leaves
-
     from scfs.methods.base import discard_saved_tensors, helper_student_outputs
     from scfs.methods.networks import student_view_features
     from scfs.training.plain_step import step_autocast
@@ -407,8 +412,7 @@ def _compile_heads(model: Any, cfg: DictConfig, device: str, g: torch.Tensor, f_
         f_g = helper_student_outputs(student_view_features(model.student, g, model.stages, True))
     with step_autocast(cfg, device):
         out = model._heads_fn(model.student, f_g, f_l, model.stages)
-    grads = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
-    torch.autograd.backward([t.float().sum() for t in grads])
+    backward_through(out)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
 

@@ -4,6 +4,7 @@ of the local views' graph and of both graphs' backwards, their files, command li
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -114,18 +115,15 @@ def _later(path: Path, after_s: float) -> None:
     threading.Timer(after_s, lambda: bgc.write_status(path, {"ok": True})).start()
 
 
-@pytest.mark.parametrize("local_backward, written, expected", [
-    ("absent", False, False), ("begun", False, False), ("written", True, True), ("written later", True, True),
-    ("ended without it", False, False),
+@pytest.mark.parametrize("local_backward, expected", [
+    ("absent", False), ("begun", False), ("written", True), ("written later", True), ("ended without it", False),
 ])
 def test_the_local_helper_runs_the_local_backward_only_once_its_entry_is_written(tmp_path, local_backward,
-                                                                                   written, expected):
+                                                                                   expected):
     """`local_backward_written`: the local views' helper runs that graph's backward (for AOTAutograd's entry) only
     where the local backward's helper has written its entry, now or within the short wait; a helper that never
     began it, ended without it or is still at it when the wait ends means no backward run, at once where nothing
     is coming."""
-    import time
-
     local = tmp_path / ch.LOCAL_STATUS_FILE
     other = tmp_path / ch.LOCAL_BACKWARD_STATUS_FILE
     if local_backward != "absent":
@@ -137,7 +135,7 @@ def test_the_local_helper_runs_the_local_backward_only_once_its_entry_is_written
     if local_backward == "ended without it":
         bgc.write_status(other, {"ok": False, "error": "RuntimeError: x"})
     t0 = time.monotonic()
-    assert bgc.local_backward_written(local, timeout_s=1.5 if written else 0.5) is expected
+    assert bgc.local_backward_written(local, timeout_s=1.5 if expected else 0.5) is expected
     took = time.monotonic() - t0
     if local_backward in ("absent", "written", "ended without it"):
         assert took < 0.2, took

@@ -332,15 +332,12 @@ def local_backward_written(status_path: Path, timeout_s: float = LOCAL_BACKWARD_
     local views' graph's backward (`LOCAL_BACKWARD_PART`) or does within `timeout_s`. False at once where it has not
     begun that part (no such helper: `compile_parallel_backward` off, or it failed early) or has ended without it."""
     other = status_path.with_name(ROLES["local_backward"].status_file)
-    if other == status_path or not started_path(other, LOCAL_BACKWARD_PART).exists():
+    if other == status_path:
         return False
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if part_path(other, LOCAL_BACKWARD_PART).exists():
-            return True
-        if other.exists() or time.monotonic() >= deadline:  # its final status: it ended without the part
-            return False
-        time.sleep(0.05)
+    # its final status file written means it ended
+    wait_for_part(other, LOCAL_BACKWARD_PART, other.exists, timeout_s, other.with_suffix(".log"),
+                  "going on without the local views' backward run")
+    return part_path(other, LOCAL_BACKWARD_PART).exists()
 
 
 def _compile_local_graphs(model: Any, cfg: DictConfig, device: str, status_path: Path) -> dict[str, Any]:
@@ -447,16 +444,18 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if status["ok"] else 1
 
 
-def wait_for_part(status_path: Path, part: str, ended: Callable[[], Any], wait_s: float, log_path: Path) -> float:
+def wait_for_part(status_path: Path, part: str, ended: Callable[[], Any], wait_s: float, log_path: Path,
+                  instead: str = "compiling it here") -> float:
     """Wait while a helper child compiles `part`: from its `started_path` until its `part_path`, until `ended()`
     says it ended, or until `wait_s` passed; returns the seconds waited. A part the helper has not begun is not
     waited for: the caller builds it at once (from a warm cache in seconds, else compiling it as it would without
-    the helper), instead of waiting out the helper's start-up and everything it does before that part."""
+    the helper), instead of waiting out the helper's start-up and everything it does before that part.
+    `instead`: what the caller does when the wait times out, for the warning."""
     t0, path, begun = time.monotonic(), part_path(status_path, part), started_path(status_path, part)
     while not path.exists() and begun.exists() and not ended():
         if time.monotonic() - t0 > wait_s:
-            log.warning("compile_parallel: no %s from the helper after %.0f s (its log: %s); compiling it here",
-                        part, wait_s, log_path)
+            log.warning("compile_parallel: no %s from the helper after %.0f s (its log: %s); %s",
+                        part, wait_s, log_path, instead)
             break
         time.sleep(0.05)
     return round(time.monotonic() - t0, 2)

@@ -362,7 +362,9 @@ def _compile_local_graphs(model: Any, cfg: DictConfig, device: str, status_path:
     t0 = time.perf_counter()
     with step_autocast(cfg, device):
         out = model._features_fn(model.student, loc, model.stages, model._local_heads)
-    f_l = helper_student_outputs(out)  # the heads' inputs, cut from this graph
+    # the heads' inputs, cut from this graph and copied out of its memory: with CUDA graphs, the backward below ends
+    # the graph's step, and the next compiled call (the heads') may overwrite the graph's outputs
+    f_l = owned_copies(helper_student_outputs(out))
     backward_run = local_backward_written(status_path)
     if backward_run:
         backward_through(out)
@@ -378,6 +380,19 @@ def _compile_local_graphs(model: Any, cfg: DictConfig, device: str, status_path:
     part_marker(part_path, status_path, (HEADS_PART,))(HEADS_PART)
     return {"steps": 0, "local_s": local_s, "heads_s": round(time.perf_counter() - t0, 1),
             "local_backward_run": backward_run}
+
+
+def owned_copies(tree: Any) -> Any:
+    """Each tensor of `tree` (a pytree) copied into memory of its own, with the same shape, strides, dtype and
+    `requires_grad` (so a graph compiled on the copies has the originals' cache key): what a helper passes from one
+    compiled graph's outputs to another graph once the first may be overwritten."""
+    from torch.utils._pytree import tree_map_only
+
+    def copy(t: torch.Tensor) -> torch.Tensor:
+        own = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+        return own.copy_(t.detach()).requires_grad_(t.requires_grad)
+
+    return tree_map_only(torch.Tensor, copy, tree)
 
 
 def backward_through(out: Any) -> None:

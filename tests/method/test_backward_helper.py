@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from helpers import compose_cfg
+from helpers import TINY_RESNET18, compose_cfg
 
 import scfs.training.background_compile as bgc
 import scfs.training.compile_helpers as ch
@@ -79,9 +79,9 @@ def test_the_runs_student_backward_loads_the_backward_helpers_entry(tmp_path, mo
     assert (end[0] - before[0], end[1] - before[1]) == (1, 1), (before, end)  # its entry, the losses' backward
 
 
-def _first_step_marks(cfg):
-    """The run's first step of `cfg` in this process (a fresh dynamo), compiled: what its gate was asked, each with
-    the cache counters then, and the counters before and after the step."""
+def _first_step_marks(cfg, device: str = "cpu"):
+    """The run's first step of `cfg` on `device` in this process (a fresh dynamo), compiled: what its gate was asked,
+    each with the cache counters then, and the counters before and after the step."""
     import torch._dynamo
 
     from scfs.train import build
@@ -89,9 +89,8 @@ def _first_step_marks(cfg):
 
     torch._dynamo.reset()
     torch.manual_seed(int(cfg.seed))
-    _, model = build(cfg)
-    model.train()
-    step = make_step(model, cfg, "cpu", model.configure_optimizers())
+    model = build(cfg)[1].to(device).train()
+    step = make_step(model, cfg, device, model.configure_optimizers())
     marks = []
     model.compile_gate = lambda part: marks.append((part, cache_counters()))
     start = cache_counters()
@@ -132,8 +131,28 @@ def test_the_split_student_calls_helpers_write_the_runs_local_forward_and_both_b
     at the backward finds the global views' backward (one hit; the losses' backward, which no helper compiled,
     misses). The local helper starts once the backwards' helpers are done, so that it finds the local backward's
     entry within its short wait on these shared cores. 5-8 minutes on 2 shared cores."""
+    _split_helpers_then_first_step(tmp_path, monkeypatch, [], "cpu")
+
+
+@pytest.mark.gpu
+def test_the_split_student_calls_helpers_write_the_runs_local_forward_and_both_backwards_on_the_gpu(
+        tmp_path, monkeypatch):
+    """The same with what the GPU recipes ship (bf16 autocast, channels_last, CUDA graphs): there the local views'
+    helper's backward ends its graph's CUDA-graph step, so the heads' graph after it must not read that graph's
+    outputs in place (`owned_copies`)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    _split_helpers_then_first_step(tmp_path, monkeypatch,
+                                   [*TINY_RESNET18, "trainer.accelerator=gpu", "trainer.devices=1",
+                                    "trainer.precision=bf16-mixed", "compile_mode=reduce-overhead",
+                                    "++backbone.channels_last=true"], ch.early_device())
+
+
+def _split_helpers_then_first_step(tmp_path, monkeypatch, overrides: list[str], device: str) -> None:
+    """The helpers of the student's call per view size on `device` (the backwards' two, then the local views'),
+    then the run's first step in this process, checked as the tests above say."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
-    cfg = compose_cfg(["compile=true", "compile_parallel=true", "compile_parallel_backward=true",
+    cfg = compose_cfg([*overrides, "compile=true", "compile_parallel=true", "compile_parallel_backward=true",
                        "compile_student_graphs=per_view_size"])
     roles = ch.helper_roles(True, True, ch.splits_student(cfg))
     assert roles == ("backward", "local_backward", "local", "parts")
@@ -141,9 +160,9 @@ def test_the_split_student_calls_helpers_write_the_runs_local_forward_and_both_b
         procs = {}
         for role in group:
             path = tmp_path / ch.ROLES[role].status_file
-            procs[role] = (path, bgc.start_child(cfg, int(cfg.batch_size), path, "cpu",
+            procs[role] = (path, bgc.start_child(cfg, int(cfg.batch_size), path, device,
                                                  command=lambda role=role, path=path: bgc.role_child_command(
-                                                     role, path, "cpu")))
+                                                     role, path, device)))
         for role, (path, proc) in procs.items():
             assert proc.wait(timeout=1500) == 0, path.with_suffix(".log").read_text()[-3000:]
             status = json.loads(path.read_text())
@@ -154,7 +173,7 @@ def test_the_split_student_calls_helpers_write_the_runs_local_forward_and_both_b
             if role == "local":  # the seconds each of its two parts took, and the local backward run
                 assert status["local_s"] > 0 and status["heads_s"] > 0 and status["local_backward_run"], status
 
-    marks, start, end = _first_step_marks(cfg)
+    marks, start, end = _first_step_marks(cfg, device)
     at = dict(marks)
     assert [p for p, _ in marks] == ["student", ch.LOCAL_PART, ch.HEADS_PART, "teacher", "loss", "student_backward"]
     local, heads, teacher, back = at[ch.LOCAL_PART], at[ch.HEADS_PART], at["teacher"], at["student_backward"]

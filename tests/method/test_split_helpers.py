@@ -145,6 +145,25 @@ def test_the_local_helper_runs_the_local_backward_only_once_its_entry_is_written
     assert bgc.local_backward_written(other, timeout_s=0.5) is False
 
 
+def test_the_heads_inputs_are_copies_with_the_graphs_strides_in_memory_of_their_own():
+    """`owned_copies`: what the local views' helper hands the heads' graph once its own graph's backward has run (CUDA
+    graphs may then overwrite that graph's outputs): each tensor in new memory, equal, with the original's shape,
+    strides, dtype and `requires_grad` (the heads' graph's cache key), cut from the original's autograd graph."""
+    base = torch.randn(4, 6, requires_grad=True)
+    maps = (base.view(4, 6, 1, 1).expand(4, 6, 3, 3) * 1).contiguous(memory_format=torch.channels_last)
+    tree = {"pooled": base * 2, "gaps": {"layer3": base.t() * 1, "layer4": maps}, "size": {"layer4": 3},
+            "kept": torch.arange(5)}
+    copies = bgc.owned_copies(tree)
+    assert copies["size"] == {"layer4": 3}
+    for name, t, c in [("pooled", tree["pooled"], copies["pooled"]), ("kept", tree["kept"], copies["kept"]),
+                       *[(k, v, copies["gaps"][k]) for k, v in tree["gaps"].items()]]:
+        assert torch.equal(c, t) and (c.shape, c.stride(), c.dtype) == (t.shape, t.stride(), t.dtype), name
+        assert c.data_ptr() != t.data_ptr() and c.is_leaf and c.requires_grad is t.requires_grad, name
+    assert tree["gaps"]["layer3"].stride() == (1, 6)  # a transposed output keeps its strides, not made contiguous
+    copies["pooled"].sum().backward()
+    assert base.grad is None and copies["pooled"].grad is not None
+
+
 @pytest.mark.parametrize("local_aot_hits", [0, 1], ids=["local-built-here", "local-from-aot-cache"])
 def test_the_run_waits_for_the_local_views_graph_and_its_backward_only_when_needed(tmp_path, monkeypatch,
                                                                                    local_aot_hits):

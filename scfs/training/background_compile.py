@@ -62,6 +62,7 @@ from scfs.training.compile_helpers import (
     STUDENT,
     VIEWS_PART,
     EarlyHelpers,
+    asked_path,
     go_path,
     helper_command,
     helper_roles,
@@ -321,23 +322,28 @@ def _compile_backward_only(model: Any, cfg: DictConfig, device: str, status_path
 
 
 # How long the local views' helper waits, once its forward is compiled, for the local backward's helper to write
-# that graph's backward: a run asking for the local views' graph meanwhile waits too, and past a few seconds it
-# would lose more than the AOTAutograd entry saves it (building the graph from the inductor entry alone took about
-# 9 s on an H100, from AOTAutograd's about 2 s).
+# that graph's backward: a run asking for the local views' graph meanwhile stops the wait (`runs_local_backward`),
+# and past a few seconds it would lose more than the AOTAutograd entry saves it (building the graph from the
+# inductor entry alone took about 9 s on an H100, from AOTAutograd's about 4 s).
 LOCAL_BACKWARD_WAIT_S = 5.0
 
 
-def local_backward_written(status_path: Path, timeout_s: float = LOCAL_BACKWARD_WAIT_S) -> bool:
-    """Whether the local backward's helper, beside the local views' helper writing `status_path`, has written the
-    local views' graph's backward (`LOCAL_BACKWARD_PART`) or does within `timeout_s`. False at once where it has not
-    begun that part (no such helper: `compile_parallel_backward` off, or it failed early) or has ended without it."""
+def runs_local_backward(status_path: Path, timeout_s: float = LOCAL_BACKWARD_WAIT_S) -> bool:
+    """Whether the local views' helper writing `status_path` runs the backward through its graph before it says the
+    graph is written: only where the local backward's helper beside it has written that backward
+    (`LOCAL_BACKWARD_PART`), now or within `timeout_s`, and the run has not asked for the local views' graph yet
+    (`asked_path`). A run that asks is waiting: building the graph from the inductor entry at once loses it less
+    than waiting out the backward run (the backward's build and first-run benchmarks: seconds on an H100) for
+    AOTAutograd's entry. False at once where the other helper has not begun that part (no such helper:
+    `compile_parallel_backward` off, or it failed early), has ended without it, or the run has asked."""
     other = status_path.with_name(ROLES["local_backward"].status_file)
     if other == status_path:
         return False
+    asked = asked_path(status_path, LOCAL_PART)
     # its final status file written means it ended
-    wait_for_part(other, LOCAL_BACKWARD_PART, other.exists, timeout_s, other.with_suffix(".log"),
-                  "going on without the local views' backward run")
-    return part_path(other, LOCAL_BACKWARD_PART).exists()
+    wait_for_part(other, LOCAL_BACKWARD_PART, lambda: other.exists() or asked.exists(), timeout_s,
+                  other.with_suffix(".log"), "going on without the local views' backward run")
+    return part_path(other, LOCAL_BACKWARD_PART).exists() and not asked.exists()
 
 
 def _compile_local_graphs(model: Any, cfg: DictConfig, device: str, status_path: Path) -> dict[str, Any]:
@@ -345,7 +351,7 @@ def _compile_local_graphs(model: Any, cfg: DictConfig, device: str, status_path:
     (`SelfDistillation.split_student_call`) compiled and run once as the run calls it (its compiled function, the
     run's autocast, weights that require grad), then the heads' graph (`_compile_heads`), begun and written files
     around each; the seconds each took. The local views' backward is not compiled here: the local backward's
-    helper does that beside it. Once it has written it (`local_backward_written`), this process runs the backward
+    helper does that beside it. Once it has written it (`runs_local_backward`), this process runs the backward
     through the local views' graph too, which builds that backward from its entry and so completes AOTAutograd's
     entry of the graph (AOTAutograd writes it only once the backward is compiled, and then for both directions):
     the run then builds the graph, forward and backward, from that one entry instead of tracing and partitioning
@@ -365,7 +371,7 @@ def _compile_local_graphs(model: Any, cfg: DictConfig, device: str, status_path:
     # the heads' inputs, cut from this graph and copied out of its memory: with CUDA graphs, the backward below ends
     # the graph's step, and the next compiled call (the heads') may overwrite the graph's outputs
     f_l = owned_copies(helper_student_outputs(out))
-    backward_run = local_backward_written(status_path)
+    backward_run = runs_local_backward(status_path)
     if backward_run:
         backward_through(out)
         model.student.zero_grad(set_to_none=True)
@@ -477,12 +483,13 @@ def wait_for_part(status_path: Path, part: str, ended: Callable[[], Any], wait_s
 
 
 class PartGate:
-    """`compile_gate` of a run beside a `compile_parallel` helper: each call waits for that part's cache entry
-    (`wait_for_part`) and keeps the first step's timeline, in seconds since the gate was made (when the helper
-    started): when the run asked for each part, how long it waited, when the helper began and wrote it (its
-    files' times), and which parts this process built without the helper's entry (`built_here`: not begun by the
-    helper when asked, or it ended or timed out first). A part written long before it was asked for says the
-    helper could take more of the compile; a long wait says it has too much."""
+    """`compile_gate` of a run beside a `compile_parallel` helper: each call marks the part asked (`asked_path`,
+    which a helper may read), waits for that part's cache entry (`wait_for_part`) and keeps the first step's
+    timeline, in seconds since the gate was made (when the helper started): when the run asked for each part, how
+    long it waited, when the helper began and wrote it (its files' times), and which parts this process built
+    without the helper's entry (`built_here`: not begun by the helper when asked, or it ended or timed out
+    first). A part written long before it was asked for says the helper could take more of the compile; a long
+    wait says it has too much."""
 
     def __init__(self, status_path: Path, ended: Callable[[], Any], wait_s: float, log_path: Path,
                  parts: tuple[str, ...] = (*PARTS, VIEWS_PART)) -> None:
@@ -497,6 +504,8 @@ class PartGate:
         if part in self.asked_s:
             return  # built at the first step: later steps pass (the timeline stays the first step's)
         self.asked_s[part] = round(time.monotonic() - self.t0, 2)
+        with contextlib.suppress(OSError):  # a helper's hint only: the wait does not depend on it
+            asked_path(self.status_path, part).touch()
         self.waited_s[part] = wait_for_part(self.status_path, part, self.ended, self.wait_s, self.log_path)
         if not part_path(self.status_path, part).exists():
             self.built_here.append(part)

@@ -159,6 +159,12 @@ def started_path(status_path: Path, part: str) -> Path:
     return status_path.with_suffix(f".{part}-started")
 
 
+def asked_path(status_path: Path, part: str) -> Path:
+    """The file that says the run has asked for `part` (`PartGate`): a helper that could still add to that part's
+    entries, at a cost to when it writes them, knows the run is waiting (`runs_local_backward`)."""
+    return status_path.with_suffix(f".{part}-asked")
+
+
 def go_path(status_path: Path) -> Path:
     """The file that tells an early-started helper to compile (`EarlyHelpers.go`)."""
     return status_path.with_suffix(".go")
@@ -249,7 +255,7 @@ def launch(cfg: DictConfig, batch_size: int, status_path: Path,
     of an earlier run removed first: the run's config beside its status file (`.yaml`), its output there too
     (`.log`)."""
     parts = tuple(part for role in ROLES.values() for part in role.parts)
-    stale = (f(status_path, part) for part in parts for f in (part_path, started_path))
+    stale = (f(status_path, part) for part in parts for f in (part_path, started_path, asked_path))
     for path in (status_path, go_path(status_path), ready_path(status_path), *stale):
         path.unlink(missing_ok=True)
     status_path.parent.mkdir(parents=True, exist_ok=True)

@@ -117,32 +117,53 @@ def _later(path: Path, after_s: float) -> None:
 
 @pytest.mark.parametrize("local_backward, expected", [
     ("absent", False), ("begun", False), ("written", True), ("written later", True), ("ended without it", False),
+    ("written, the run asked", False), ("begun, the run asks", False),
 ])
-def test_the_local_helper_runs_the_local_backward_only_once_its_entry_is_written(tmp_path, local_backward,
-                                                                                   expected):
-    """`local_backward_written`: the local views' helper runs that graph's backward (for AOTAutograd's entry) only
-    where the local backward's helper has written its entry, now or within the short wait; a helper that never
-    began it, ended without it or is still at it when the wait ends means no backward run, at once where nothing
-    is coming."""
+def test_the_local_helper_runs_the_local_backward_only_once_its_entry_is_written_before_the_run_asks(
+        tmp_path, local_backward, expected):
+    """`runs_local_backward`: the local views' helper runs that graph's backward (for AOTAutograd's entry) only
+    where the local backward's helper has written its entry, now or within the short wait, and the run has not yet
+    asked for the local views' graph (`asked_path`); a helper that never began it, ended without it or is still at
+    it when the wait ends, or a run that asks, means no backward run, at once where nothing is coming."""
     local = tmp_path / ch.LOCAL_STATUS_FILE
     other = tmp_path / ch.LOCAL_BACKWARD_STATUS_FILE
     if local_backward != "absent":
         bgc.write_status(bgc.started_path(other, ch.LOCAL_BACKWARD_PART), {"ok": True})
-    if local_backward == "written":
+    if local_backward.startswith("written"):
         bgc.write_status(bgc.part_path(other, ch.LOCAL_BACKWARD_PART), {"ok": True})
     if local_backward == "written later":
+        bgc.part_path(other, ch.LOCAL_BACKWARD_PART).unlink()
         _later(bgc.part_path(other, ch.LOCAL_BACKWARD_PART), 0.3)
     if local_backward == "ended without it":
         bgc.write_status(other, {"ok": False, "error": "RuntimeError: x"})
+    if local_backward == "written, the run asked":
+        bgc.write_status(ch.asked_path(local, ch.LOCAL_PART), {"ok": True})
+    if local_backward == "begun, the run asks":
+        _later(ch.asked_path(local, ch.LOCAL_PART), 0.3)
     t0 = time.monotonic()
-    assert bgc.local_backward_written(local, timeout_s=1.5 if expected else 0.5) is expected
+    assert bgc.runs_local_backward(local, timeout_s=1.5 if expected else 0.5 + 1.5 * ("asks" in local_backward)) \
+        is expected
     took = time.monotonic() - t0
-    if local_backward in ("absent", "written", "ended without it"):
+    if local_backward in ("absent", "written", "ended without it", "written, the run asked"):
         assert took < 0.2, took
     elif local_backward == "begun":
         assert 0.5 <= took < 1.5, took
+    elif local_backward == "begun, the run asks":  # the wait ends at the ask, well before its 2 s
+        assert 0.25 <= took < 1.0, took
     # the local backward's own helper never waits on itself
-    assert bgc.local_backward_written(other, timeout_s=0.5) is False
+    assert bgc.runs_local_backward(other, timeout_s=0.5) is False
+
+
+def test_the_runs_gate_marks_each_part_asked_and_a_new_helper_starts_without_the_marks(tmp_path):
+    """The run's gate writes `asked_path` for each part it asks for, before waiting (the local views' helper reads
+    it, `runs_local_backward`); starting a helper clears an earlier run's marks with its other files."""
+    gates = _gates(tmp_path, begun=())
+    for part in ("student", ch.LOCAL_PART, ch.HEADS_PART):
+        gates(part)
+    local = tmp_path / ch.LOCAL_STATUS_FILE
+    assert ch.asked_path(local, ch.LOCAL_PART).exists() and ch.asked_path(local, ch.HEADS_PART).exists()
+    ch.launch(compose_cfg([SPLIT]), 8, local, ["true"]).wait()
+    assert not ch.asked_path(local, ch.LOCAL_PART).exists() and not ch.asked_path(local, ch.HEADS_PART).exists()
 
 
 def test_the_heads_inputs_are_copies_with_the_graphs_strides_in_memory_of_their_own():

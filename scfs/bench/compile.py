@@ -810,8 +810,7 @@ def parallel_lines(rows: list[dict[str, Any]]) -> list[str]:
                     out[-1] += (f" {HELPER_NAMES[key].capitalize()}: " + (
                         f"its compile took {side.get(seconds, '–')} s, inductor cache {side.get('fx_cache', '–')}"
                         + (f", peak GPU memory {side['peak_GiB']} GiB" if side.get("peak_GiB") is not None else "")
-                        + (", the local views' backward run once for AOTAutograd's entry"
-                           if side.get("local_backward_run") else "")
+                        + (local_backward_phrase(side) if key == "local_helper" else "")
                         if side.get("ok") else f"no entry ({side.get('error', 'it had not ended')})") + ".")
             if par.get("local_brought_backward"):
                 out[-1] += " The run's local views' graph came with its backward from the cache: no wait for it."
@@ -823,6 +822,21 @@ def parallel_lines(rows: list[dict[str, Any]]) -> list[str]:
             if par.get("helper_stopped"):
                 out[-1] += " The helper, behind the run, was stopped after the first steps."
     return out
+
+
+def local_backward_phrase(side: dict[str, Any]) -> str:
+    """What the local views' helper's status says of its graph's backward run (`_compile_local_graphs`): whether it
+    ran, and the seconds to the forward and from it to the graph's entry written (the wait for the local
+    backward's entry and that run), where the status has them."""
+    ran = side.get("local_backward_run")
+    if ran is None:
+        return ""
+    text = (", the local views' backward run once for AOTAutograd's entry" if ran
+            else ", the local views' backward not run (its entry not written before the run asked, or within the wait)")
+    if side.get("local_forward_s") is not None and side.get("local_s") is not None:
+        text += (f" (the forward compiled and run in {side['local_forward_s']} s, the graph written "
+                 f"{round(side['local_s'] - side['local_forward_s'], 1)} s after it)")
+    return text
 
 
 def tail_sentence(row: dict[str, Any]) -> str:

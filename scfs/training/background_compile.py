@@ -371,6 +371,7 @@ def _compile_local_graphs(model: Any, cfg: DictConfig, device: str, status_path:
     # the heads' inputs, cut from this graph and copied out of its memory: with CUDA graphs, the backward below ends
     # the graph's step, and the next compiled call (the heads') may overwrite the graph's outputs
     f_l = owned_copies(helper_student_outputs(out))
+    forward_s = round(time.perf_counter() - t0, 1)
     backward_run = runs_local_backward(status_path)
     if backward_run:
         backward_through(out)
@@ -384,8 +385,9 @@ def _compile_local_graphs(model: Any, cfg: DictConfig, device: str, status_path:
     part_marker(started_path, status_path, (HEADS_PART,))(HEADS_PART)
     _compile_heads(model, cfg, device, g, f_l)
     part_marker(part_path, status_path, (HEADS_PART,))(HEADS_PART)
-    return {"steps": 0, "local_s": local_s, "heads_s": round(time.perf_counter() - t0, 1),
-            "local_backward_run": backward_run}
+    # local_s - local_forward_s: the wait for the local backward's entry, and the backward run where it ran
+    return {"steps": 0, "local_s": local_s, "local_forward_s": forward_s,
+            "heads_s": round(time.perf_counter() - t0, 1), "local_backward_run": backward_run}
 
 
 def owned_copies(tree: Any) -> Any:

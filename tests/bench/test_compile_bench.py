@@ -642,7 +642,8 @@ def test_the_parallel_split_row_starts_four_helpers_and_waits_for_each_graph(mon
              "time.sleep(1.0)\n"
              "for part in parts:\n"
              "    write_status(part_path(p, part), {'ok': True})\n"
-             "write_status(p, {'ok': True, 'local_s': 0.7, 'backward_s': 0.8, 'fx_cache': '0 hit / 1 miss',\n"
+             "write_status(p, {'ok': True, 'local_s': 0.7, 'local_forward_s': 0.3, 'backward_s': 0.8,\n"
+             "                 'fx_cache': '0 hit / 1 miss',\n"
              f"                 'local_backward_run': p.name == {ch.LOCAL_STATUS_FILE!r}}})\n")
 
     def command(cfg_path, status_path, device, steps=2, helper=False, backward=False, local=False):
@@ -665,7 +666,8 @@ def test_the_parallel_split_row_starts_four_helpers_and_waits_for_each_graph(mon
     md = bench.markdown({"machine": "m", "torch": "t", "date": "d", "commit": "c", "command": "x", "first_steps": 1,
                          "table": [{**row, "recipe": "default", "setting": "parallel-split", "process_cpu_s": 1.0}]})
     assert ("The local views' helper: its compile took 0.7 s, inductor cache 0 hit / 1 miss, the local views' "
-            "backward run once for AOTAutograd's entry." in md)
+            "backward run once for AOTAutograd's entry (the forward compiled and run in 0.3 s, the graph written "
+            "0.4 s after it)." in md)
     assert "The local views' backward's helper: its compile took 0.8 s, inductor cache 0 hit / 1 miss." in md
     assert f"{ch.LOCAL_PART}: asked at {par['asked_s'][ch.LOCAL_PART]} s" in md
 
@@ -727,3 +729,14 @@ def test_a_graphs_first_run_is_named_with_what_it_spent(monkeypatch):
         "compile", "first run: launch configs 6.5 s", "first run: CUDA graphs 0.25 s"]
     old = {k: v for k, v in compiles[1].items() if k not in ("first_run", "autotune_s", "cudagraphs_s")}
     assert bench.compile_kind(old) == ""
+
+
+def test_the_record_says_whether_the_local_views_helper_ran_its_backward_and_when():
+    """`local_backward_phrase`: the local views' helper's status read back into the record; a status from before
+    the backward run existed says nothing of it."""
+    assert bench.local_backward_phrase({"ok": True, "local_s": 9.0}) == ""
+    ran = bench.local_backward_phrase({"local_backward_run": True, "local_s": 9.0, "local_forward_s": 6.5})
+    assert ran == (", the local views' backward run once for AOTAutograd's entry (the forward compiled and run in "
+                   "6.5 s, the graph written 2.5 s after it)")
+    assert bench.local_backward_phrase({"local_backward_run": False}).startswith(
+        ", the local views' backward not run (its entry not written before the run asked")

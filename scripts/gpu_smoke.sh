@@ -179,7 +179,10 @@ slot; LIMIT=450 run pytest-gpu-helper "python -m pytest -m gpu" \
 slot; LIMIT=450 run pytest-gpu-backward-helper "python -m pytest -m gpu" \
   "-q -p no:cacheprovider tests/method/test_background_compile.py -k 'backward_helper and not split_student'" &
 slot; LIMIT=450 run pytest-gpu-split-student "python -m pytest -m gpu" \
-  "-q -p no:cacheprovider tests/method/test_background_compile.py tests/method/test_backward_helper.py -k split_student" &
+  "-q -p no:cacheprovider tests/method/test_background_compile.py -k split_student" &
+# the helpers of the student's call per view size run one after the other, then the run's first step
+slot; LIMIT=450 run pytest-gpu-split-helpers "python -m pytest -m gpu" \
+  "-q -p no:cacheprovider tests/method/test_backward_helper.py" &
 slot; run cifar10 "$C" "$SHORT name=smoke-graphs" &
 slot; run cifar10-eager "$C compile=false" "$SHORT name=smoke-scfs" &
 # compiled without kernel generation (the step's own kernels replayed as CUDA graphs, the loss eager)

@@ -51,7 +51,7 @@ def test_smoke_runs_every_readme_command_and_reports_failures(tmp_path):
     rows = list(by_id.values())
     expected = {"cifar10", "cifar10-eager", "cifar10-cudagraphs", "cifar10-background", "pytest-gpu",
                 "pytest-gpu-tuning", "pytest-gpu-background", "pytest-gpu-helper", "pytest-gpu-backward-helper",
-                "pytest-gpu-split-student", "cifar10-dino",
+                "pytest-gpu-split-student", "pytest-gpu-split-helpers", "cifar10-dino",
                 "search-hard", "search-softmax", "search-roi", "search-none", "imagenet", "resume-stop", "resume-auto",
                 "search-check", "bench-step", "knn", "linear-fast", "linear-full", "detect", "precision",
                 "notebook-02", "search-centred", "precision-centred", "cifar10-vit", "cifar10-vit-dino",
@@ -65,7 +65,7 @@ def test_smoke_runs_every_readme_command_and_reports_failures(tmp_path):
     # PASS = the README still holds the command (else "not in README.md") and the stand-in ran it
     assert all(r[1] == "PASS" for i, r in by_id.items() if i != "detect"), [r for r in rows if r[1] != "PASS"]
     record = next((tmp_path / "rec").glob("gpu-smoke-*.md")).read_text()
-    assert "39 of 40 PASS" in record and "Commit `test`" in record
+    assert "40 of 41 PASS" in record and "Commit `test`" in record
     assert "\nHost: Stand-in CPU, 16 usable cores.\n" in record  # measured before the rows load the host
     # a device call returns at most 8 files: the rows' scratch stays out of $OUT, the work after the smoke needs room
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["gpu-smoke.md", "smoke-logs.tgz"]
@@ -134,7 +134,7 @@ def test_rows_out_of_gpu_memory_side_by_side_run_again_alone(tmp_path):
     checkpoint and the chain's step that never ran, in order; a command that exits 0 but logs a failure it
     swallowed fails its row, alone too, and its row keeps both failures."""
     lines, by_id, _ = run_oom_once(tmp_path)
-    assert len(lines) == len(by_id) == 40
+    assert len(lines) == len(by_id) == 41
     again = "run again alone after: CUDA out of memory side by side"
     assert by_id["cifar10-dino"][1] == "PASS" and by_id["cifar10-dino"][5] == again
     assert by_id["resume-stop"][1] == "PASS" and by_id["resume-stop"][5] == again
@@ -154,7 +154,7 @@ def test_rows_out_of_gpu_memory_side_by_side_run_again_alone(tmp_path):
     # a row with a time limit of its own keeps it when it runs again alone
     assert by_id["pytest-gpu-background"][1] == "PASS" and by_id["pytest-gpu-background"][5] == again
     assert (tmp_path / "mark" / "background-limits").read_text().split() == ["450", "450"]
-    assert "39 of 40 PASS" in next((tmp_path / "rec").glob("gpu-smoke-*.md")).read_text()
+    assert "40 of 41 PASS" in next((tmp_path / "rec").glob("gpu-smoke-*.md")).read_text()
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
@@ -162,7 +162,7 @@ def test_more_failures_side_by_side_than_the_cap_run_none_again(tmp_path):
     """More rows failed side by side than `SMOKE_RETRY_MAX` is a broken commit, not a crowded GPU: no row runs
     again alone, each keeps its first failure, and the record says why."""
     lines, by_id, record = run_oom_once(tmp_path, SMOKE_RETRY_MAX="2")
-    assert len(lines) == len(by_id) == 40
+    assert len(lines) == len(by_id) == 41
     assert by_id["cifar10-dino"][1] == "FAIL" and "CUDA out of memory" in by_id["cifar10-dino"][5]
     assert by_id["pytest-gpu"][5] == "timed out after 450 s"
     assert not any(r[5].startswith("run again alone") or "alone too" in r[5] for r in by_id.values())

@@ -116,7 +116,7 @@ from typing import Any
 from scfs.bench.host import host_info, host_phrase
 from scfs.bench.records import provenance, save_record, source_commit
 from scfs.names import CONF_DIR
-from scfs.training.compile_helpers import HELPER_NAMES, startup_phrase
+from scfs.training.compile_helpers import HELPER_NAMES, local_backward_phrase, startup_phrase
 from scfs.training.compile_metrics import compile_phase_seconds, frame_compiles
 from scfs.training.host_load import HostLoad, load_phrase, usable_cpus
 
@@ -822,21 +822,6 @@ def parallel_lines(rows: list[dict[str, Any]]) -> list[str]:
             if par.get("helper_stopped"):
                 out[-1] += " The helper, behind the run, was stopped after the first steps."
     return out
-
-
-def local_backward_phrase(side: dict[str, Any]) -> str:
-    """What the local views' helper's status says of its graph's backward run (`_compile_local_graphs`): whether it
-    ran, and the seconds to the forward and from it to the graph's entry written (the wait for the local
-    backward's entry and that run), where the status has them."""
-    ran = side.get("local_backward_run")
-    if ran is None:
-        return ""
-    text = (", the local views' backward run once for AOTAutograd's entry" if ran
-            else ", the local views' backward not run (its entry not written before the run asked, or within the wait)")
-    if side.get("local_forward_s") is not None and side.get("local_s") is not None:
-        text += (f" (the forward compiled and run in {side['local_forward_s']} s, the graph written "
-                 f"{round(side['local_s'] - side['local_forward_s'], 1)} s after it)")
-    return text
 
 
 def tail_sentence(row: dict[str, Any]) -> str:

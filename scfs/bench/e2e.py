@@ -80,7 +80,7 @@ from typing import Any
 from scfs.bench.host import host_info, host_phrase
 from scfs.bench.records import provenance, record_stem, run_logged, save_record, source_commit, why_it_failed
 from scfs.names import DATA_DECODE
-from scfs.training.compile_helpers import HELPER_NAMES, startup_phrase
+from scfs.training.compile_helpers import HELPER_NAMES, local_backward_phrase, startup_phrase
 from scfs.training.host_load import load_phrase
 
 TARGET = 0.95  # e2e img/s over the step benchmark's at the same batch
@@ -392,6 +392,15 @@ def compile_lines(rows: list[dict]) -> list[str]:
             built = par.get("built_here") or []
             if built:
                 parts.append(f"built in the run without a helper's entry: {', '.join(built)}")
+            local = par.get("local_helper") or {}
+            if local:  # the student's call per view size
+                parts.append("the local views' helper " + (
+                    f"wrote its graphs{local_backward_phrase(local)}" if local.get("ok")
+                    else f"wrote no entry ({local.get('error', 'it had not ended')})"))
+            if par.get("local_brought_backward") is not None:
+                parts.append("the run's local views' graph " + (
+                    "came with its backward from AOTAutograd's cache" if par["local_brought_backward"]
+                    else "did not bring its backward: it was built from inductor's entries or compiled here"))
             if par.get("host_load"):
                 parts.append(f"the host during the first step: {load_phrase(par['host_load'])}")
             own = [g for g in par.get("compiles") or [] if (g.get("s") or 0) >= OWN_COMPILE_MIN_S]

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from scfs.bench import compile as bench
+from scfs.training import compile_helpers as ch
 
 
 def test_eager_row_writes_a_table(tmp_path):
@@ -734,9 +735,9 @@ def test_a_graphs_first_run_is_named_with_what_it_spent(monkeypatch):
 def test_the_record_says_whether_the_local_views_helper_ran_its_backward_and_when():
     """`local_backward_phrase`: the local views' helper's status read back into the record; a status from before
     the backward run existed says nothing of it."""
-    assert bench.local_backward_phrase({"ok": True, "local_s": 9.0}) == ""
-    ran = bench.local_backward_phrase({"local_backward_run": True, "local_s": 9.0, "local_forward_s": 6.5})
+    assert ch.local_backward_phrase({"ok": True, "local_s": 9.0}) == ""
+    ran = ch.local_backward_phrase({"local_backward_run": True, "local_s": 9.0, "local_forward_s": 6.5})
     assert ran == (", the local views' backward run once for AOTAutograd's entry (the forward compiled and run in "
                    "6.5 s, the graph written 2.5 s after it)")
-    assert bench.local_backward_phrase({"local_backward_run": False}).startswith(
+    assert ch.local_backward_phrase({"local_backward_run": False}).startswith(
         ", the local views' backward not run (its entry not written before the run asked")

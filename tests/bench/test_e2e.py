@@ -541,6 +541,23 @@ def test_a_row_without_a_compile_report_adds_no_compile_lines() -> None:
         "- cpu: `compile_cudnn_warmup` off (on the CPU)."]
 
 
+def test_a_split_runs_record_says_what_the_local_views_helper_did() -> None:
+    """With the student's call per view size the run's summary has the local views' helper's status and whether the
+    run's local views' graph brought its backward: the record says both, and a failed helper's error."""
+    par = {"first_step_s": 50.0, "local_brought_backward": True,
+           "local_helper": {"ok": True, "local_backward_run": True, "local_s": 9.0, "local_forward_s": 6.5}}
+    line = e2e.compile_lines([{"decode": "cpu", "compile": {"compile_parallel": par}}])[-1]
+    assert ("the local views' helper wrote its graphs, the local views' backward run once for AOTAutograd's entry "
+            "(the forward compiled and run in 6.5 s, the graph written 2.5 s after it); the run's local views' graph "
+            "came with its backward from AOTAutograd's cache.") in line, line
+    failed = {**par, "local_brought_backward": False, "local_helper": {"ok": False, "error": "RuntimeError: x"}}
+    line = e2e.compile_lines([{"decode": "cpu", "compile": {"compile_parallel": failed}}])[-1]
+    assert "the local views' helper wrote no entry (RuntimeError: x); the run's local views' graph did not bring" \
+        in line, line
+    assert "local views" not in e2e.compile_lines([{"decode": "cpu", "compile": {"compile_parallel": {
+        "first_step_s": 50.0}}}])[-1]
+
+
 def test_a_forward_warmup_is_said_before_the_backwards() -> None:
     """With `compile_cudnn_warmup_forward` the run's summary has `forward_s`: the record says how long the forward's
     benchmarks took on the run's thread, then when the backward's last was chosen; without it, only the latter."""

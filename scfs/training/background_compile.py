@@ -356,7 +356,6 @@ def _compile_local_graphs(model: Any, cfg: DictConfig, device: str, status_path:
     entry of the graph (AOTAutograd writes it only once the backward is compiled, and then for both directions):
     the run then builds the graph, forward and backward, from that one entry instead of tracing and partitioning
     it again around the inductor entries (`local_backward_run` in the status says whether it ran)."""
-    from scfs.methods.base import helper_student_outputs
     from scfs.training.plain_step import random_views, step_autocast
 
     if model.compile_student_graphs != "per_view_size":
@@ -370,7 +369,7 @@ def _compile_local_graphs(model: Any, cfg: DictConfig, device: str, status_path:
         out = model._features_fn(model.student, loc, model.stages, model._local_heads)
     # the heads' inputs, cut from this graph and copied out of its memory: with CUDA graphs, the backward below ends
     # the graph's step, and the next compiled call (the heads') may overwrite the graph's outputs
-    f_l = owned_copies(helper_student_outputs(out))
+    f_l = owned_copies(out)
     forward_s = round(time.perf_counter() - t0, 1)
     backward_run = runs_local_backward(status_path)
     if backward_run:
@@ -392,8 +391,9 @@ def _compile_local_graphs(model: Any, cfg: DictConfig, device: str, status_path:
 
 def owned_copies(tree: Any) -> Any:
     """Each tensor of `tree` (a pytree) copied into memory of its own, with the same shape, strides, dtype and
-    `requires_grad` (so a graph compiled on the copies has the originals' cache key): what a helper passes from one
-    compiled graph's outputs to another graph once the first may be overwritten."""
+    `requires_grad` (so a graph compiled on the copies has the originals' cache key), each a leaf cut from the
+    original's autograd graph as `helper_student_outputs` cuts it: what a helper passes from one compiled graph's
+    outputs to another graph once the first may be overwritten."""
     from torch.utils._pytree import tree_map_only
 
     def copy(t: torch.Tensor) -> torch.Tensor:

@@ -164,11 +164,12 @@ C="python -m scfs.train +experiment=cifar10"; E="compile=false"
 # traced whole on CUDA, with this machine's torch; the compiled backward's cuDNN algorithms chosen by the warm-up;
 # the first-run launch-config benchmarks under `compile_autotune_ms`'s budget): side by side on an H100 they took
 # 229-309 s in one row, and 438 s on a slower host, so two rows (each test's seconds in the log), each with the
-# longer limit of the other pytest rows
+# longer limit of the other pytest rows; the backward warm-up's test alone takes 280 s, so the forward warm-up's
+# (88 s) runs in the first row
 slot; LIMIT=450 run pytest-gpu "python -m pytest -m gpu" \
-  "-q -p no:cacheprovider --durations=0 tests/method/test_compile_backend.py tests/data/test_batch_aug.py tests/method/test_compile.py tests/test_cuda_driver.py" &
+  "-q -p no:cacheprovider --durations=0 tests/method/test_compile_backend.py tests/data/test_batch_aug.py tests/method/test_compile.py tests/test_cuda_driver.py tests/method/test_cudnn_warmup.py -k 'not test_cudnn_warmup or forward_warmup'" &
 slot; LIMIT=450 run pytest-gpu-tuning "python -m pytest -m gpu" \
-  "-q -p no:cacheprovider --durations=0 tests/method/test_cudnn_warmup.py tests/method/test_autotune_budget.py" &
+  "-q -p no:cacheprovider --durations=0 tests/method/test_cudnn_warmup.py tests/method/test_autotune_budget.py -k 'not forward_warmup'" &
 # the child's and the helpers' cache entries are the run's: two or three cold compiles each, beside a loaded GPU
 # and host, so rows of their own with a longer limit, one test each (the longest row sets the smoke's wall time);
 # pytest-gpu-helper takes every GPU test of the file that no other row names

@@ -120,7 +120,7 @@ def test_a_first_compile_names_its_hosts_python_yardstick(records: Path) -> None
     cold = _find(ts, "ResNet-50", "first compile, empty cache, no helper, <=")
     assert cold.current() == [("2026-01-06", 140.0, "compile-h200-2026-01-06-h.json, host Python 24.3 ms")]
     assert ("2026-01-02", 130.0, "compile-h200-2026-01-02-y.json") in cold.measured  # no host: as before
-    first = _find(ts, "the training command's own first step")
+    first = _find(ts, "the training command's own first step", "as shipped")
     assert first.current() == [("2026-01-06", 70.0, "imagenet-e2e-h100-2026-01-06-h.json, host Python 24.3 ms")]
 
 
@@ -209,7 +209,36 @@ def test_the_recipes_batch_and_the_commands_first_step_come_from_its_e2e_records
     ts = tg.targets(d)
     at_batch = _find(ts, "end to end", "B=256")
     assert [v for _, v, _ in at_batch.current()] == [0.967, 0.97] and at_batch.verdict() == "**met** (all 2)"
-    first = _find(ts, "the training command's own first step")
+    first = _find(ts, "the training command's own first step", "as shipped")
     assert [v for _, v, _ in first.current()] == [69.0] and first.verdict() == "**missed** by 9.0 s"
     assert [v for _, v, _ in first.measured] == [93.2, 69.0]
     assert [v for _, v, _ in _find(ts, "end to end", "B=64").measured] == [0.2]
+
+
+def test_the_commands_first_step_with_the_short_run_choices_is_a_row_of_its_own(tmp_path: Path) -> None:
+    """A cold B=256 e2e run with exactly the short-run choices as its `--override`s measures the short-run row, in
+    either order; with another override beside them, at another batch or with a warm cache it measures nothing."""
+    d = tmp_path / "results"
+    d.mkdir()
+
+    def e2e(date: str, first: float, command: str, b: int = 256, empty: bool = True) -> dict:
+        row = {"B": b, "decode": "cpu", "command": "python -m scfs.train +experiment=imagenet",
+               "compile": {"compile_parallel": {"first_step_s": first}}, "compare": {"ratio": 0.93}}
+        return {"meta": {"date": date, "command": command, "compile_cache": {"empty_at_start": empty}},
+                "rows": [row]}
+
+    short = "--override compile_student_graphs=per_view_size --override compile_autotune_ms=5"
+    swapped = "--override compile_autotune_ms=5 --override compile_student_graphs=per_view_size"
+    _write(d, "imagenet-e2e-h100-2026-01-01-a.json", e2e("2026-01-01", 66.2, short))
+    _write(d, "imagenet-e2e-h100-2026-01-02-b.json", e2e("2026-01-02", 74.1, "--fresh-cache " + short))
+    _write(d, "imagenet-e2e-h100-2026-01-02-c.json", e2e("2026-01-02", 58.0, swapped))
+    _write(d, "imagenet-e2e-h100-2026-01-02-d.json", e2e("2026-01-02", 10.0, short + " --override compile=false"))
+    _write(d, "imagenet-e2e-h100-2026-01-02-e.json", e2e("2026-01-02", 11.0, short, b=64))
+    _write(d, "imagenet-e2e-h100-2026-01-02-f.json", e2e("2026-01-02", 12.0, short, empty=False))
+    _write(d, "imagenet-e2e-h100-2026-01-02-g.json", e2e("2026-01-02", 61.0, "--fresh-cache"))
+    ts = tg.targets(d)
+    quick = _find(ts, "the training command's own first step", "short-run choices")
+    assert [v for _, v, _ in quick.measured] == [66.2, 74.1, 58.0]
+    assert quick.verdict() == "**mixed**: met by 1 of 2, the others missed by 14.1 s"
+    shipped = _find(ts, "the training command's own first step", "as shipped")
+    assert [v for _, v, _ in shipped.measured] == [61.0]

@@ -185,14 +185,11 @@ def compile_in_child(cfg_path: Path, status_path: Path, device: str, steps: int,
     t0 = time.perf_counter()
     early: dict[str, Any] = {**STARTUP_MARKS, "imported_s": since_spawn()} if wait_go else {}
     try:
-        from scfs.training.build import build
-
         def build_on_device(cfg: DictConfig) -> Any:
-            torch.manual_seed(int(cfg.seed))
-            built = build(cfg)[1]
+            built = helper_model(cfg, device)
             if wait_go and "built_s" not in early:
                 early["built_s"] = since_spawn()
-            return built.to(device).train()
+            return built
 
         cfg = OmegaConf.load(cfg_path)
         if device.startswith("cuda:"):
@@ -235,6 +232,15 @@ def compile_in_child(cfg_path: Path, status_path: Path, device: str, steps: int,
         log.exception("background compile failed")
     write_status(status_path, status)
     return status
+
+
+def helper_model(cfg: DictConfig, device: str) -> Any:
+    """The run's method, made and initialised on `device` (`build`'s `model_device`), in training mode: a helper
+    compiles the run's graphs, which take the run's shapes, dtypes and strides and none of its values."""
+    from scfs.training.build import build
+
+    torch.manual_seed(int(cfg.seed))
+    return build(cfg, model_device=device)[1].to(device).train()
 
 
 def phases() -> dict[str, float]:

@@ -408,3 +408,28 @@ def test_a_process_knows_its_own_age():
                          capture_output=True, text=True, timeout=120, env=ch.child_env())
     age = float(out.stdout.strip())
     assert 1.0 <= age < 20.0, out
+
+
+@pytest.mark.parametrize("experiment", ["cifar10", "cifar10_vit"])
+def test_a_helper_makes_its_model_on_its_device_with_the_runs_shapes_dtypes_and_strides(experiment, tmp_path):
+    """A helper's model (`helper_model`) is made and initialised on the helper's device, where the run's is made on
+    the CPU (and moved): every parameter and buffer has the run's name, shape, dtype, strides and `requires_grad`,
+    what the compile's cache keys take, so the helper's entries are the run's. On the `meta` device here, as no
+    CPU test has a GPU; the ResNet-50 recipe's model is the ResNet-18's code at other sizes."""
+    from scfs.training.build import build
+    from scfs.workbench import compose_train_cfg
+
+    for split in ("train", "val"):
+        (tmp_path / split / "a").mkdir(parents=True)
+    cfg = compose_train_cfg([f"+experiment={experiment}", f"data.root={tmp_path}"])
+
+    def described(model: torch.nn.Module) -> dict[str, tuple]:
+        tensors = {**dict(model.named_parameters()), **{f"buffer {k}": v for k, v in model.named_buffers()}}
+        return {k: (tuple(v.shape), v.dtype, v.stride(), v.requires_grad) for k, v in tensors.items()}
+
+    helper = bgc.helper_model(cfg, "meta")
+    assert {t.device.type for t in [*helper.parameters(), *helper.buffers()]} == {"meta"} and helper.training
+    torch.manual_seed(int(cfg.seed))
+    run_model = build(cfg)[1]
+    assert {t.device.type for t in run_model.parameters()} == {"cpu"}
+    assert described(helper) == described(run_model) and len(described(helper)) > 100

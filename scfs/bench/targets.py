@@ -159,29 +159,23 @@ def targets(records_dir: Path) -> list[Target]:
     for rec in load(records_dir.glob("imagenet-e2e-*.json")):
         meta = rec.data.get("meta") or {}
         overrides = frozenset(re.findall(r"--override\s+(\S+)", str(meta.get("command", ""))))
-        if overrides == SHORT_RUN:
-            for row in rec.data.get("rows", []):
-                par = (row.get("compile") or {}).get("compile_parallel") or {}
-                first = par.get("first_step_s")
-                if (row.get("decode") == "cpu" and row.get("B") == RECIPE_BATCH and first is not None
-                        and cold_start(meta, par, row)):
-                    short_first_step.measured.append((rec.date, first, with_host(rec.name, meta.get("host"))))
-        if overrides:  # an `--override` is not the recipe as shipped
+        if overrides and overrides != SHORT_RUN:  # not the recipe as shipped, nor the short-run choices
             continue
         for row in rec.data.get("rows", []):
             if row.get("decode") != "cpu":
                 continue
+            par = (row.get("compile") or {}).get("compile_parallel") or {}
+            first = par.get("first_step_s")
+            if first is not None and row.get("B") == RECIPE_BATCH and cold_start(meta, par, row):
+                (short_first_step if overrides else first_step).measured.append(
+                    (rec.date, first, with_host(rec.name, meta.get("host"))))
+            if overrides:  # the short-run choices: their first step only
+                continue
             ratio = (row.get("compare") or {}).get("ratio")
             if ratio is not None and row.get("B") == 64 and "compile_views=false" not in row.get("command", ""):
                 e2e.measured.append((rec.date, ratio, rec.name))
-            if row.get("B") != RECIPE_BATCH:
-                continue
-            if ratio is not None:
+            if ratio is not None and row.get("B") == RECIPE_BATCH:
                 at_recipe_batch.measured.append((rec.date, ratio, rec.name))
-            par = (row.get("compile") or {}).get("compile_parallel") or {}
-            first = par.get("first_step_s")
-            if first is not None and cold_start(meta, par, row):
-                first_step.measured.append((rec.date, first, with_host(rec.name, meta.get("host"))))
     out = [e2e, at_recipe_batch, first_step, short_first_step]
 
     compiles = [rec for rec in load(records_dir.glob("compile-*.json"))

@@ -5,6 +5,8 @@ that compiles the step beside it (`scfs.training.background_compile`)."""
 
 from __future__ import annotations
 
+import contextlib
+
 from omegaconf import DictConfig, OmegaConf
 
 from scfs import autotune_budget, inductor_options
@@ -19,8 +21,6 @@ def build(cfg: DictConfig, model_device: str | None = None):
     Building the ResNet-50 recipe took 6-12 s of each helper's start, about half of it initialising and copying
     its 160M parameters on the CPU, on the cores of the host the run was setting up on. The run itself builds on
     the CPU, so that a seed gives the same weights on any machine."""
-    import contextlib
-
     import torch
 
     from scfs.config import validate_config

@@ -114,9 +114,9 @@ from pathlib import Path
 from typing import Any
 
 from scfs.bench.host import host_info, host_phrase
-from scfs.bench.records import provenance, save_record, source_commit
+from scfs.bench.records import local_backward_phrase, provenance, save_record, source_commit, startup_phrase
 from scfs.names import CONF_DIR
-from scfs.training.compile_helpers import HELPER_NAMES, local_backward_phrase, startup_phrase
+from scfs.training.compile_helpers import HELPER_NAMES
 from scfs.training.compile_metrics import compile_phase_seconds, frame_compiles
 from scfs.training.host_load import HostLoad, load_phrase, usable_cpus
 

@@ -78,9 +78,18 @@ from pathlib import Path
 from typing import Any
 
 from scfs.bench.host import host_info, host_phrase
-from scfs.bench.records import provenance, record_stem, run_logged, save_record, source_commit, why_it_failed
+from scfs.bench.records import (
+    local_backward_phrase,
+    provenance,
+    record_stem,
+    run_logged,
+    save_record,
+    source_commit,
+    startup_phrase,
+    why_it_failed,
+)
 from scfs.names import DATA_DECODE
-from scfs.training.compile_helpers import HELPER_NAMES, local_backward_phrase, startup_phrase
+from scfs.training.compile_helpers import HELPER_NAMES
 from scfs.training.host_load import load_phrase
 
 TARGET = 0.95  # e2e img/s over the step benchmark's at the same batch

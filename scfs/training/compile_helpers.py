@@ -197,37 +197,6 @@ def since_spawn() -> float | None:
     return round(time.time() - float(spawned), 2) if spawned else None
 
 
-def local_backward_phrase(side: dict[str, Any]) -> str:
-    """What the local views' helper's status says of its graph's backward run (`_compile_local_graphs`): whether it
-    ran, and the seconds to the forward and from it to the graph's entry written (the wait for the local
-    backward's entry and that run), where the status has them."""
-    ran = side.get("local_backward_run")
-    if ran is None:
-        return ""
-    text = (", the local views' backward run once for AOTAutograd's entry" if ran
-            else ", the local views' backward not run (its entry not written before the run asked, or within the wait)")
-    if side.get("local_forward_s") is not None and side.get("local_s") is not None:
-        text += (f" (the forward compiled and run in {side['local_forward_s']} s, the graph written "
-                 f"{round(side['local_s'] - side['local_forward_s'], 1)} s after it)")
-    return text
-
-
-def startup_phrase(early: dict[str, Any]) -> str:
-    """`: the interpreter started at 0.4 s, torch imported at 3.0 s, Lightning imported at 4.1 s, imports done at 6.1 s,
-    CUDA started at 7.5 s, model built at 9.0 s, on the device at 14.2 s, views made at 15.1 s` from a helper's
-    `early` status (`scfs.training.background_compile.compile_in_child`; empty for a status from before it said so)."""
-    parts = [f"{label} at {early[key]} s" for key, label in (("entry_s", "the interpreter started"),
-                                                           ("torch_s", "torch imported"),
-                                                           ("lightning_s", "Lightning imported"),
-                                                           ("imported_s", "imports done"),
-                                                           ("cuda_s", "CUDA started"),
-                                                           ("built_s", "model built"),
-                                                           ("on_device_s", "on the device"),
-                                                           ("views_s", "views made"))
-             if early.get(key) is not None]
-    return f": {', '.join(parts)}" if parts else ""
-
-
 def child_config(cfg: DictConfig, batch_size: int) -> DictConfig:
     """The run's config as the child builds it: resolved, this process's batch size, compiled from the start."""
     c = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))

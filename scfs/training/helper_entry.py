@@ -7,7 +7,7 @@ backward's helper reaches its compile late and the run's first backward waits fo
 shorten: seconds since the run spawned the process (`since_spawn`) when this module is reached (the interpreter's
 start and the import-light `compile_helpers`), after torch's import, after Lightning's, and after the rest of the
 helper's modules. `compile_in_child` adds them to an early helper's status (`early`), and the run's report and the
-compile benchmark print them (`startup_phrase`).
+compile benchmark print them (`scfs.bench.records.startup_phrase`).
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from scfs.bench import compile as bench
+from scfs.bench import records
 from scfs.training import compile_helpers as ch
 
 
@@ -561,7 +562,6 @@ def test_a_row_gives_the_helpers_started_at_its_processs_start_the_go_at_its_fir
     wait for the go, which the row gives at its first step; its parts then come from them, and the record says how
     long before the first step they started and when their models were built."""
     import scfs.training.background_compile as bgc
-    import scfs.training.compile_helpers as ch
 
     stand_in = ("import sys, time; from pathlib import Path\n"
                 "from scfs.training.compile_helpers import PARTS, go_path, part_path, read_status, started_path, "
@@ -635,7 +635,6 @@ def test_the_parallel_split_row_starts_four_helpers_and_waits_for_each_graph(mon
     local views' helper's two parts) before each and for both graphs' backwards before the backward (the counters
     say the run compiled its graphs itself), and the record says what the local views' helpers did."""
     import scfs.training.background_compile as bgc
-    import scfs.training.compile_helpers as ch
 
     write = ("import sys, time, json; from pathlib import Path\n"
              "from scfs.training.background_compile import part_path, write_status\n"
@@ -735,9 +734,9 @@ def test_a_graphs_first_run_is_named_with_what_it_spent(monkeypatch):
 def test_the_record_says_whether_the_local_views_helper_ran_its_backward_and_when():
     """`local_backward_phrase`: the local views' helper's status read back into the record; a status from before
     the backward run existed says nothing of it."""
-    assert ch.local_backward_phrase({"ok": True, "local_s": 9.0}) == ""
-    ran = ch.local_backward_phrase({"local_backward_run": True, "local_s": 9.0, "local_forward_s": 6.5})
+    assert records.local_backward_phrase({"ok": True, "local_s": 9.0}) == ""
+    ran = records.local_backward_phrase({"local_backward_run": True, "local_s": 9.0, "local_forward_s": 6.5})
     assert ran == (", the local views' backward run once for AOTAutograd's entry (the forward compiled and run in "
                    "6.5 s, the graph written 2.5 s after it)")
-    assert ch.local_backward_phrase({"local_backward_run": False}).startswith(
+    assert records.local_backward_phrase({"local_backward_run": False}).startswith(
         ", the local views' backward not run (its entry not written before the run asked")

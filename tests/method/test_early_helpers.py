@@ -15,6 +15,7 @@ import torch
 from helpers import compose_cfg
 from omegaconf import OmegaConf
 
+import scfs.bench.records as records
 import scfs.training.background_compile as bgc
 import scfs.training.compile_helpers as ch
 import scfs.training.plain_step as plain_step
@@ -138,13 +139,14 @@ def test_an_early_helper_compiles_under_the_gos_settings_and_final_config(tmp_pa
     # where the start-up went, in order, seconds from the spawn (the clock's zero here)
     e = status["early"]
     assert 0 <= e["imported_s"] <= e["built_s"] <= e["on_device_s"] <= e["views_s"] <= e["ready_s"], e
-    assert ch.startup_phrase(e) == (f": imports done at {e['imported_s']} s, model built at {e['built_s']} s, "
+    assert records.startup_phrase(e) == (f": imports done at {e['imported_s']} s, model built at {e['built_s']} s, "
                                     f"on the device at {e['on_device_s']} s, views made at {e['views_s']} s")
     assert not plain_step._AHEAD  # the views made before the go were the ones its step took
-    assert ch.startup_phrase({"ready_s": 3.0}) == ""  # a status from before the helper said where its start-up went
+    # a status from before the helper said where its start-up went
+    assert records.startup_phrase({"ready_s": 3.0}) == ""
     marks = {"entry_s": 0.4, "torch_s": 3.0, "lightning_s": 4.1, "imported_s": 6.1, "cuda_s": 7.5, "built_s": 9.0,
              "on_device_s": 14.2, "views_s": 15.1}  # a GPU helper's, each in the order the helper reaches it
-    assert ch.startup_phrase(marks) == (": the interpreter started at 0.4 s, torch imported at 3.0 s, Lightning "
+    assert records.startup_phrase(marks) == (": the interpreter started at 0.4 s, torch imported at 3.0 s, Lightning "
                                         "imported at 4.1 s, imports done at 6.1 s, CUDA started at 7.5 s, model built "
                                         "at 9.0 s, on the device at 14.2 s, views made at 15.1 s")
     # where its compile went, by its own compile timers (dynamo traced the teacher's call and the losses here)
@@ -206,7 +208,7 @@ def test_a_helper_whose_run_died_during_its_start_up_ends_and_says_where_its_sta
     assert not any(ch.started_path(status, p).exists() for p in ch.PARTS)
     e = st["early"]
     assert 0 <= e["entry_s"] <= e["torch_s"] <= e["lightning_s"] <= e["imported_s"] <= e["built_s"], e
-    assert ch.startup_phrase(e).startswith(f": the interpreter started at {e['entry_s']} s, torch imported at "
+    assert records.startup_phrase(e).startswith(f": the interpreter started at {e['entry_s']} s, torch imported at "
                                            f"{e['torch_s']} s, Lightning imported at {e['lightning_s']} s, "
                                            f"imports done at {e['imported_s']} s")
 

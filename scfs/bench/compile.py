@@ -285,8 +285,16 @@ def helper_process(model: Any, cfg: Any, device: str, early: Any = None) -> Any:
     (`stop_helper_if_behind`, as the run does)."""
     import contextlib
 
-    from scfs.training import background_compile as bgc
-    from scfs.training.compile_helpers import ROLES, helper_roles, parallel_helpers, splits_student
+    from scfs.training import compile_child
+    from scfs.training.background_compile import HelperGates
+    from scfs.training.compile_helpers import (
+        ROLES,
+        helper_roles,
+        parallel_helpers,
+        read_status,
+        splits_student,
+        stop_child,
+    )
 
     backward = parallel_helpers(cfg, device.startswith("cuda"))[1]
     roles = helper_roles(True, backward, splits_student(cfg))
@@ -302,16 +310,16 @@ def helper_process(model: Any, cfg: Any, device: str, early: Any = None) -> Any:
             def ended(key: str) -> Callable[[], bool]:
                 return lambda: key in procs and procs[key].poll() is not None
 
-            gate = bgc.HelperGates.for_helpers(paths, {role: ended(role) for role in roles}, 900.0)
+            gate = HelperGates.for_helpers(paths, {role: ended(role) for role in roles}, 900.0)
             early_s = None
             if early is not None:
-                early_s = round(early.go(cfg, int(cfg.batch_size), bgc.key_settings()), 2)
+                early_s = round(early.go(cfg, int(cfg.batch_size), compile_child.key_settings()), 2)
                 procs.update(early.procs)
             else:
                 for role in roles:
-                    procs[role] = bgc.start_child(cfg, int(cfg.batch_size), paths[role], device,
-                                                  command=lambda role=role: bgc.role_child_command(
-                                                      role, paths[role], device))
+                    procs[role] = compile_child.start_child(cfg, int(cfg.batch_size), paths[role], device,
+                                                            command=lambda role=role: compile_child.role_child_command(
+                                                                role, paths[role], device))
             model.compile_gate = gate
             model.hand_views_to_helper()  # as the run's `ParallelCompile` does (nothing to hand without views)
 
@@ -324,11 +332,11 @@ def helper_process(model: Any, cfg: Any, device: str, early: Any = None) -> Any:
             finally:
                 model.compile_gate, model.views_handoff = None, None
                 for proc in procs.values():
-                    bgc.stop_child(proc)
-                status.update(bgc.read_status(paths["parts"]) or {})
+                    stop_child(proc)
+                status.update(read_status(paths["parts"]) or {})
                 for role in roles:
                     if role != "parts":
-                        status[ROLES[role].summary_key] = bgc.read_status(paths[role]) or {}
+                        status[ROLES[role].summary_key] = read_status(paths[role]) or {}
                 if early_s is not None:
                     status["early_s"] = early_s
 
@@ -383,7 +391,7 @@ def measure_steps(model: Any, device: str, step: Any, first: int, steady: int, l
 
 def measure_background(model: Any, cfg: Any, device: str, step: Any, first: int, steady: int) -> dict[str, Any]:
     """The `background` row, in this process: eager steps from the start while the child of
-    `scfs.training.background_compile` compiles the step into this process's cache folder, the switch
+    `scfs.training.compile_child` compiles the step into this process's cache folder, the switch
     (`compile_now`) at the first step after the child is done, then `first` compiled steps (the warm build) and
     `steady` more. Each step is synchronised and timed by the wall clock (an eager step's host time is the step).
 
@@ -393,7 +401,8 @@ def measure_background(model: Any, cfg: Any, device: str, step: Any, first: int,
 
     import torch
 
-    from scfs.training import background_compile as bgc
+    from scfs.training.compile_child import start_child
+    from scfs.training.compile_helpers import read_status, stop_child
     from scfs.training.plain_step import cache_counters, cache_counts
 
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
@@ -401,7 +410,7 @@ def measure_background(model: Any, cfg: Any, device: str, step: Any, first: int,
     with tempfile.TemporaryDirectory(prefix="scfs-background-") as tmp:
         status_path = Path(tmp) / "status.json"
         t0 = time.perf_counter()
-        proc = bgc.start_child(cfg, int(cfg.batch_size), status_path, device)
+        proc = start_child(cfg, int(cfg.batch_size), status_path, device)
         try:
             # eager steps until the child's status is there (as the run's callback sees it: not waiting for the
             # child's exit, which on a large model takes seconds of its own)
@@ -410,7 +419,7 @@ def measure_background(model: Any, cfg: Any, device: str, step: Any, first: int,
                 sync()
                 marks.append(time.perf_counter() - t0)
             ready_s, eager_steps = time.perf_counter() - t0, len(marks)
-            status = bgc.read_status(status_path) or {"ok": False}
+            status = read_status(status_path) or {"ok": False}
             if not status.get("ok"):
                 proc.wait()
                 raise RuntimeError(f"the background compile failed: {status}\n"
@@ -422,7 +431,7 @@ def measure_background(model: Any, cfg: Any, device: str, step: Any, first: int,
                 sync()
                 marks.append(time.perf_counter() - t0)
         finally:
-            bgc.stop_child(proc, grace_s=120)  # after the timed steps: its exit, or it is ended
+            stop_child(proc, grace_s=120)  # after the timed steps: its exit, or it is ended
     k = eager_steps
     after = [b - a for a, b in zip(marks[k + first - 1:], marks[k + first:])]
     step_ms = statistics.median(after) * 1e3 if after else None
@@ -482,7 +491,7 @@ def prime(args: argparse.Namespace) -> int:
     model.to(args.device)
     if args.device.startswith("cuda"):
         torch.cuda.synchronize()
-    from scfs.training.background_compile import prebuild_search_kernels
+    from scfs.training.compile_child import prebuild_search_kernels
 
     prebuild_search_kernels(model, args.device)  # None (nothing to build) on the CPU or without the fused search
     return 0

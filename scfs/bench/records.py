@@ -96,7 +96,7 @@ def local_backward_phrase(side: dict[str, Any]) -> str:
 def startup_phrase(early: dict[str, Any]) -> str:
     """`: the interpreter started at 0.4 s, torch imported at 3.0 s, Lightning imported at 4.1 s, imports done at 6.1 s,
     CUDA started at 7.5 s, model built at 9.0 s, on the device at 14.2 s, views made at 15.1 s` from a helper's
-    `early` status (`scfs.training.background_compile.compile_in_child`; empty for a status from before it said so)."""
+    `early` status (`scfs.training.compile_child.compile_in_child`; empty for a status from before it said so)."""
     parts = [f"{label} at {early[key]} s" for key, label in (("entry_s", "the interpreter started"),
                                                            ("torch_s", "torch imported"),
                                                            ("lightning_s", "Lightning imported"),

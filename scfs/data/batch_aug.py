@@ -295,7 +295,7 @@ class BatchMultiCrop(torch.nn.Module):
     def eager_finish(self) -> Iterator[None]:
         """Views made inside run the per-pixel ops eagerly even when they are compiled (`compile_finish`): a run
         whose helper process compiles these graphs meanwhile makes its first batch's views this way instead of
-        compiling them itself (`scfs.training.background_compile`). The same values up to float rounding."""
+        compiling them itself (`scfs.training.compile_child`). The same values up to float rounding."""
         compiled, self._finish_compiled = self._finish_compiled, None
         try:
             yield

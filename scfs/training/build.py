@@ -1,7 +1,7 @@
 """A run's data module and method from a composed config, and the batch per process.
 
 Its own module because two processes build from a config: the training run (`scfs.training.setup`) and the child
-that compiles the step beside it (`scfs.training.background_compile`)."""
+that compiles the step beside it (`scfs.training.compile_child`)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ host (docs/RESULTS.md "Compile time"). Started at the start of fit, that start-u
 path. `scfs.train` therefore starts the helpers before its own imports and set-up (`start_early_helpers`), each
 helper builds the model and then waits, and the run gives the go at the start of fit (`EarlyHelpers.go`) with
 what only it knows by then: its final config and its process-wide settings that are part of the compile cache's
-keys. The child's side of the protocol is `scfs.training.background_compile`.
+keys. The child's side of the protocol is `scfs.training.compile_child`.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import getpass
 import json
+import logging
 import os
 import re
 import subprocess
@@ -27,6 +28,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger("scfs.train")
 
 STATUS_FILE = "background_compile.json"
 PARTS = ("teacher", "loss")  # what a `compile_parallel` helper compiles, in the order the step calls them
@@ -208,7 +211,7 @@ def child_config(cfg: DictConfig, batch_size: int) -> DictConfig:
 
 def helper_command(cfg_path: Path, status_path: Path, device: str, steps: int = 2, helper: bool = False,
                    backward: bool = False, wait_go: bool = False, local: bool = False) -> list[str]:
-    """The child's command line (`scfs.training.background_compile`'s `main`, entered through
+    """The child's command line (`scfs.training.compile_child`'s `main`, entered through
     `scfs.training.helper_entry`, which times its imports), without the run's settings."""
     return [sys.executable, "-m", "scfs.training.helper_entry", str(cfg_path), str(status_path), "--device",
             device, "--steps", str(steps), *(["--helper"] if helper else []), *(["--backward"] if backward else []),
@@ -393,3 +396,20 @@ def start_early_helpers(cfg: DictConfig, run_dir: Path, batch_size: int | None =
     for role, path in early.paths.items():  # the backward's first: its compile is the longest
         early.procs[role] = launch(cfg, batch_size, path, role_command(role, path, early.device, wait_go=True))
     return early
+
+
+def wait_for_part(status_path: Path, part: str, ended: Callable[[], Any], wait_s: float, log_path: Path,
+                  instead: str = "compiling it here") -> float:
+    """Wait while a helper child compiles `part`: from its `started_path` until its `part_path`, until `ended()`
+    says it ended, or until `wait_s` passed; returns the seconds waited. A part the helper has not begun is not
+    waited for: the caller builds it at once (from a warm cache in seconds, else compiling it as it would without
+    the helper), instead of waiting out the helper's start-up and everything it does before that part.
+    `instead`: what the caller does when the wait times out, for the warning."""
+    t0, path, begun = time.monotonic(), part_path(status_path, part), started_path(status_path, part)
+    while not path.exists() and begun.exists() and not ended():
+        if time.monotonic() - t0 > wait_s:
+            log.warning("compile_parallel: no %s from the helper after %.0f s (its log: %s); %s",
+                        part, wait_s, log_path, instead)
+            break
+        time.sleep(0.05)
+    return round(time.monotonic() - t0, 2)

@@ -1,5 +1,5 @@
 """A compile helper's process entry (`python -m scfs.training.helper_entry`, the command line `helper_command`
-makes): it notes where the helper's start-up goes before it runs `scfs.training.background_compile.main`.
+makes): it notes where the helper's start-up goes before it runs `scfs.training.compile_child.main`.
 
 A helper started before the run's set-up has to import torch and Lightning and build the model before it can
 compile, and on a GPU host that start-up has taken 15-16 s against the 5-6 s of the run's own set-up, so the
@@ -25,9 +25,9 @@ def main(argv: list[str] | None = None) -> int:
     import lightning  # noqa: F401
 
     STARTUP_MARKS["lightning_s"] = since_spawn()
-    from scfs.training import background_compile
+    from scfs.training import compile_child
 
-    return background_compile.main(argv)
+    return compile_child.main(argv)
 
 
 if __name__ == "__main__":

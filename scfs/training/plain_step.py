@@ -1,7 +1,7 @@
 """The method's training step driven without Lightning, on random views of the recipe's sizes.
 
 Two kinds of process run the step outside a `Trainer`: the child that compiles the step beside a run
-(`scfs.training.background_compile`), whose graphs and cache keys must be the run's, and the compile and FLOP
+(`scfs.training.compile_child`), whose graphs and cache keys must be the run's, and the compile and FLOP
 benchmarks (`scfs.bench.compile`, `scfs.bench.flops`), which time or count what a run's step does. Both take the step
 from here, so there is one copy of what `training_step` runs between the views and the optimizer; the cache counters
 say what such a step built or found.

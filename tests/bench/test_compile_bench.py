@@ -11,6 +11,7 @@ import pytest
 
 from scfs.bench import compile as bench
 from scfs.bench import records
+from scfs.training import compile_child
 from scfs.training import compile_helpers as ch
 
 
@@ -38,10 +39,9 @@ def test_the_prime_builds_the_search_kernels_no_row_should_pay_for(monkeypatch):
     first row's helper does not build it in its first steps' time (a 28.6 s rebuild once, in another tree)."""
     import argparse
 
-    import scfs.training.background_compile as bgc
 
     seen = []
-    monkeypatch.setattr(bgc, "prebuild_search_kernels", lambda model, device: seen.append((model, device)))
+    monkeypatch.setattr(compile_child, "prebuild_search_kernels", lambda model, device: seen.append((model, device)))
     args = argparse.Namespace(recipe=["default"], device="cpu", tiny=True, override=[])
     assert bench.prime(args) == 0
     ((model, device),) = seen
@@ -274,12 +274,11 @@ def test_the_background_row_switches_when_the_status_appears_not_when_the_child_
 
     import torch
 
-    import scfs.training.background_compile as bgc
     from scfs.train import build
     from scfs.training.plain_step import make_step
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    monkeypatch.setattr(bgc, "child_command", lambda cfg_path, status_path, device, steps=2, helper=False,
+    monkeypatch.setattr(compile_child, "child_command", lambda cfg_path, status_path, device, steps=2, helper=False,
                         backward=False, local=False: [sys.executable, "-c", STAND_IN, str(status_path)])
     cfg = bench.compose("default", "cpu", True, "model", True, ["compile_background=true"])
     torch.manual_seed(0)
@@ -325,7 +324,7 @@ def test_the_parallel_row_waits_for_the_helpers_parts(monkeypatch, eager_backend
             bgc.write_status(bgc.started_path(status_path, part), {"ok": True})
         return [sys.executable, "-c", write, str(status_path)]
 
-    monkeypatch.setattr(bgc, "child_command", command)
+    monkeypatch.setattr(compile_child, "child_command", command)
     cfg = bench.compose("default", "cpu", True, "model", True, ["compile_parallel=true"])
     row = bench.measure(cfg, "cpu", 1, 1, None, None)
     par = row["parallel"]
@@ -382,7 +381,7 @@ def test_a_recipe_with_compiled_views_makes_them_in_each_step_and_hands_them_to_
             bgc.write_status(bgc.started_path(status_path, part), {"ok": True})
         return [sys.executable, "-c", write, str(status_path)]
 
-    monkeypatch.setattr(bgc, "child_command", command)
+    monkeypatch.setattr(compile_child, "child_command", command)
     made.clear()
     cfg = bench.compose("default", "cpu", True, "model", True, [*views, "compile_parallel=true"])
     par_row = bench.measure(cfg, "cpu", 2, 1, None, None)
@@ -418,7 +417,7 @@ def test_the_parallel_backward_row_starts_both_helpers_and_reports_the_backwards
             bgc.write_status(bgc.started_path(status_path, part), {"ok": True})
         return [sys.executable, "-c", write, str(status_path), "backward" if backward else "parts"]
 
-    monkeypatch.setattr(bgc, "child_command", command)
+    monkeypatch.setattr(compile_child, "child_command", command)
     monkeypatch.setattr(bgc, "cache_deltas", lambda since=None: (0, 2, 0, 0))  # the student's call compiled
     cfg = bench.compose("default", "cpu", True, "model", True, ["compile_parallel=true",
                                                                  "compile_parallel_backward=true"])
@@ -561,7 +560,6 @@ def test_a_row_gives_the_helpers_started_at_its_processs_start_the_go_at_its_fir
     """A GPU row starts its helpers when its process starts, as `scfs.train` does (forced here on the CPU): they
     wait for the go, which the row gives at its first step; its parts then come from them, and the record says how
     long before the first step they started and when their models were built."""
-    import scfs.training.background_compile as bgc
 
     stand_in = ("import sys, time; from pathlib import Path\n"
                 "from scfs.training.compile_helpers import PARTS, go_path, part_path, read_status, started_path, "
@@ -588,7 +586,7 @@ def test_a_row_gives_the_helpers_started_at_its_processs_start_the_go_at_its_fir
         early.stop()
     par = row["parallel"]
     assert par["built_here"] == [] and par["helper"]["early_s"] >= 0, par
-    assert bgc.read_status(ch.go_path(early.paths["parts"]))["settings"] == bgc.key_settings()
+    assert ch.read_status(ch.go_path(early.paths["parts"]))["settings"] == compile_child.key_settings()
     md = bench.markdown({"machine": "m", "torch": "t", "date": "d", "commit": "c", "command": "x", "first_steps": 1,
                          "table": [{**row, "recipe": "default", "setting": "parallel", "process_cpu_s": 1.0}]})
     assert (f"The helpers were started at the process's start, {par['helper']['early_s']} s before the first step "
@@ -653,7 +651,7 @@ def test_the_parallel_split_row_starts_four_helpers_and_waits_for_each_graph(mon
             bgc.write_status(bgc.started_path(status_path, part), {"ok": True})
         return [sys.executable, "-c", write, str(status_path), json.dumps(list(parts))]
 
-    monkeypatch.setattr(bgc, "child_command", command)
+    monkeypatch.setattr(compile_child, "child_command", command)
     monkeypatch.setattr(bgc, "cache_deltas", lambda since=None: (0, 2, 0, 0))  # every graph compiled here
     cfg = bench.compose("default", "cpu", True, "model", True, ["compile_parallel=true", *bench.BACKWARD,
                                                                  *bench.SPLIT])

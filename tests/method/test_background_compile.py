@@ -20,6 +20,7 @@ import scfs.training.compile_helpers as ch
 from scfs.config import ConfigError, validate_config
 from scfs.methods.base import step_losses, student_forward
 from scfs.train import build, run
+from scfs.training import compile_child
 
 # what the method asks its `compile_gate` on the first step (`compile_parallel`), in the step's order
 ASKED = ["student", "teacher", "loss", "student_backward"]
@@ -62,7 +63,7 @@ def test_the_child_builds_the_runs_method_compiled_and_reports(tmp_path, eager_b
     from omegaconf import OmegaConf
 
     OmegaConf.save(child, path)
-    status = bgc.compile_in_child(path, status_path, "cpu", steps=2)
+    status = compile_child.compile_in_child(path, status_path, "cpu", steps=2)
     assert status == json.loads(status_path.read_text())
     assert status["ok"] and status["steps"] == 2 and status["loss"] == status["loss"] and status["seconds"] > 0
 
@@ -78,14 +79,14 @@ def test_the_child_takes_the_runs_cache_key_settings(tmp_path, monkeypatch):
     was = matmul.fp32_precision
     try:
         matmul.fp32_precision = "tf32"  # as torch.set_float32_matmul_precision("high")
-        cmd = bgc.child_command(Path("c.yaml"), Path("s.json"), "cpu")
+        cmd = compile_child.child_command(Path("c.yaml"), Path("s.json"), "cpu")
     finally:
         matmul.fp32_precision = was
     sent = json.loads(cmd[cmd.index("--settings") + 1])
     assert sent["fp32_precision"] == "tf32" and sent["deterministic"] and sent["deterministic_warn_only"]
-    fresh = subprocess.run([sys.executable, "-c", "import json; import scfs.training.background_compile as bgc; "
-                            "print(json.dumps(bgc.key_settings()))"], capture_output=True, text=True, check=True,
-                           env=ch.child_env())
+    fresh = subprocess.run([sys.executable, "-c", "import json; from scfs.training import compile_child; "
+                            "print(json.dumps(compile_child.key_settings()))"], capture_output=True, text=True,
+                           check=True, env=ch.child_env())
     assert json.loads(fresh.stdout.strip().splitlines()[-1]) != sent  # a fresh process's own differ
     # the child itself, from that command line (a missing config: it fails at once, and says what it ran under)
     status_path = tmp_path / "s.json"
@@ -138,7 +139,7 @@ def test_a_failing_child_writes_a_failed_status(tmp_path):
     from omegaconf import OmegaConf
 
     OmegaConf.save(cfg, tmp_path / "c.yaml")
-    status = bgc.compile_in_child(tmp_path / "c.yaml", tmp_path / "s.json", "cpu", steps=1)
+    status = compile_child.compile_in_child(tmp_path / "c.yaml", tmp_path / "s.json", "cpu", steps=1)
     assert not status["ok"] and "no-such-method" in status["error"]
     assert json.loads((tmp_path / "s.json").read_text()) == status
 
@@ -283,14 +284,14 @@ def test_the_helper_child_compiles_the_teacher_and_the_losses_and_says_when(tmp_
     cfg = ch.child_config(compose_cfg(["compile=true", "compile_parallel=true"]), batch_size=8)
     OmegaConf.save(cfg, tmp_path / "c.yaml")
     counters.clear()
-    status = bgc.compile_in_child(tmp_path / "c.yaml", tmp_path / "s.json", "cpu", steps=1, helper=True)
+    status = compile_child.compile_in_child(tmp_path / "c.yaml", tmp_path / "s.json", "cpu", steps=1, helper=True)
     helper_graphs = counters["stats"]["unique_graphs"]
     assert status["ok"] and all(bgc.part_path(tmp_path / "s.json", p).exists() for p in bgc.PARTS)
     begun = [bgc.started_path(tmp_path / "s.json", p).stat().st_mtime for p in bgc.PARTS]
     assert begun[0] <= bgc.part_path(tmp_path / "s.json", "teacher").stat().st_mtime <= begun[1]  # the step's order
     torch._dynamo.reset()
     counters.clear()
-    bgc.compile_in_child(tmp_path / "c.yaml", tmp_path / "s2.json", "cpu", steps=1)
+    compile_child.compile_in_child(tmp_path / "c.yaml", tmp_path / "s2.json", "cpu", steps=1)
     assert 0 < helper_graphs < counters["stats"]["unique_graphs"]  # the whole step traces the student's call too
     assert not bgc.part_path(tmp_path / "s2.json", "teacher").exists()  # a whole-step child writes no parts
     torch._dynamo.reset()
@@ -372,7 +373,7 @@ def test_a_new_helper_starts_without_an_earlier_ones_files(tmp_path):
     old = [status, *(f(status, part) for part in bgc.PARTS for f in (bgc.part_path, bgc.started_path))]
     for path in old:
         bgc.write_status(path, {"ok": True})
-    bgc.start_child(compose_cfg(["compile=true", "compile_parallel=true"]), 8, status, "cpu", helper=True,
+    compile_child.start_child(compose_cfg(["compile=true", "compile_parallel=true"]), 8, status, "cpu", helper=True,
                     command=[sys.executable, "-c", "pass"]).wait(timeout=60)
     assert not [p.name for p in old if p.exists()]
 
@@ -525,7 +526,7 @@ def test_the_helper_compiles_the_views_after_its_parts_only_where_the_run_hands_
         cfg = ch.child_config(compose_cfg(["compile=true", "compile_parallel=true", *extra]), batch_size=8)
         OmegaConf.save(cfg, tmp_path / f"{name}.yaml")
         status_path = tmp_path / f"{name}.json"
-        status = bgc.compile_in_child(tmp_path / f"{name}.yaml", status_path, "cpu", steps=1, helper=True)
+        status = compile_child.compile_in_child(tmp_path / f"{name}.yaml", status_path, "cpu", steps=1, helper=True)
         assert status["ok"], status
         views_file = bgc.part_path(status_path, ch.VIEWS_PART)
         if name == "views":

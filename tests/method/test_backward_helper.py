@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -11,6 +12,7 @@ from helpers import TINY_RESNET18, compose_cfg
 import scfs.training.background_compile as bgc
 import scfs.training.compile_helpers as ch
 from scfs.training import backward_helper as bh
+from scfs.training import compile_child
 
 
 def test_the_helper_compiles_under_the_runs_compile_mode():
@@ -40,7 +42,7 @@ def test_a_failing_backward_helper_says_so_and_writes_no_entry_file(tmp_path, mo
     assert not cfg.compile_parallel_backward  # the child starts no helper of its own
     OmegaConf.save(cfg, tmp_path / "c.yaml")
     status_path = tmp_path / "b.json"
-    status = bgc.compile_in_child(tmp_path / "c.yaml", status_path, "cpu", steps=0, backward=True)
+    status = compile_child.compile_in_child(tmp_path / "c.yaml", status_path, "cpu", steps=0, backward=True)
     assert not status["ok"] and status["error"] == "RuntimeError: lowering failed"
     assert json.loads(status_path.read_text()) == status
     assert bgc.started_path(status_path, bgc.BACKWARD_PART).exists()
@@ -48,9 +50,10 @@ def test_a_failing_backward_helper_says_so_and_writes_no_entry_file(tmp_path, mo
 
 
 def test_the_backward_helpers_command_line_says_backward(tmp_path):
-    cmd = bgc.child_command(tmp_path / "c.yaml", tmp_path / "b.json", "cuda:0", 0, backward=True)
+    cmd = compile_child.child_command(tmp_path / "c.yaml", tmp_path / "b.json", "cuda:0", 0, backward=True)
     assert "--backward" in cmd and "--helper" not in cmd
-    assert "--backward" not in bgc.child_command(tmp_path / "c.yaml", tmp_path / "s.json", "cpu", 1, helper=True)
+    assert "--backward" not in compile_child.child_command(tmp_path / "c.yaml", tmp_path / "s.json", "cpu", 1,
+                                                           helper=True)
 
 
 @pytest.mark.slow
@@ -67,7 +70,7 @@ def test_the_runs_student_backward_loads_the_backward_helpers_entry(tmp_path, mo
     cfg = compose_cfg(["compile=true", "compile_parallel=true", "compile_parallel_backward=true",
                        f"compile_mode={mode}"])
     status_path = tmp_path / "b.json"
-    proc = bgc.start_child(cfg, int(cfg.batch_size), status_path, "cpu", steps=0, backward=True)
+    proc = compile_child.start_child(cfg, int(cfg.batch_size), status_path, "cpu", steps=0, backward=True)
     assert proc.wait(timeout=1500) == 0, status_path.with_suffix(".log").read_text()[-3000:]
     status = json.loads(status_path.read_text())
     assert status["ok"] and status["steps"] == 0 and status["backward_s"] > 0, status
@@ -160,9 +163,8 @@ def _split_helpers_then_first_step(tmp_path, monkeypatch, overrides: list[str], 
         procs = {}
         for role in group:
             path = tmp_path / ch.ROLES[role].status_file
-            procs[role] = (path, bgc.start_child(cfg, int(cfg.batch_size), path, device,
-                                                 command=lambda role=role, path=path: bgc.role_child_command(
-                                                     role, path, device)))
+            command = functools.partial(compile_child.role_child_command, role, path, device)
+            procs[role] = (path, compile_child.start_child(cfg, int(cfg.batch_size), path, device, command=command))
         for role, (path, proc) in procs.items():
             assert proc.wait(timeout=1500) == 0, path.with_suffix(".log").read_text()[-3000:]
             status = json.loads(path.read_text())

@@ -20,6 +20,7 @@ import scfs.training.background_compile as bgc
 import scfs.training.compile_helpers as ch
 import scfs.training.plain_step as plain_step
 from scfs.train import run
+from scfs.training import compile_child
 
 
 class FakeProc:
@@ -103,13 +104,13 @@ def test_the_helpers_take_the_runs_compile_cache_folder_from_the_start(tmp_path,
 def test_a_helper_waits_for_the_go_and_never_outlives_the_run(tmp_path, monkeypatch):
     status = tmp_path / "s.json"
     ch.write_status(ch.go_path(status), {"config": "c.yaml", "settings": {"deterministic": False}})
-    assert bgc.wait_for_go(status)["settings"] == {"deterministic": False}
+    assert compile_child.wait_for_go(status)["settings"] == {"deterministic": False}
     ch.go_path(status).unlink()
-    assert bgc.wait_for_go(status, timeout_s=0.1) is None  # no go: it gives up
+    assert compile_child.wait_for_go(status, timeout_s=0.1) is None  # no go: it gives up
     parents = iter([1000, 1000, 1])  # the run died: this process was handed to init
     monkeypatch.setattr(bgc.os, "getppid", lambda: next(parents, 1))
     t0 = time.monotonic()
-    assert bgc.wait_for_go(status, timeout_s=60) is None
+    assert compile_child.wait_for_go(status, timeout_s=60) is None
     assert time.monotonic() - t0 < 5  # at the parent's end, not the timeout
 
 
@@ -129,7 +130,7 @@ def test_an_early_helper_compiles_under_the_gos_settings_and_final_config(tmp_pa
     ch.write_status(ch.go_path(tmp_path / "s.json"), {"config": str(tmp_path / "final.yaml"),
                                                       "settings": {"deterministic": False}})
     monkeypatch.setenv(ch.SPAWNED_AT_ENV, "0")
-    status = bgc.compile_in_child(tmp_path / "c.yaml", tmp_path / "s.json", "cpu", steps=1, helper=True,
+    status = compile_child.compile_in_child(tmp_path / "c.yaml", tmp_path / "s.json", "cpu", steps=1, helper=True,
                                   wait_go=True)
     assert status["ok"], status
     assert status["early"]["rebuilt"] is changed and status["early"]["ready_s"] <= status["early"]["go_s"]
@@ -178,8 +179,8 @@ def test_views_made_ahead_are_handed_out_once_and_only_for_their_sizes():
 def test_an_early_helper_without_a_go_reports_it_and_compiles_nothing(tmp_path, monkeypatch, eager_backend):
     cfg = ch.child_config(compose_cfg(["compile=true", "compile_parallel=true"]), batch_size=8)
     OmegaConf.save(cfg, tmp_path / "c.yaml")
-    monkeypatch.setattr(bgc, "wait_for_go", lambda status_path: None)
-    status = bgc.compile_in_child(tmp_path / "c.yaml", tmp_path / "s.json", "cpu", steps=1, helper=True,
+    monkeypatch.setattr(compile_child, "wait_for_go", lambda status_path: None)
+    status = compile_child.compile_in_child(tmp_path / "c.yaml", tmp_path / "s.json", "cpu", steps=1, helper=True,
                                   wait_go=True)
     assert not status["ok"] and "the run ended before it gave the go" in status["error"]
     assert not any(ch.started_path(tmp_path / "s.json", p).exists() for p in ch.PARTS)
@@ -254,13 +255,13 @@ def _early_run(monkeypatch, tmp_path, shapes_root, device: str) -> tuple[list, l
         return real_launch(cfg, batch_size, status_path, command)
 
     monkeypatch.setattr(ch, "launch", launch)
-    monkeypatch.setattr(bgc, "launch", launch)  # the callback's own start at fit
+    monkeypatch.setattr(compile_child, "launch", launch)  # the callback's own start at fit
     monkeypatch.setattr(ch, "gpu_run", lambda cfg: True)
     monkeypatch.setattr(ch, "early_device", lambda: device)
     monkeypatch.setattr(ch, "helper_command", lambda cfg_path, status_path, device, steps=2, helper=False,
                         backward=False, wait_go=False, local=False: [sys.executable, "-c", STAND_IN, str(status_path),
                                                         "1" if wait_go else "0"])
-    monkeypatch.setattr(bgc, "helper_command", ch.helper_command)
+    monkeypatch.setattr(compile_child, "helper_command", ch.helper_command)
     monkeypatch.setattr(bgc, "ParallelCompile", recording(made))
     cfg = compose_cfg(["compile=true", "compile_parallel=true", "trainer.limit_train_batches=2",
                        "eval.knn_at_start=false"], data_root=shapes_root)
@@ -275,7 +276,7 @@ def test_the_run_gives_its_early_helpers_the_go_at_fit_and_builds_their_parts_fr
     assert cb.report["early_s"] >= 0 and cb.report["waited_s"].keys() == {"teacher", "loss"}
     assert cb.report["built_here"] == []  # both parts came from the helper
     go = json.loads((tmp_path / ch.STATUS_FILE).read_text())["go"]
-    assert go["settings"] == bgc.key_settings()
+    assert go["settings"] == compile_child.key_settings()
     assert OmegaConf.load(go["config"]) == ch.child_config(cb.cfg, cb.batch_size)  # the run's final config
     assert cb.report["ready_at_go"] in ([], ["parts"])  # the stand-in says it is ready, maybe after the go
     assert AGE_AT_IMPORT <= cb.report["early_started_after_s"] <= ch.process_age_s()  # this process's age then
@@ -333,7 +334,7 @@ def test_helpers_that_cannot_start_early_cost_the_run_only_its_head_start(tmp_pa
     made: list[bgc.ParallelCompile] = []
     monkeypatch.setattr(ch, "start_early_helpers", fail)
     monkeypatch.setattr(bgc, "ParallelCompile", recording(made))
-    monkeypatch.setattr(bgc, "helper_command", lambda *a, **kw: [sys.executable, "-c", "pass"])
+    monkeypatch.setattr(compile_child, "helper_command", lambda *a, **kw: [sys.executable, "-c", "pass"])
     caplog.set_level(logging.INFO, logger="scfs.train")
     cfg = compose_cfg(["compile=true", "compile_parallel=true", "trainer.limit_train_batches=2",
                        "eval.knn_at_start=false"], data_root=shapes_root)
@@ -358,14 +359,14 @@ def test_an_early_helper_builds_the_search_kernels_while_the_run_sets_up(monkeyp
     calls: list[int] = []
     monkeypatch.setattr(cuda_backend, "extension", lambda: calls.append(1))
     _, model = build(compose_cfg(overrides))
-    assert (bgc.prebuild_search_kernels(model, device) is not None) is builds
+    assert (compile_child.prebuild_search_kernels(model, device) is not None) is builds
     assert len(calls) == int(builds)
 
     def boom():
         raise RuntimeError("building the CUDA extension failed: nvcc not found")
 
     monkeypatch.setattr(cuda_backend, "extension", boom)  # left to the run, which reports it as always
-    assert bgc.prebuild_search_kernels(model, device) is None
+    assert compile_child.prebuild_search_kernels(model, device) is None
 
 
 # a fresh interpreter runs `scfs.train.run` on a saved config whose helpers start early; at their start it prints
@@ -429,7 +430,7 @@ def test_a_helper_makes_its_model_on_its_device_with_the_runs_shapes_dtypes_and_
         tensors = {**dict(model.named_parameters()), **{f"buffer {k}": v for k, v in model.named_buffers()}}
         return {k: (tuple(v.shape), v.dtype, v.stride(), v.requires_grad) for k, v in tensors.items()}
 
-    helper = bgc.helper_model(cfg, "meta")
+    helper = compile_child.helper_model(cfg, "meta")
     assert {t.device.type for t in [*helper.parameters(), *helper.buffers()]} == {"meta"} and helper.training
     torch.manual_seed(int(cfg.seed))
     run_model = build(cfg)[1]

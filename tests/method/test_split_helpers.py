@@ -13,6 +13,7 @@ from helpers import compose_cfg
 
 import scfs.training.background_compile as bgc
 import scfs.training.compile_helpers as ch
+from scfs.training import compile_child
 
 SPLIT = "compile_student_graphs=per_view_size"
 # what the method asks its gate for in a split step, in order
@@ -46,7 +47,7 @@ def test_the_helpers_roles_and_files_follow_the_options(tmp_path):
     ("local_backward", {"--backward", "--local"}),
 ])
 def test_each_roles_command_line_names_its_part_and_carries_the_runs_settings(tmp_path, role, flags):
-    cmd = bgc.role_child_command(role, tmp_path / "s.json", "cuda:0")
+    cmd = compile_child.role_child_command(role, tmp_path / "s.json", "cuda:0")
     assert {f for f in cmd if f in ("--helper", "--backward", "--local")} == flags
     assert cmd[cmd.index("--steps") + 1] == str(ch.ROLES[role].steps) and "--settings" in cmd
     early = ch.role_command(role, tmp_path / "s.json", "cuda:0", wait_go=True)
@@ -60,7 +61,7 @@ def test_the_local_views_helper_refuses_a_one_graph_config_in_its_status(tmp_pat
 
     cfg = ch.child_config(compose_cfg(["compile=true", "compile_parallel=true"]), batch_size=8)
     OmegaConf.save(cfg, tmp_path / "c.yaml")
-    status = bgc.compile_in_child(tmp_path / "c.yaml", tmp_path / "l.json", "cpu", steps=0, local=True)
+    status = compile_child.compile_in_child(tmp_path / "c.yaml", tmp_path / "l.json", "cpu", steps=0, local=True)
     assert not status["ok"] and "compile_student_graphs=per_view_size" in status["error"]
     assert not bgc.part_path(tmp_path / "l.json", ch.LOCAL_PART).exists()
 
@@ -91,7 +92,7 @@ def test_the_local_views_helper_traces_only_the_graphs_the_run_asks_for(tmp_path
     cfg = compose_cfg([*TINY_RESNET18, "compile=true", SPLIT, "compile_mode=default"])
     torch.manual_seed(0)
     model = build(cfg)[1].train()
-    status = bgc._compile_local_graphs(model, cfg, "cpu", tmp_path / "l.json")
+    status = compile_child._compile_local_graphs(model, cfg, "cpu", tmp_path / "l.json")
     torch._dynamo.reset()
     assert set(status) == {"steps", "local_s", "local_forward_s", "heads_s", "local_backward_run"}
     assert not status["local_backward_run"]
@@ -141,8 +142,8 @@ def test_the_local_helper_runs_the_local_backward_only_once_its_entry_is_written
     if local_backward == "begun, the run asks":
         _later(ch.asked_path(local, ch.LOCAL_PART), 0.3)
     t0 = time.monotonic()
-    assert bgc.runs_local_backward(local, timeout_s=1.5 if expected else 0.5 + 1.5 * ("asks" in local_backward)) \
-        is expected
+    wait_s = 1.5 if expected else 0.5 + 1.5 * ("asks" in local_backward)
+    assert compile_child.runs_local_backward(local, timeout_s=wait_s) is expected
     took = time.monotonic() - t0
     if local_backward in ("absent", "written", "ended without it", "written, the run asked"):
         assert took < 0.2, took
@@ -151,7 +152,7 @@ def test_the_local_helper_runs_the_local_backward_only_once_its_entry_is_written
     elif local_backward == "begun, the run asks":  # the wait ends at the ask, well before its 2 s
         assert 0.25 <= took < 1.0, took
     # the local backward's own helper never waits on itself
-    assert bgc.runs_local_backward(other, timeout_s=0.5) is False
+    assert compile_child.runs_local_backward(other, timeout_s=0.5) is False
 
 
 def test_the_runs_gate_marks_each_part_asked_and_a_new_helper_starts_without_the_marks(tmp_path):
@@ -174,7 +175,7 @@ def test_the_heads_inputs_are_copies_with_the_graphs_strides_in_memory_of_their_
     maps = (base.view(4, 6, 1, 1).expand(4, 6, 3, 3) * 1).contiguous(memory_format=torch.channels_last)
     tree = {"pooled": base * 2, "gaps": {"layer3": base.t() * 1, "layer4": maps}, "size": {"layer4": 3},
             "kept": torch.arange(5)}
-    copies = bgc.owned_copies(tree)
+    copies = compile_child.owned_copies(tree)
     assert copies["size"] == {"layer4": 3}
     for name, t, c in [("pooled", tree["pooled"], copies["pooled"]), ("kept", tree["kept"], copies["kept"]),
                        *[(k, v, copies["gaps"][k]) for k, v in tree["gaps"].items()]]:

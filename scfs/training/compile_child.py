@@ -1,5 +1,8 @@
-"""A compile child's process: what the child of `compile_background` and each helper of `compile_parallel` build,
-compile and report (the run's side is `scfs.training.background_compile` and `scfs.training.compile_helpers`).
+"""A compile child's process: it compiles the run's graphs into the cache the run builds them from.
+
+The child of `compile_background` and each helper of `compile_parallel` are one of these; the run's side is
+`scfs.training.background_compile` (its callbacks and gates) and `scfs.training.compile_helpers` (the files both
+sides read and write, the command lines, the early start).
 
 Each is `python -m scfs.training.helper_entry <config.yaml> <status.json> --device <device> [flags]`
 (`helper_command`), which times its imports and calls `main` here: it builds the run's method from the run's

@@ -246,6 +246,7 @@ def validate_config(cfg: DictConfig) -> None:
            "a positive number of milliseconds per launch config (e.g. 5), or null for inductor's own 25 ms",
            required=False)
     _check(cfg, "num_workers", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0", required=False)
+    _check(cfg, "prefetch_across_epochs", lambda v: isinstance(v, bool), "true or false", required=False)
     _check(cfg, "trainer.max_epochs", lambda v: isinstance(v, int) and v >= 1, "an integer >= 1", required=False)
     _check(cfg, "trainer.accumulate_grad_batches", lambda v: isinstance(v, int) and v >= 1, "an integer >= 1",
            required=False)

@@ -43,9 +43,10 @@ the training batch. The run's epoch clock (`EpochTimer`, its first callback) sta
 epoch-start hook and stops before every epoch-end hook (Lightning runs the checkpoint callbacks last), so the
 epoch-start hooks are inside `epoch_seconds` and the epoch-end hooks, checkpoint saves included, fall between the
 timed epochs: in a run's wall time, not in its img/s. The same clock times each epoch's opening (its start to
-its first batch: the loader's workers start every epoch's sampling afresh), and the record gives the steady rate
-with the openings taken out, the rate a long epoch approaches: the benchmark's epochs of tens of steps pay an
-opening that an ImageNet epoch of thousands spreads thin.
+its first batch: a whole batch's work where the workers start every epoch's sampling afresh,
+`prefetch_across_epochs=false`; less where they run on across epochs, the default), and the record gives the
+steady rate with the openings taken out, the rate a long epoch approaches: the benchmark's epochs of tens of
+steps pay an opening that an ImageNet epoch of thousands spreads thin.
 
 `--device cpu --tiny` runs the same flow on the CPU in seconds (tiny backbone and crops, fp32, eager, no workers).
 Usage:
@@ -507,8 +508,9 @@ def opening_lines(rows: list[dict], step_img_s: float | None) -> list[str]:
         return []
     return ["", "Each epoch's opening (the run's epoch clock, `EpochTimer`: from the epoch's start to its first "
             "batch's start, i.e. the loader's first batch of the epoch on the device; epoch 0's includes the first "
-            "views' compile where the recipe compiles them). The workers start each epoch's sampling afresh, so "
-            "every epoch pays it once:", "", *lines]
+            "views' compile where the recipe compiles them). Workers that start each epoch's sampling afresh "
+            "(`prefetch_across_epochs=false`) make it a whole batch's work; workers that run on across epochs (the "
+            "default) leave what they have not made of the first batch by then:", "", *lines]
 
 
 def run_cache_dir(recipe: str, overrides: list[str] | None) -> Path:

@@ -13,6 +13,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from scfs.data.epoch_spanning import EpochSpanningLoader
 from scfs.names import DATA_DECODE
 
 log = logging.getLogger("scfs.data")
@@ -52,11 +53,17 @@ class SSLDataModule(L.LightningDataModule):
     `data.decode=gpu` (image folders of any image sizes) moves the JPEG decoding there too: workers only read
     the files' bytes and the module decodes the batch and makes its views on its device
     (`scfs.data.encoded`); `cpu` (the default) decodes in the workers.
+
+    With workers, `prefetch_across_epochs=True` lets them run on into the next epoch
+    (`scfs.data.epoch_spanning`): each epoch's first batch is ready when it starts instead of waiting for a
+    worker to make it, which on short epochs is a few per cent of the run.
     """
 
     def __init__(self, data: Mapping[str, Any], crops: Mapping[str, Any], batch_size: int, num_workers: int = 0,
-                 eval_batch_size: int = 256, batch_aug: bool = False, seed: int = 0, on_device: bool = False) -> None:
+                 eval_batch_size: int = 256, batch_aug: bool = False, seed: int = 0, on_device: bool = False,
+                 prefetch_across_epochs: bool = True) -> None:
         super().__init__()
+        self.prefetch_across_epochs = prefetch_across_epochs
         self.data_cfg = {k: _plain(v) for k, v in dict(data).items()}
         self.crops_cfg = {k: _plain(v) for k, v in dict(crops).items()}
         self.batch_size, self.num_workers, self.eval_batch_size = batch_size, num_workers, eval_batch_size
@@ -160,7 +167,28 @@ class SSLDataModule(L.LightningDataModule):
             from scfs.data.encoded import encoded_collate
 
             kw["collate_fn"] = encoded_collate(bool(self.data_cfg.get("strict", False)))
-        return DataLoader(self.train_set, batch_size=self.batch_size, sampler=sampler, drop_last=True, **kw)
+        loader = EpochSpanningLoader(self.train_set, batch_size=self.batch_size, sampler=sampler, drop_last=True,
+                                     **kw)
+        if self.prefetch_across_epochs and self.num_workers > 0:
+            self._span(loader)
+        return loader
+
+    def _span(self, loader: EpochSpanningLoader) -> None:
+        """Let the workers run on across the epochs the trainer will run, when it runs whole epochs."""
+        trainer = getattr(self, "trainer", None)
+        last_epoch = None
+        if trainer is not None:
+            limit = trainer.limit_train_batches
+            whole = limit >= len(loader) if isinstance(limit, int) else float(limit) >= 1.0
+            if not whole:
+                log.debug("train loader: each epoch stops at limit_train_batches=%s, so its workers stop with it",
+                          limit)
+                return
+            max_epochs = trainer.max_epochs
+            last_epoch = int(max_epochs) - 1 if isinstance(max_epochs, int) and max_epochs >= 0 else None
+        why = loader.span_epochs(last_epoch)
+        if why:
+            log.debug("train loader: workers restart each epoch (%s)", why)
 
     def _eval_split(self, split: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """A split as uint8 + labels on `device`, decoded once (and cached on disk for image folders)."""

@@ -36,7 +36,8 @@ def build(cfg: DictConfig, model_device: str | None = None):
     batch_size = per_device_batch_size(cfg)
     dm = SSLDataModule(OmegaConf.to_container(cfg.data, resolve=True), crops, batch_size=batch_size,
                        num_workers=cfg.num_workers, batch_aug=batch_aug, seed=cfg.seed,
-                       on_device=bool(cfg.data.get("on_device", False)))
+                       on_device=bool(cfg.data.get("on_device", False)),
+                       prefetch_across_epochs=bool(cfg.get("prefetch_across_epochs", True)))
     backbone_cfg = OmegaConf.to_container(cfg.backbone, resolve=True)
     for k in ("layers", "channels"):
         if k in backbone_cfg:

@@ -89,9 +89,11 @@ class EpochTimer(L.Callback):
     Epoch 0 holds the compile on compiled recipes and is kept apart from the steady epochs.
 
     Each epoch's opening is timed too: from its start to its first batch's `on_train_batch_start`, which Lightning
-    calls once the loader's first batch of the epoch is in and on the device. The loader's workers start every
-    epoch's sampling afresh, so that wait recurs per epoch whatever its length; on a short epoch (a benchmark's) it
-    is a visible share of the epoch, on an ImageNet epoch of thousands of steps it is not."""
+    calls once the loader's first batch of the epoch is in and on the device. Workers that start every epoch's
+    sampling afresh (`prefetch_across_epochs=false`) make that wait a whole batch's work, per epoch whatever its
+    length: on a short epoch (a benchmark's) a visible share of it, on an ImageNet epoch of thousands of steps not.
+    Workers that run on across epochs (the default) leave the epoch loop's own start and what they have not yet
+    made of the first batch."""
 
     def __init__(self) -> None:
         self.epochs: list[dict[str, float]] = []

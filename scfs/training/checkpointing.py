@@ -35,6 +35,7 @@ import torch
 from lightning.pytorch.callbacks import Checkpoint
 from torch.utils.data import BatchSampler, DataLoader
 
+from scfs.data.epoch_spanning import EpochSpanningLoader
 from scfs.errors import ReportedError
 
 log = logging.getLogger("scfs.train")  # the run's messages, whichever module says them
@@ -78,7 +79,7 @@ class _SkipFirst:
         return len(self.base)
 
 
-class ResumableDataLoader(DataLoader):
+class ResumableDataLoader(EpochSpanningLoader):
     """A DataLoader that Lightning treats as stateful, so a run resumed mid-epoch continues with the batch after
     the last one it trained on instead of restarting the epoch.
 
@@ -87,6 +88,8 @@ class ResumableDataLoader(DataLoader):
     many batches of indices for the next iteration. The global RNG is left untouched by creating the resumed
     iterator (an uninterrupted run created it before the checkpoint), so per-sample augmentations match too.
     Exact with `num_workers=0`; with workers the skip is still right but worker RNG streams are not restored.
+    A loader whose workers run on across epochs (`EpochSpanningLoader.span_epochs`) resumes its stream at the
+    skipped batch instead.
     """
 
     batches_done: int = 0
@@ -117,8 +120,16 @@ class ResumableDataLoader(DataLoader):
             warnings.warn(f"resumed with batch_size={self.batch_size} instead of {old_bs}: skipping {n} batches "
                           "of the interrupted epoch; the rest of that epoch is approximate", RuntimeWarning,
                           stacklevel=2)
-        self._skip_now = _SkipFirst(super()._index_sampler, n, pending.get("epoch"), self)
         rng = torch.get_rng_state()
+        if self.spanning:
+            epoch = _sampler_epoch(self) or 0
+            if pending.get("epoch") is not None and epoch != int(pending["epoch"]):
+                n = 0  # the checkpoint's epoch had ended: the next one starts whole
+            try:
+                return self.epoch_iter(epoch, n)
+            finally:
+                torch.set_rng_state(rng)
+        self._skip_now = _SkipFirst(super()._index_sampler, n, pending.get("epoch"), self)
         try:
             return super().__iter__()
         finally:
@@ -146,7 +157,10 @@ def make_resumable(loader: DataLoader) -> DataLoader:
         kw["batch_sampler"] = loader.batch_sampler
     else:
         kw.update(batch_size=loader.batch_size, drop_last=loader.drop_last, sampler=loader.sampler)
-    return ResumableDataLoader(loader.dataset, **kw)
+    resumable = ResumableDataLoader(loader.dataset, **kw)
+    if isinstance(loader, EpochSpanningLoader) and loader.spanning:
+        resumable.span_epochs(loader._span_last_epoch)
+    return resumable
 
 
 def make_train_loader_resumable(datamodule: L.LightningDataModule) -> None:

@@ -155,6 +155,8 @@ def validate_config(cfg: DictConfig) -> None:
     except FusedOptimizerError as err:
         raise ConfigError(f"config key optim.fused={_get(cfg, 'optim.fused')} is invalid: {err}") from None
     _check(cfg, "batch_size", _pos_int, "an integer > 0 (images per device)")
+    _check(cfg, "checkpoint.background_writes", lambda v: v == "auto" or isinstance(v, bool), "auto, true or false",
+           required=False)
     _check(cfg, "checkpoint.last_min_interval_s", lambda v: _pos(v) or (v == 0 and not isinstance(v, bool)),
            "seconds >= 0 (0 = write last.ckpt at every epoch end)", required=False)
     _check(cfg, "chunk_minutes", lambda v: v is None or (isinstance(v, (int, float)) and v > 0),

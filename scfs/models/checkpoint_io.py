@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import torch
-from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.plugins.io import AsyncCheckpointIO, TorchCheckpointIO
 
 from scfs.errors import ReportedError
 
@@ -157,21 +157,32 @@ def _nbytes(obj: Any) -> int:
     return 0
 
 
+def refuse_non_finite(checkpoint: dict[str, Any], path: str | os.PathLike) -> None:
+    """Raise `NonFiniteCheckpointError` when the checkpoint's weights or optimizer state hold NaN/Inf."""
+    from scfs.reliability import check_finite
+
+    bad = check_finite(checkpoint)
+    if bad:
+        raise NonFiniteCheckpointError(
+            f"refusing to write checkpoint {path} at global_step {checkpoint.get('global_step', '?')}: "
+            f"non-finite values in {', '.join(bad)}; the previous checkpoint in that folder is kept (it is the "
+            "last good one). Lower optim.lr or enable gradient clipping (trainer.gradient_clip_val)")
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     """TorchCheckpointIO whose `save_checkpoint` is check-finite, write-temp, fsync, rename and whose
-    `load_checkpoint` never unpickles code."""
+    `load_checkpoint` never unpickles code. `check=False` leaves the finite check to the caller
+    (`BackgroundCheckpointIO` makes it before handing the write over)."""
+
+    def __init__(self, check: bool = True) -> None:
+        super().__init__()
+        self.check = check
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any = None) -> None:
-        from scfs.reliability import check_finite
-
         if storage_options is not None:
             raise TypeError("AtomicCheckpointIO does not take storage_options")
-        bad = check_finite(checkpoint)
-        if bad:
-            raise NonFiniteCheckpointError(
-                f"refusing to write checkpoint {path} at global_step {checkpoint.get('global_step', '?')}: "
-                f"non-finite values in {', '.join(bad)}; the previous checkpoint in that folder is kept (it is the "
-                "last good one). Lower optim.lr or enable gradient clipping (trainer.gradient_clip_val)")
+        if self.check:
+            refuse_non_finite(checkpoint, path)
         atomic_torch_save(checkpoint, path)
 
     def load_checkpoint(self, path: str | os.PathLike, map_location: Callable | None = None,
@@ -183,3 +194,46 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if not isinstance(ckpt, dict):
             raise ValueError(f"{path} is not a Lightning checkpoint (it holds a {type(ckpt).__name__})")
         return ckpt
+
+
+class BackgroundCheckpointIO(AsyncCheckpointIO):
+    """`AtomicCheckpointIO` whose writes run on one background thread, so training goes on while a checkpoint is
+    serialised, written and fsync'ed (about 1.4 s for the ResNet-50 recipe's 1.9 GB on an H100 host: at a
+    write every 500 steps of 0.24 s, 1 % of the run).
+
+    On the caller's thread, in order: the finite check (a NaN checkpoint is refused at the step it was due, as
+    with `AtomicCheckpointIO`), then Lightning's `AsyncCheckpointIO` copies every tensor where it lives (a
+    point-in-time snapshot the next optimizer step cannot change; on a GPU, memory for one more copy of the
+    weights and optimizer state until the write ends). The writes keep their order. A failed write (a full
+    disk) is raised at the next save or when training ends, whose teardown waits for every write. A SLURM
+    requeue checkpoint (`hpc_ckpt_*.ckpt`) is written before the call returns: the job is killed soon after."""
+
+    def __init__(self) -> None:
+        super().__init__(AtomicCheckpointIO(check=False))
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any = None) -> None:
+        if storage_options is not None:
+            raise TypeError("BackgroundCheckpointIO does not take storage_options")
+        if self._error is not None:  # an earlier write failed: say so once, here
+            err, self._error = self._error, None
+            raise err
+        refuse_non_finite(checkpoint, path)
+        if Path(path).name.startswith("hpc_ckpt"):
+            self.wait()
+            self.checkpoint_io.save_checkpoint(checkpoint, path)
+            return
+        super().save_checkpoint(checkpoint, path)
+
+    def wait(self) -> None:
+        """Block until every write handed over so far has ended; raise the first that failed."""
+        if self._executor is not None:
+            self._executor.submit(lambda: None).result()
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
+
+    def teardown(self) -> None:
+        try:
+            super().teardown()
+        finally:
+            self._error = None

@@ -249,8 +249,23 @@ def trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
     return kw
 
 
+def background_writes(cfg: DictConfig) -> bool:
+    """Whether checkpoints are written on a background thread (`checkpoint.background_writes`: auto = when
+    training on a GPU, where a write costs the step loop seconds and the snapshot is a copy on the device)."""
+    mode = cfg.get("checkpoint", {}).get("background_writes", "auto")
+    if mode == "auto":
+        accelerator = str(cfg.get("trainer", {}).get("accelerator", "cpu"))
+        if accelerator == "auto":
+            import torch
+
+            return torch.cuda.is_available()
+        return accelerator in ("gpu", "cuda")
+    return bool(mode)
+
+
 def make_trainer(cfg: DictConfig, run_dir: Path, logger: Any, callbacks: list[Any]):
-    """The Lightning Trainer of the run, writing checkpoints atomically (`AtomicCheckpointIO`).
+    """The Lightning Trainer of the run, writing checkpoints atomically (`AtomicCheckpointIO`; on a background
+    thread with `BackgroundCheckpointIO` where `background_writes`).
 
     Inside a SLURM allocation (`hydra/launcher=slurm`, or `srun` by hand) Lightning's `SLURMEnvironment` takes the
     ranks from SLURM and, on SIGUSR1 (sent `signal_delay_s` before the time limit, see
@@ -262,9 +277,9 @@ def make_trainer(cfg: DictConfig, run_dir: Path, logger: Any, callbacks: list[An
     import lightning as L
     from lightning.pytorch.plugins.environments import SLURMEnvironment
 
-    from scfs.models.checkpoint_io import AtomicCheckpointIO
+    from scfs.models.checkpoint_io import AtomicCheckpointIO, BackgroundCheckpointIO
 
-    plugins: list[Any] = [AtomicCheckpointIO()]
+    plugins: list[Any] = [BackgroundCheckpointIO() if background_writes(cfg) else AtomicCheckpointIO()]
     if SLURMEnvironment.detect():
         plugins.append(SLURMEnvironment(auto_requeue=True, requeue_signal=signal.SIGUSR1))
     return L.Trainer(**trainer_kwargs(cfg), logger=logger, callbacks=callbacks, default_root_dir=str(run_dir),

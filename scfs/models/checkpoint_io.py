@@ -225,7 +225,7 @@ class BackgroundCheckpointIO(AsyncCheckpointIO):
         super().save_checkpoint(checkpoint, path)
 
     def wait(self) -> None:
-        """Block until every write handed over so far has ended; raise the first that failed."""
+        """Block until every write handed over so far has ended; raise a failed one's error (once)."""
         if self._executor is not None:
             self._executor.submit(lambda: None).result()
         if self._error is not None:

@@ -1,7 +1,8 @@
 """Checkpoints written on a background thread (`checkpoint.background_writes`, `BackgroundCheckpointIO`): the file
 is the state at the step it was due however training moves on, writes keep their order, a NaN checkpoint is refused
 at once, a failed write is raised once (at the next save or at the end), and a requeue checkpoint is on disk when
-the call returns; through the CLI a full disk is still one line that keeps the last good file."""
+the call returns, and a run ends with its last checkpoint on disk (a full disk through the CLI:
+`test_checkpoint_writes.py`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from helpers import compose_cfg
 from test_checkpoint_writes import _fill_disk_after
 
 import scfs.models.checkpoint_io as cio
-from scfs.cli import run_reporting_errors
 from scfs.config import ConfigError, validate_config
 from scfs.models.checkpoint import safe_load
 from scfs.models.checkpoint_io import BackgroundCheckpointIO, DiskFullError, NonFiniteCheckpointError
@@ -109,18 +109,6 @@ def test_background_writes_follow_the_device_unless_set() -> None:
     assert not background_writes(compose_cfg(["trainer=gpu", "checkpoint.background_writes=false"]))
     with pytest.raises(ConfigError, match=r"checkpoint.background_writes='sometimes' is invalid: expected auto"):
         validate_config(compose_cfg(["checkpoint.background_writes=sometimes"]))
-
-
-def test_disk_full_during_training_is_one_line_and_keeps_last_good(tmp_path, shapes_root, monkeypatch, capsys):
-    _fill_disk_after(monkeypatch, room=4096, good_saves=1)  # step 1 saved, step 2's save hits the full disk
-    cfg = compose_cfg(["checkpoint.every_n_train_steps=1", "trainer.limit_train_batches=3", "eval.knn_at_start=false",
-                       "checkpoint.background_writes=true"], data_root=shapes_root)
-    with pytest.raises(SystemExit) as code:
-        run_reporting_errors("scfs.train", run, cfg, tmp_path)
-    assert code.value.code == 1
-    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("scfs.train: error: No space left on device"), lines
-    assert safe_load(tmp_path / "checkpoints" / "last.ckpt")["global_step"] == 1
 
 
 def test_a_run_with_background_writes_ends_with_its_last_checkpoint_on_disk(tmp_path, shapes_root) -> None:

@@ -77,11 +77,14 @@ def test_disk_full_keeps_the_previous_file_and_says_no_space_left(tmp_path, monk
     assert os.listdir(tmp_path) == ["last.ckpt"]  # the partial temp file is gone too
 
 
-def test_disk_full_during_training_is_one_line_and_keeps_last_good(tmp_path, shapes_root, monkeypatch, capsys):
-    """The 129-line traceback ending in `unexpected pos 502016 vs 501904`, through the CLI's error reporting."""
+@pytest.mark.parametrize("background", [False, True], ids=["on-the-training-thread", "in-the-background"])
+def test_disk_full_during_training_is_one_line_and_keeps_last_good(tmp_path, shapes_root, monkeypatch, capsys,
+                                                                   background):
+    """The 129-line traceback ending in `unexpected pos 502016 vs 501904`, through the CLI's error reporting; a
+    background write's failure too (said at the next save or at the end)."""
     _fill_disk_after(monkeypatch, room=4096, good_saves=1)  # step 1 saved, step 2's save hits the full disk
-    cfg = compose_cfg(["checkpoint.every_n_train_steps=1", "trainer.limit_train_batches=3", "eval.knn_at_start=false"],
-                      data_root=shapes_root)
+    cfg = compose_cfg(["checkpoint.every_n_train_steps=1", "trainer.limit_train_batches=3", "eval.knn_at_start=false",
+                       f"checkpoint.background_writes={str(background).lower()}"], data_root=shapes_root)
     with pytest.raises(SystemExit) as code:
         run_reporting_errors("scfs.train", run, cfg, tmp_path)
     assert code.value.code == 1

@@ -312,7 +312,9 @@ def run_settings(run_dir: Path) -> dict[str, Any]:
             "batch_aug": bool(get("data.batch_aug")), "backbone": str(get("backbone.name")),
             "logger": str(get("logger.name") or "-"),
             "progress_bar": bool(get("trainer.enable_progress_bar")),
-            "finite_check_every_n_steps": get("finite_check_every_n_steps")}
+            "finite_check_every_n_steps": get("finite_check_every_n_steps"),
+            "prefetch_across_epochs": get("prefetch_across_epochs"),
+            "background_writes": get("checkpoint.background_writes"), "accelerator": str(get("trainer.accelerator"))}
 
 
 def step_settings(setting: str) -> dict[str, Any]:
@@ -449,14 +451,29 @@ def row_label(r: dict) -> str:
     return "on-device" if s.get("on_device") else f"decode={s['decode']}" if s.get("decode") else "recipe"
 
 
-def epoch_cell(pe: dict[str, Any], part: str) -> str:
-    """`s (share of the steady epoch)` of one once-per-epoch part; checkpoint saves with their count and mean."""
+def writes_where(settings: dict[str, Any]) -> str | None:
+    """Where the run wrote its checkpoints (`checkpoint.background_writes`; auto = in the background on a GPU), or
+    None for a run whose config does not say (before the switch existed)."""
+    mode = settings.get("background_writes")
+    if mode is None:
+        return None
+    background = mode is True or (mode == "auto" and settings.get("accelerator") in ("gpu", "cuda"))
+    return "written in the background" if background else "written on the training thread"
+
+
+def epoch_cell(pe: dict[str, Any], part: str, row: dict[str, Any] | None = None) -> str:
+    """`s (share of the steady epoch)` of one once-per-epoch part; checkpoint saves with their count and mean, the
+    file's size and where it was written (the save's time is the training thread's share of it)."""
     v, share = pe["s_per_epoch"].get(part), pe["share"].get(part)
     if v is None:
         return "–"
     text = f"{v:.3f} s" + (f" ({100 * share:.1f} %)" if share is not None else "")
     if part == "checkpoint" and pe.get("saves"):
         text += f", {pe['saves']} saves of {pe['per_save_s']:.3f} s"
+        extra = [f"last.ckpt {row['checkpoint_mb']:,.0f} MB"] if row and row.get("checkpoint_mb") else []
+        where = writes_where((row or {}).get("settings") or {})
+        extra += [where] if where else []
+        text += f" ({'; '.join(extra)})" if extra else ""
     return text
 
 
@@ -482,7 +499,7 @@ def epoch_table(rows: list[dict], col: str) -> list[str]:
         pe = r["profile"]["per_epoch"]
         hooks = ", ".join(f"{hook_name(h['hook'])} {h['s_per_epoch']:.3f}" for h in pe["top_hooks"])
         lines.append(f"| {row_label(r)} | {cell(pe['steady_epoch_s'], '{:.2f}')} | {epoch_cell(pe, 'epoch_start')} | "
-                     f"{epoch_cell(pe, 'epoch_end')} | {epoch_cell(pe, 'checkpoint')} | "
+                     f"{epoch_cell(pe, 'epoch_end')} | {epoch_cell(pe, 'checkpoint', r)} | "
                      f"{epoch_cell(pe, 'loop_rest')} | {cell(pe['loader_setup_s'], '{:.2f}')} | {hooks or '–'} |")
     return lines
 
@@ -855,6 +872,9 @@ def main(argv: list[str] | None = None) -> int:
             row: dict[str, Any] = {"decode": decode, "B": args.batch, "epochs": args.epochs, "command": shown(cmd),
                                    "returncode": rc, "wall_s": round(secs, 1), "settings": run_settings(run_dir),
                                    "compile_cache": started_from}
+            last_ckpt = run_dir / "checkpoints" / "last.ckpt"
+            if last_ckpt.is_file():
+                row["checkpoint_mb"] = round(last_ckpt.stat().st_size / 2**20, 1)
             summary_file = run_dir / "summary.json"
             if rc != 0 or not summary_file.is_file():
                 why = why_it_failed(log)

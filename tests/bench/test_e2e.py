@@ -202,12 +202,26 @@ def test_whole_cli_on_the_cpu_writes_the_record(tmp_path: Path, monkeypatch: pyt
         assert r["settings"]["decode"] == r["decode"] and r["settings"]["precision"] == "32-true"
         assert r["profile"]["steps"] == 8 and r["profile"]["ms_per_step"]["batch"] > 0
         assert r["compare"]["ratio"] > 0 and r["mismatch"] == []
+        assert r["checkpoint_mb"] > 0 and r["settings"]["background_writes"] == "auto"
+        assert r["settings"]["prefetch_across_epochs"] is True
     assert rec["step"]["img_per_s"] > 0 and rec["step"]["setting"] == "fp32"
     assert {p.name for p in (out / f"{js.stem}-logs").iterdir()} == {"run-cpu.log", "run-gpu.log", "step.log"}
     md = js.with_suffix(".md").read_text()
     assert "| cpu | 0 | 32-true | eager | 4 | 2 |" in md and "- step benchmark: `python -m scfs.bench.step" in md
     assert rec["meta"]["host"]["python_ms"] > 0 and f"Host: {rec['meta']['host']['cpu']}" in md
     assert "Each epoch's opening" in md and "- gpu: " in md
+    assert " MB; written on the training thread)" in md  # the CPU writes on the training thread
+
+
+def test_the_saves_cell_says_the_files_size_and_where_it_was_written() -> None:
+    pe = {"s_per_epoch": {"checkpoint": 0.9}, "share": {"checkpoint": 0.03}, "saves": 2, "per_save_s": 1.357}
+    gpu = {"checkpoint_mb": 1234.5, "settings": {"background_writes": "auto", "accelerator": "gpu"}}
+    assert e2e.epoch_cell(pe, "checkpoint", gpu) == ("0.900 s (3.0 %), 2 saves of 1.357 s "
+                                                     "(last.ckpt 1,234 MB; written in the background)")
+    sync = {"checkpoint_mb": 10.0, "settings": {"background_writes": False, "accelerator": "gpu"}}
+    assert e2e.epoch_cell(pe, "checkpoint", sync).endswith("(last.ckpt 10 MB; written on the training thread)")
+    assert e2e.epoch_cell(pe, "checkpoint", {"settings": {}}) == "0.900 s (3.0 %), 2 saves of 1.357 s"
+    assert e2e.epoch_cell(pe, "checkpoint") == "0.900 s (3.0 %), 2 saves of 1.357 s"
 
 
 # ---- the CIFAR-10 recipe -----------------------------------------------------------------------------------------

@@ -73,11 +73,13 @@ def _worker_run(out: Path, data: Path, overrides: list[str], crash_at: int = -1)
                           cwd=out.parent)
 
 
-def test_ddp_crash_mid_epoch_then_resume_is_exact(tmp_path: Path) -> None:
+@pytest.mark.parametrize("writes", ["false", "true"], ids=["writes-on-the-training-thread", "background-writes"])
+def test_ddp_crash_mid_epoch_then_resume_is_exact(tmp_path: Path, writes: str) -> None:
     """2 CPU processes (gloo) through `scfs.train.run`, last.ckpt after every step: a crash one step into epoch 1,
     then `resume=`, ends with exactly the weights, optimizer state and step of the uninterrupted 2-process run
     (same world size, so the same reduction order: rtol=0). Checks that the checkpoint carries what every rank
-    needs (sampler position of the global batch, RNG of the shared view draws, DINO centre, EMA teacher)."""
+    needs (sampler position of the global batch, RNG of the shared view draws, DINO centre, EMA teacher), and
+    that rank 0's background writes (`checkpoint.background_writes=true`) end before a crashed run exits."""
     from helpers import assert_same_tensors
 
     from scfs.models.checkpoint import safe_load
@@ -85,7 +87,7 @@ def test_ddp_crash_mid_epoch_then_resume_is_exact(tmp_path: Path) -> None:
     data = tmp_path / "data"
     common = [*COMMON, "trainer.accelerator=cpu", "+trainer.strategy=ddp", "trainer.devices=2", "batch_size=8",
               "checkpoint.every_n_train_steps=1", "trainer.deterministic=true", "eval.knn_at_start=false",
-              "logger=csv"]
+              "logger=csv", f"checkpoint.background_writes={writes}"]
     ref = _worker_run(tmp_path / "ref", data, common)
     assert ref.returncode == 0, ref.stdout[-3000:] + ref.stderr[-5000:]
     crashed = _worker_run(tmp_path / "crashed", data, common, crash_at=3)  # steps 0-1 epoch 0, 2-3 epoch 1

@@ -61,10 +61,13 @@ def _global_step(path: Path) -> int:
         return -1
 
 
-def test_kill9_mid_epoch_then_resume_auto_is_bit_exact(tmp_path, shapes_root):
-    cfg = compose_cfg([*COMMON, "trainer.limit_train_batches=3"], data_root=shapes_root)
+@pytest.mark.parametrize("writes", ["false", "true"], ids=["writes-on-the-training-thread", "background-writes"])
+def test_kill9_mid_epoch_then_resume_auto_is_bit_exact(tmp_path, shapes_root, writes):
+    """With background writes the kill lands while the training thread has moved on from the step the file holds."""
+    common = [*COMMON, f"checkpoint.background_writes={writes}"]
+    cfg = compose_cfg([*common, "trainer.limit_train_batches=3"], data_root=shapes_root)
     build_dataset(OmegaConf.to_container(cfg.data), "train")  # generate the data once, before two processes use it
-    overrides = cli_overrides(*COMMON, f"data.root={shapes_root}", limit_batches=3)
+    overrides = cli_overrides(*common, f"data.root={shapes_root}", limit_batches=3)
     kill_after = random.choice([1, 2, 4, 5])  # all mid-epoch; printed on failure
     env = {**subprocess_env(), HOLD_ENV: str(kill_after)}
     last = tmp_path / "runs" / NAME / "first" / "checkpoints" / "last.ckpt"

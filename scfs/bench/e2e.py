@@ -453,7 +453,7 @@ def row_label(r: dict) -> str:
 
 def writes_where(settings: dict[str, Any]) -> str | None:
     """Where the run wrote its checkpoints (`checkpoint.background_writes`; auto = in the background on a GPU), or
-    None for a run whose config does not say (before the switch existed)."""
+    None when the run's config does not name it."""
     mode = settings.get("background_writes")
     if mode is None:
         return None

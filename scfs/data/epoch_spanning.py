@@ -92,7 +92,7 @@ class EpochSpanningLoader(DataLoader):
     sampler's epoch, and resets it there otherwise (the workers finish what they hold, as a plain loader's reset
     at every epoch does)."""
 
-    _index_override: Any = None
+    _index_override: Any = None  # the index sampler an iterator made now reads instead of the batch sampler
     _spanning: bool = False
     _span_last_epoch: int | None = None
     _span_position: tuple[int, int] | None = None

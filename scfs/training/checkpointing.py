@@ -94,7 +94,6 @@ class ResumableDataLoader(EpochSpanningLoader):
 
     batches_done: int = 0
     _pending: dict[str, Any] | None = None
-    _skip_now: _SkipFirst | None = None
 
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": _sampler_epoch(self), "batches": int(self.batches_done), "batch_size": self.batch_size}
@@ -104,10 +103,6 @@ class ResumableDataLoader(EpochSpanningLoader):
         self.batches_done = int(state_dict.get("batches", 0) or 0)
         if state_dict.get("epoch") is not None:  # workers draw indices when the iterator is created
             _set_sampler_epoch(self, int(state_dict["epoch"]))
-
-    @property
-    def _index_sampler(self) -> Any:
-        return self._skip_now if self._skip_now is not None else super()._index_sampler
 
     def __iter__(self) -> Any:
         pending, self._pending = self._pending, None
@@ -129,11 +124,11 @@ class ResumableDataLoader(EpochSpanningLoader):
                 return self.epoch_iter(epoch, n)
             finally:
                 torch.set_rng_state(rng)
-        self._skip_now = _SkipFirst(super()._index_sampler, n, pending.get("epoch"), self)
+        self._index_override = _SkipFirst(self._index_sampler, n, pending.get("epoch"), self)
         try:
             return super().__iter__()
         finally:
-            self._skip_now = None
+            self._index_override = None
             torch.set_rng_state(rng)
 
 

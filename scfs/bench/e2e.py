@@ -454,10 +454,12 @@ def row_label(r: dict) -> str:
 def writes_where(settings: dict[str, Any]) -> str | None:
     """Where the run wrote its checkpoints (`checkpoint.background_writes`; auto = in the background on a GPU), or
     None when the run's config does not name it."""
+    from scfs.models.checkpoint_io import writes_in_background
+
     mode = settings.get("background_writes")
     if mode is None:
         return None
-    background = mode is True or (mode == "auto" and settings.get("accelerator") in ("gpu", "cuda"))
+    background = writes_in_background(mode, str(settings.get("accelerator")))
     return "written in the background" if background else "written on the training thread"
 
 

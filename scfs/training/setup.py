@@ -250,17 +250,15 @@ def trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
 
 
 def background_writes(cfg: DictConfig) -> bool:
-    """Whether checkpoints are written on a background thread (`checkpoint.background_writes`: auto = when
-    training on a GPU, where a write costs the step loop seconds and the snapshot is a copy on the device)."""
-    mode = cfg.get("checkpoint", {}).get("background_writes", "auto")
-    if mode == "auto":
-        accelerator = str(cfg.get("trainer", {}).get("accelerator", "cpu"))
-        if accelerator == "auto":
-            import torch
+    """Whether the run writes its checkpoints on a background thread (`checkpoint.background_writes`)."""
+    from scfs.models.checkpoint_io import writes_in_background
 
-            return torch.cuda.is_available()
-        return accelerator in ("gpu", "cuda")
-    return bool(mode)
+    accelerator = str(cfg.get("trainer", {}).get("accelerator", "cpu"))
+    if accelerator == "auto":
+        import torch
+
+        accelerator = "gpu" if torch.cuda.is_available() else "cpu"
+    return writes_in_background(cfg.get("checkpoint", {}).get("background_writes", "auto"), accelerator)
 
 
 def make_trainer(cfg: DictConfig, run_dir: Path, logger: Any, callbacks: list[Any]):

@@ -26,6 +26,7 @@ from typing import Any, BinaryIO
 
 import torch
 from lightning.pytorch.plugins.io import AsyncCheckpointIO, TorchCheckpointIO
+from lightning_utilities.core.apply_func import apply_to_collection
 
 from scfs.errors import ReportedError
 
@@ -210,11 +211,13 @@ class BackgroundCheckpointIO(AsyncCheckpointIO):
     state on an H100 host: at a write every 500 steps of 0.24 s, 1 % of the run).
 
     On the caller's thread, in order: the finite check (a NaN checkpoint is refused at the step it was due, as
-    with `AtomicCheckpointIO`), then Lightning's `AsyncCheckpointIO` copies every tensor where it lives (a
-    point-in-time snapshot the next optimizer step cannot change; on a GPU, memory for one more copy of the
-    weights and optimizer state until the write ends). The writes keep their order. A failed write (a full
-    disk) is raised at the next save or when training ends, whose teardown waits for every write. A SLURM
-    requeue checkpoint (`hpc_ckpt_*.ckpt`) is written before the call returns: the job is killed soon after."""
+    with `AtomicCheckpointIO`), then a copy of every tensor where it lives (a point-in-time snapshot the next
+    optimizer step cannot change; on a GPU, memory for one more copy of the weights and optimizer state until the
+    write ends). The writes keep their order on Lightning's `AsyncCheckpointIO` executor, whose teardown waits
+    for every write. A failed write (a full disk) is raised once, at the next save or when training ends: never
+    by the call that handed it over (Lightning's own `save_checkpoint` raises it there when the write fails
+    fast, and again at teardown). A SLURM requeue checkpoint (`hpc_ckpt_*.ckpt`) is written before the call
+    returns: the job is killed soon after."""
 
     def __init__(self) -> None:
         super().__init__(AtomicCheckpointIO(check=False))
@@ -228,7 +231,15 @@ class BackgroundCheckpointIO(AsyncCheckpointIO):
             self.wait()
             self.checkpoint_io.save_checkpoint(checkpoint, path)
             return
-        super().save_checkpoint(checkpoint, path)
+        self._ensure_setup()
+        snapshot = apply_to_collection(checkpoint, torch.Tensor, lambda t: t.detach().clone())
+        self._executor.submit(self._write, snapshot, path)  # type: ignore[union-attr]
+
+    def _write(self, checkpoint: dict[str, Any], path: str | os.PathLike) -> None:
+        try:
+            self.checkpoint_io.save_checkpoint(checkpoint, path)
+        except BaseException as err:
+            self._error = err
 
     def wait(self) -> None:
         """Block until every write handed over so far has ended; raise a failed one's error (once)."""

@@ -83,6 +83,31 @@ def test_a_failed_write_is_raised_once_at_the_next_save(tmp_path, monkeypatch) -
     io.teardown()  # said once: the end of training does not repeat it
 
 
+class _Inline:
+    """An executor that runs each write before `submit` returns: a write that fails at once."""
+
+    def submit(self, fn, *args):
+        from concurrent.futures import Future
+
+        fn(*args)
+        done: Future = Future()
+        done.set_result(None)
+        return done
+
+    def shutdown(self, wait: bool = True) -> None:
+        pass
+
+
+def test_the_call_that_hands_a_write_over_never_raises_its_failure(tmp_path, monkeypatch) -> None:
+    _fill_disk_after(monkeypatch, room=64)
+    io = BackgroundCheckpointIO()
+    io._executor = _Inline()
+    io.save_checkpoint(_ckpt(torch.randn(4096), 1), tmp_path / "last.ckpt")  # failed before the call returned
+    with pytest.raises(DiskFullError):
+        io.teardown()
+    io.teardown()  # said once
+
+
 def test_a_failed_write_is_raised_when_training_ends(tmp_path, monkeypatch) -> None:
     _fill_disk_after(monkeypatch, room=64)
     io = BackgroundCheckpointIO()

@@ -55,6 +55,38 @@ def test_the_file_is_the_state_at_its_step_however_training_moves_on(tmp_path, h
     torch.testing.assert_close(saved["optimizer_states"][0]["state"][0]["momentum_buffer"], before * 2, rtol=0, atol=0)
 
 
+def test_a_cpu_checkpoint_goes_to_torch_save_as_it_is() -> None:
+    ckpt = _ckpt(torch.randn(8), 1)
+    assert cio.snapshot_taken(ckpt) == {}
+    assert cio.host_copy(ckpt, {}) is ckpt
+
+
+@pytest.mark.gpu
+def test_a_gpu_write_copies_beside_the_kernels_queued_after_it_not_behind_them(tmp_path, monkeypatch) -> None:
+    """The write reaches the disk while the default stream still runs the kernels queued after the save (training's
+    next steps), and holds the state at its step, in pinned host memory. `torch.save` of the device tensors would
+    copy them on the default stream, after those kernels."""
+    handed: list[dict] = []
+    real = cio.atomic_torch_save
+    monkeypatch.setattr(cio, "atomic_torch_save", lambda obj, path: (handed.append(obj), real(obj, path)))
+    io = BackgroundCheckpointIO()
+    w = torch.randn(1 << 22, device="cuda")
+    before = w.cpu()
+    io.save_checkpoint(_ckpt(w, 7), tmp_path / "last.ckpt")
+    torch.cuda._sleep(int(4e9))  # seconds of work on the default stream
+    w.add_(1.0)  # the next optimizer step, in place, after it
+    io.wait()
+    still_busy = not torch.cuda.current_stream().query()
+    torch.cuda.synchronize()
+    io.teardown()
+    assert still_busy, "the write waited for the kernels queued after the save"
+    moved = handed[0]["state_dict"]["w"]
+    assert moved.device.type == "cpu" and moved.is_pinned()
+    saved = safe_load(tmp_path / "last.ckpt")
+    torch.testing.assert_close(saved["state_dict"]["w"], before, rtol=0, atol=0)
+    torch.testing.assert_close(saved["optimizer_states"][0]["state"][0]["momentum_buffer"], before * 2, rtol=0, atol=0)
+
+
 def test_writes_keep_their_order(tmp_path, held_writes) -> None:
     io = BackgroundCheckpointIO()
     for step in (1, 2, 3):

@@ -155,7 +155,7 @@ def measure(device: torch.device, mb: float, tensors: int, steps: int, at: int, 
 
 def markdown(result: dict[str, Any]) -> str:
     m = result["meta"]
-    lines = [f"# What a checkpoint write costs the training loop: {m['device']}, {m['date']}", "",
+    lines = [f"# What a checkpoint write costs the training loop: {m['gpu']}, {m['date']}", "",
              f"{provenance(m['commit'], m['command'])} torch {m['torch']}. A {result['state_mb']:,.0f} MB state in "
              f"{m['tensors']} fp32 tensors, handed over at step {m['at']} of a loop of {m['steps']} steps "
              f"({m['matmuls']} matmuls of {m['size']}x{m['size']} and one host sync each); median over "
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         result = measure(device, args.mb, args.tensors, args.steps, args.at, args.matmuls, args.size,
                          args.repeats, Path(tmp))
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    result["meta"] = {"device": name, "date": time.strftime("%Y-%m-%d"), "commit": source_commit(),
+    result["meta"] = {"gpu": name, "date": time.strftime("%Y-%m-%d"), "commit": source_commit(),
                       "command": "python -m scfs.bench.checkpoint_writes " + " ".join(argv or sys.argv[1:]),
                       "torch": torch.__version__, "tensors": args.tensors, "steps": args.steps, "at": args.at,
                       "matmuls": args.matmuls, "size": args.size, "repeats": args.repeats,

@@ -13,6 +13,8 @@ machine. This files them the one way every record is named (`scfs.bench.records.
   to the records' folder;
 * the step benchmark's `step-<gpu>-<date>.json` -> `step-<gpu>-<date>-<job>-<commit>.{json,md}`, the command's
   `--out` rewritten to the records' folder;
+* the checkpoint-write benchmark's `checkpoint-writes-<gpu>-<date>-<commit>.json` ->
+  `checkpoint-writes-<gpu>-<date>-<job>-<commit>.{json,md}`, the command's `--out` rewritten to the records' folder;
 * the GPU smoke's `gpu-smoke.md` -> `gpu-smoke-<date>-<commit>.md` (date and commit from its own header).
 
 Each record's markdown is made again by its benchmark's own `markdown` from the JSON, so a record filed here reads
@@ -146,6 +148,13 @@ def file_step(src: Path, job: str, out: Path, filed: Filed, dry_run: bool, force
     file_meta_record(src, job, out, filed, dry_run, force, "a step benchmark", lambda meta: "step", bench.markdown)
 
 
+def file_checkpoint_writes(src: Path, job: str, out: Path, filed: Filed, dry_run: bool, force: bool) -> None:
+    from scfs.bench import checkpoint_writes as bench
+
+    file_meta_record(src, job, out, filed, dry_run, force, "a checkpoint-write benchmark",
+                     lambda meta: "checkpoint-writes", bench.markdown)
+
+
 def file_smoke(src: Path, job: str, out: Path, filed: Filed, dry_run: bool, force: bool) -> None:
     text = src.read_text()
     title, commit = SMOKE_TITLE.search(text.splitlines()[0] if text else ""), SMOKE_COMMIT.search(text)
@@ -160,6 +169,7 @@ IMPORTERS: list[tuple[re.Pattern[str], Callable[..., None]]] = [
     (re.compile(r"^compile-\d{4}-\d{2}-\d{2}\.json$"), file_compile),
     (re.compile(r"^[a-z0-9]+-e2e-.+\.json$"), file_e2e),
     (re.compile(r"^step-[a-z0-9]+-\d{4}-\d{2}-\d{2}\.json$"), file_step),
+    (re.compile(r"^checkpoint-writes-.+\.json$"), file_checkpoint_writes),
     (re.compile(r"^gpu-smoke\.md$"), file_smoke),
 ]
 

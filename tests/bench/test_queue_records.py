@@ -126,3 +126,18 @@ def test_out_flag_is_rewritten_in_every_spelling() -> None:
     assert qr.with_out("python -m x", "r") == "python -m x --out r"
     assert qr.job_states(QUEUE_LOG) == {"smoke": "exit 0", "split-alone-r50": "exit 0", "e2e-r50": "exit 1",
                                         "cold-r50": "left"}
+
+
+def test_a_checkpoint_write_record_is_filed_under_its_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from scfs.bench import checkpoint_writes
+
+    job = tmp_path / "q" / "jobs" / "ckpt-writes"
+    monkeypatch.setenv("COMMIT", "abc1234")
+    assert checkpoint_writes.main(["--device", "cpu", "--mb", "0.1", "--tensors", "2", "--steps", "3", "--at", "1",
+                                   "--matmuls", "1", "--size", "8", "--repeats", "1", "--out", str(job)]) == 0
+    (made,) = job.glob("checkpoint-writes-cpu-*-abc1234.json")
+    filed = qr.file_queue(tmp_path / "q", tmp_path / "r")
+    stem = tmp_path / "r" / made.name.replace("-abc1234.json", "-ckpt-writes-abc1234")
+    assert filed.written == [stem.with_suffix(".json"), stem.with_suffix(".md")] and not filed.left
+    meta = json.loads(stem.with_suffix(".json").read_text())["meta"]
+    assert meta["command"].endswith(f"--out {tmp_path / 'r'}") and str(job) not in stem.with_suffix(".md").read_text()

@@ -106,3 +106,14 @@ def test_no_module_cycles_beyond_the_known_ones():
 def test_no_package_cycles_beyond_the_known_ones():
     new = [c for c in cycles(_packages(import_graph())) if not any(c <= k for k in KNOWN_PACKAGE_CYCLES)]
     assert not new, f"new import cycles between first-level packages: {new}"
+
+
+def test_test_modules_have_unique_names() -> None:
+    """pytest imports test modules by their base name (rootdir-relative `sys.path` entries, no packages), so two
+    `test_x.py` in different folders collide and one of them is never collected."""
+    tests = Path(__file__).resolve().parent
+    seen: dict[str, list[str]] = defaultdict(list)
+    for p in tests.rglob("test_*.py"):
+        seen[p.name].append(str(p.relative_to(tests)))
+    clashes = {name: paths for name, paths in seen.items() if len(paths) > 1}
+    assert not clashes, f"test modules with the same name (rename one of each): {clashes}"

@@ -1,6 +1,7 @@
 """End-to-end smoke tests of `python -m scfs.train` (in-process through `scfs.train.run`)."""
 
 import json
+from types import SimpleNamespace
 from unittest import mock
 
 import pytest
@@ -261,6 +262,36 @@ def test_epoch_timer_median_leaves_out_the_first_epoch():
     assert rep["img_per_s"] == 256.0  # median of 320, 160, 256 images/s; the compile epoch (6.4) is not among them
     assert EpochTimer().report(64) == {"epoch_seconds": [], "img_per_s": None}
     assert "epoch_openings_s" not in rep  # set by hand without openings: none is made up
+
+
+def test_epoch_timer_says_how_much_of_each_epoch_ran_beside_a_background_write():
+    """A write handed over at epoch 0's end (after the epoch clock stopped) and ending 1.5 s into epoch 1 counts
+    there; a write still running when an epoch ends counts up to that end; writes on the training thread (no
+    `seconds_writing`) add no key."""
+    from scfs.models.checkpoint_io import BackgroundCheckpointIO
+    from scfs.training.callbacks import EpochTimer
+
+    io = BackgroundCheckpointIO()
+    io.write_spans = [[10.2, 13.0], [21.5, None]]
+
+    class Trainer:
+        current_epoch, global_step = 0, 0
+        strategy = SimpleNamespace(checkpoint_io=io)
+
+    t, trainer = EpochTimer(), Trainer()
+    clock = iter([0.0, 10.0, 11.5, 20.0, 20.5, 22.0])  # start and end of three epochs
+    with mock.patch("scfs.training.callbacks.time.perf_counter", lambda: next(clock)):
+        for epoch in range(3):
+            trainer.current_epoch = epoch
+            t.on_train_epoch_start(trainer, None)
+            trainer.global_step += 1
+            t.on_train_epoch_end(trainer, None)
+    assert t.report(images_per_step=8)["epoch_background_writes_s"] == [0.0, 1.5, 0.5]
+    trainer.strategy = SimpleNamespace(checkpoint_io=object())
+    plain = EpochTimer()
+    plain.on_train_epoch_start(trainer, None)
+    plain.on_train_epoch_end(trainer, None)
+    assert "epoch_background_writes_s" not in plain.report(images_per_step=8)
 
 
 def test_epoch_timer_times_each_epochs_opening():

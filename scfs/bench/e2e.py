@@ -522,6 +522,9 @@ def opening_lines(rows: list[dict], step_img_s: float | None) -> list[str]:
             text += f"; the steady epochs without them: {rate(after)} img/s"
             if step_img_s:
                 text += f", {100 * after / step_img_s:.1f} % of the step benchmark"
+        writes = e2e.get("epoch_background_writes_s")
+        if writes:
+            text += "; beside a background checkpoint write: " + ", ".join(f"{w:.2f}" for w in writes) + " s"
         lines.append(f"- {text}")
     if not lines:
         return []
@@ -529,7 +532,9 @@ def opening_lines(rows: list[dict], step_img_s: float | None) -> list[str]:
             "batch's start, i.e. the loader's first batch of the epoch on the device; epoch 0's includes the first "
             "views' compile where the recipe compiles them). Workers that start each epoch's sampling afresh "
             "(`prefetch_across_epochs=false`) make it a whole batch's work; workers that run on across epochs (the "
-            "default) leave what they have not made of the first batch by then:", "", *lines]
+            "default) leave what they have not made of the first batch by then. Where checkpoints are written in the "
+            "background, the seconds of each epoch that ran beside a write follow (a write handed over at an "
+            "epoch's end runs into the next epoch):", "", *lines]
 
 
 def run_cache_dir(recipe: str, overrides: list[str] | None) -> Path:
@@ -886,7 +891,8 @@ def main(argv: list[str] | None = None) -> int:
                 s = json.loads(summary_file.read_text())
                 row["summary"] = {k: s.get(k) for k in ("img_per_s", "first_epoch_s", "epoch_seconds", "steps",
                                                          "epochs", "seconds")}
-                row["summary"].update({k: s[k] for k in ("epoch_openings_s", "img_per_s_after_openings") if k in s})
+                row["summary"].update({k: s[k] for k in ("epoch_openings_s", "img_per_s_after_openings",
+                                                         "epoch_background_writes_s") if k in s})
                 if any(k in s for k in COMPILE_KEYS):
                     row["compile"] = {k: s[k] for k in COMPILE_KEYS if k in s}
                 if args.profile:

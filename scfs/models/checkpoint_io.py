@@ -260,6 +260,17 @@ class BackgroundCheckpointIO(AsyncCheckpointIO):
 
     def __init__(self) -> None:
         super().__init__(AtomicCheckpointIO(check=False))
+        # [start, end] of every write on the writer's thread (`time.perf_counter`; end None while it runs), so the
+        # epoch clock can say how much of an epoch ran beside a write (`seconds_writing`)
+        self.write_spans: list[list[float | None]] = []
+
+    def seconds_writing(self, start: float, end: float) -> float:
+        """Seconds of [start, end] (`time.perf_counter`) during which a write ran on the writer's thread; a write
+        still running counts up to `end`."""
+        total = 0.0
+        for a, b in list(self.write_spans):
+            total += max(0.0, min(end, b if b is not None else end) - max(start, a))  # type: ignore[type-var]
+        return total
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any = None) -> None:
         if storage_options is not None:
@@ -277,10 +288,14 @@ class BackgroundCheckpointIO(AsyncCheckpointIO):
 
     def _write(self, checkpoint: dict[str, Any], path: str | os.PathLike,
                ready: dict[torch.device, torch.cuda.Event]) -> None:
+        span: list[float | None] = [time.perf_counter(), None]
+        self.write_spans.append(span)
         try:
             self.checkpoint_io.save_checkpoint(host_copy(checkpoint, ready), path)
         except BaseException as err:
             self._error = err
+        finally:
+            span[1] = time.perf_counter()
 
     def wait(self) -> None:
         """Block until every write handed over so far has ended; raise a failed one's error (once)."""

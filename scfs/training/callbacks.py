@@ -93,7 +93,11 @@ class EpochTimer(L.Callback):
     sampling afresh (`prefetch_across_epochs=false`) make that wait a whole batch's work, per epoch whatever its
     length: on a short epoch (a benchmark's) a visible share of it, on an ImageNet epoch of thousands of steps not.
     Workers that run on across epochs (the default) leave the epoch loop's own start and what they have not yet
-    made of the first batch."""
+    made of the first batch.
+
+    With checkpoints written on a background thread (`BackgroundCheckpointIO`), each epoch also says how many of
+    its seconds ran beside a write: a write handed over at an epoch's end runs into the next epoch, whose speed it
+    may cost."""
 
     def __init__(self) -> None:
         self.epochs: list[dict[str, float]] = []
@@ -112,10 +116,13 @@ class EpochTimer(L.Callback):
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._t0 is None:
             return
-        epoch = {"epoch": trainer.current_epoch, "seconds": time.perf_counter() - self._t0,
-                 "steps": trainer.global_step - self._step0}
+        now = time.perf_counter()
+        epoch = {"epoch": trainer.current_epoch, "seconds": now - self._t0, "steps": trainer.global_step - self._step0}
         if self._opening is not None:
             epoch["opening_s"] = self._opening
+        writer = getattr(getattr(trainer, "strategy", None), "checkpoint_io", None)
+        if callable(getattr(writer, "seconds_writing", None)):
+            epoch["background_write_s"] = writer.seconds_writing(self._t0, now)
         self.epochs.append(epoch)
         self._t0 = None
 
@@ -123,7 +130,8 @@ class EpochTimer(L.Callback):
         """`epoch_seconds` (every timed epoch), `first_epoch_s`, and `img_per_s`: the median over the epochs after
         the first of images / second (None with fewer than two epochs). Once every epoch's opening was timed, also
         `epoch_openings_s` and `img_per_s_after_openings`: the same median with each epoch's opening taken out,
-        the rate a long epoch approaches."""
+        the rate a long epoch approaches. With background checkpoint writes, `epoch_background_writes_s`: the
+        seconds of each epoch that ran beside a write."""
         import statistics
 
         out: dict[str, Any] = {"epoch_seconds": [round(e["seconds"], 2) for e in self.epochs]}
@@ -137,6 +145,8 @@ class EpochTimer(L.Callback):
             rest = [e["steps"] * images_per_step / (e["seconds"] - e["opening_s"]) for e in steady
                     if e["seconds"] > e["opening_s"]]
             out["img_per_s_after_openings"] = round(statistics.median(rest), 1) if rest else None
+        if self.epochs and all("background_write_s" in e for e in self.epochs):
+            out["epoch_background_writes_s"] = [round(e["background_write_s"], 3) for e in self.epochs]
         return out
 
 

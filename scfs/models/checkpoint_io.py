@@ -14,6 +14,7 @@ Reads (`trainer.fit(ckpt_path=...)`, i.e. `resume=`): always `torch.load(weights
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import re
 import shutil
@@ -29,6 +30,8 @@ from lightning.pytorch.plugins.io import AsyncCheckpointIO, TorchCheckpointIO
 from lightning_utilities.core.apply_func import apply_to_collection
 
 from scfs.errors import ReportedError
+
+log = logging.getLogger(__name__)
 
 TMP_SUFFIX = ".tmp"
 
@@ -215,7 +218,8 @@ def snapshot_taken(checkpoint: Any) -> dict[torch.device, torch.cuda.Event]:
 def host_copy(checkpoint: Any, ready: dict[torch.device, torch.cuda.Event]) -> Any:
     """`checkpoint` with every CUDA tensor copied into pinned host memory on a side stream of its device that waits
     only for `ready[device]`, so the copies run beside the caller's later kernels instead of behind them (PyTorch's
-    side streams do not wait for the default stream). Returns when the copies have landed. The tensors must stay
+    side streams do not wait for the default stream). Where page-locked memory is refused, the rest go to pageable
+    memory on the same stream (one warning). Returns when the copies have landed. The tensors must stay
     unchanged until then: a snapshot nobody else holds."""
     if not ready:
         return checkpoint
@@ -223,11 +227,21 @@ def host_copy(checkpoint: Any, ready: dict[torch.device, torch.cuda.Event]) -> A
     for d, event in ready.items():
         streams[d].wait_event(event)
 
+    pinned = [True]
+
     def to_host(t: torch.Tensor) -> torch.Tensor:
         if not t.is_cuda:
             return t
         with torch.cuda.stream(streams[t.device]):
-            return torch.empty_like(t, device="cpu", pin_memory=True).copy_(t, non_blocking=True)
+            if pinned[0]:
+                try:
+                    return torch.empty_like(t, device="cpu", pin_memory=True).copy_(t, non_blocking=True)
+                except RuntimeError as err:  # page-locked memory refused (a container's memlock limit, say)
+                    pinned[0] = False
+                    log.warning("checkpoint write: no pinned host memory for the copy off the GPU (%s); copying "
+                                "into pageable memory instead, still on the writer's own stream",
+                                str(err).splitlines()[0] if str(err) else type(err).__name__)
+            return torch.empty_like(t, device="cpu").copy_(t)
 
     host = apply_to_collection(checkpoint, torch.Tensor, to_host)
     for stream in streams.values():

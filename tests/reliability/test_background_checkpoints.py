@@ -87,6 +87,26 @@ def test_a_gpu_write_copies_beside_the_kernels_queued_after_it_not_behind_them(t
     torch.testing.assert_close(saved["optimizer_states"][0]["state"][0]["momentum_buffer"], before * 2, rtol=0, atol=0)
 
 
+@pytest.mark.gpu
+def test_a_gpu_write_without_pinned_memory_copies_into_pageable_memory(tmp_path, monkeypatch, caplog) -> None:
+    real = torch.empty_like
+
+    def no_pinned(*args, **kwargs):
+        if kwargs.get("pin_memory"):
+            raise RuntimeError("CUDA error: out of memory")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "empty_like", no_pinned)
+    io = BackgroundCheckpointIO()
+    w = torch.randn(4096, device="cuda")
+    io.save_checkpoint(_ckpt(w, 2), tmp_path / "last.ckpt")
+    io.teardown()
+    torch.testing.assert_close(safe_load(tmp_path / "last.ckpt")["state_dict"]["w"], w.cpu(), rtol=0, atol=0)
+    assert [r.getMessage() for r in caplog.records].count(
+        "checkpoint write: no pinned host memory for the copy off the GPU (CUDA error: out of memory); copying into "
+        "pageable memory instead, still on the writer's own stream") == 1
+
+
 def test_writes_keep_their_order(tmp_path, held_writes) -> None:
     io = BackgroundCheckpointIO()
     for step in (1, 2, 3):

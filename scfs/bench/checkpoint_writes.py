@@ -52,12 +52,18 @@ class _DefaultStreamWriter:
 
     def __init__(self) -> None:
         self.thread: threading.Thread | None = None
+        self.ended_at = 0.0
 
     def save(self, state: dict[str, Any], path: Path) -> None:
         from lightning_utilities.core.apply_func import apply_to_collection
 
         snapshot = apply_to_collection(state, torch.Tensor, lambda t: t.detach().clone())
-        self.thread = threading.Thread(target=atomic_torch_save, args=(snapshot, path))
+
+        def write() -> None:
+            atomic_torch_save(snapshot, path)
+            self.ended_at = time.perf_counter()
+
+        self.thread = threading.Thread(target=write)
         self.thread.start()
 
     def wait(self) -> None:
@@ -68,6 +74,7 @@ class _DefaultStreamWriter:
 class _ShippedWriter:
     def __init__(self) -> None:
         self.io = BackgroundCheckpointIO()
+        self.ended_at = 0.0
 
     def save(self, state: dict[str, Any], path: Path) -> None:
         self.io.save_checkpoint(state, path)
@@ -75,14 +82,17 @@ class _ShippedWriter:
     def wait(self) -> None:
         self.io.wait()
         self.io.teardown()
+        self.ended_at = float(self.io.write_spans[-1][1] or 0.0)
 
 
 class _TrainingThreadWriter:
     def __init__(self) -> None:
         self.io = AtomicCheckpointIO()
+        self.ended_at = 0.0
 
     def save(self, state: dict[str, Any], path: Path) -> None:
         self.io.save_checkpoint(state, path)
+        self.ended_at = time.perf_counter()
 
     def wait(self) -> None:
         pass
@@ -125,11 +135,12 @@ def run_loop(mode: str, state: dict[str, Any], path: Path, device: torch.device,
         torch.cuda.synchronize()
     loop_end = time.perf_counter()
     loop_ms = start.elapsed_time(end) if cuda else 1e3 * (loop_end - t0)
+    write_s = 0.0
     if writer is not None:
         writer.wait()
-    write_s = time.perf_counter() - saved_at if writer is not None else 0.0
+        write_s = writer.ended_at - saved_at
     return {"loop_ms": loop_ms, "save_call_ms": save_ms, "write_done_s": write_s,
-            "inside": writer is None or saved_at + write_s <= loop_end + 1e-3}
+            "inside": writer is None or saved_at + write_s <= loop_end}
 
 
 def measure(device: torch.device, mb: float, tensors: int, steps: int, at: int, matmuls: int, size: int,

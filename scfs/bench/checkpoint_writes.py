@@ -71,23 +71,12 @@ class _DefaultStreamWriter:
             self.thread.join()
 
 
-class _ShippedWriter:
-    def __init__(self) -> None:
-        self.io = BackgroundCheckpointIO()
-        self.ended_at = 0.0
+class _ProjectWriter:
+    """The project's own CheckpointIO: `BackgroundCheckpointIO` (as shipped on a GPU) or `AtomicCheckpointIO` (on
+    the loop's thread); the write's end is the writer thread's record of it, or the save call's return."""
 
-    def save(self, state: dict[str, Any], path: Path) -> None:
-        self.io.save_checkpoint(state, path)
-
-    def wait(self) -> None:
-        self.io.wait()
-        self.io.teardown()
-        self.ended_at = float(self.io.write_spans[-1][1] or 0.0)
-
-
-class _TrainingThreadWriter:
-    def __init__(self) -> None:
-        self.io = AtomicCheckpointIO()
+    def __init__(self, background: bool) -> None:
+        self.io = BackgroundCheckpointIO() if background else AtomicCheckpointIO()
         self.ended_at = 0.0
 
     def save(self, state: dict[str, Any], path: Path) -> None:
@@ -95,12 +84,15 @@ class _TrainingThreadWriter:
         self.ended_at = time.perf_counter()
 
     def wait(self) -> None:
-        pass
+        if isinstance(self.io, BackgroundCheckpointIO):
+            self.io.wait()
+            self.io.teardown()
+            self.ended_at = float(self.io.write_spans[-1][1] or 0.0)
 
 
-WRITERS: dict[str, Callable[[], Any]] = {"training thread": _TrainingThreadWriter,
+WRITERS: dict[str, Callable[[], Any]] = {"training thread": lambda: _ProjectWriter(background=False),
                                          "background, default stream": _DefaultStreamWriter,
-                                         "background, own stream": _ShippedWriter}
+                                         "background, own stream": lambda: _ProjectWriter(background=True)}
 
 
 def run_loop(mode: str, state: dict[str, Any], path: Path, device: torch.device, steps: int, at: int,

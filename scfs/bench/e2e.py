@@ -9,6 +9,9 @@ epochs after the first of steps x batch / epoch wall seconds; epoch 0 holds the 
 is e2e >= 95 % of the step benchmark's img/s at the same batch.
 
 What one call does:
+0. on a GPU, a throwaway process primes the machine (`scfs.bench.compile --prime`: the imports, the model on the
+   device, the fused search kernels' extension built once per machine and copy of the tree; `--no-prime` skips
+   it), so the first record of a fresh machine does not charge that build to a run's helper.
 1. data. imagenet: an ImageFolder tree of hard links to the sample photos (`scfs.data.prepare.repeat_photos`):
    each photo `--repeat` times in 10 class folders, so one epoch decodes ~10,000 real JPEGs (100 photos x 100), plus
    a small val/ for the kNN pass at the run's end (outside the timed epochs); `--root DIR` uses an existing tree
@@ -76,6 +79,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from scfs.bench.host import host_info, host_phrase
@@ -569,6 +573,15 @@ def cache_sentence(meta: dict[str, Any]) -> str:
             "compiled (a second run's first step).")
 
 
+def prime_sentence(meta: dict[str, Any]) -> str:
+    """The record's sentence on the machine's prime before the runs ("" where none ran)."""
+    if meta.get("prime_s") is None:
+        return ""
+    return (f" Before the runs a throwaway process primed the machine in {meta['prime_s']} s (`scfs.bench.compile "
+            "--prime`: the imports, the model on the device and the fused search kernels' extension built or found), "
+            "so no run's helper pays that once-per-machine build.")
+
+
 def markdown(result: dict) -> str:
     m = result["meta"]
     st = result.get("step") or {}
@@ -577,7 +590,7 @@ def markdown(result: dict) -> str:
     col = "decode" if recipe == "imagenet" else "data"
     lines = [f"# End-to-end training speed (`+experiment={recipe}`, {what}): {m['gpu']}, {m['date']}", "",
              f"{provenance(m.get('commit'), m['command'])} torch {m['torch']}, lightning "
-             f"{m['lightning']}, {m['cpus']} CPU cores. Data: {m['data']}.{cache_sentence(m)}"
+             f"{m['lightning']}, {m['cpus']} CPU cores. Data: {m['data']}.{cache_sentence(m)}{prime_sentence(m)}"
              + (f" {host_phrase(m['host'])}" if m.get("host") else ""), "",
              "e2e img/s = the run's `summary.json` `img_per_s`: the median over the epochs after the first of steps x "
              "batch / epoch wall seconds (epoch 0 holds the compile). step img/s = `scfs.bench.step` (synthetic uint8 "
@@ -804,6 +817,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--keep", type=Path, default=None, help="keep the runs' folders and logs here (default: a tmp dir)")
     ap.add_argument("--tag", default="", help="suffix of the record's name")
+    ap.add_argument("--no-prime", dest="prime", action="store_false",
+                    help="on a GPU, skip the throwaway process that primes the machine before the runs (imports, the "
+                         "model on the device, the fused search kernels' extension built once per machine and tree)")
     ap.add_argument("--fresh-cache", action="store_true",
                     help="each real run compiles into an empty compile cache of its own under the work folder "
                          "(TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR): a cold first step on a machine whose cache "
@@ -852,6 +868,16 @@ def main(argv: list[str] | None = None) -> int:
     cache = str(run_cache_dir(args.recipe, args.override))
     meta["compile_cache"] = ({"dir": str(work / "compile-cache-<run>"), "empty_at_start": True, "fresh": True}
                              if args.fresh_cache else cache_state(Path(cache)))
+    if args.device == "cuda" and args.prime:
+        from scfs.bench.compile import run_prime
+
+        print("priming the machine (python -m scfs.bench.compile --prime)", flush=True)
+        try:
+            meta["prime_s"] = run_prime(SimpleNamespace(recipe=[args.recipe], device="cuda", tiny=False,
+                                                        override=list(args.override)))
+        except RuntimeError as err:
+            print(f"{prog}: error: {str(err).splitlines()[0]}; rerun with --no-prime to skip it", file=sys.stderr)
+            return 2
     result: dict[str, Any] = {"meta": meta, "rows": [], "step": None}
     stem = record_stem(args.out, f"{args.recipe}-e2e", gpu, date, sha, args.tag + ("-tiny" if args.tiny else ""))
     # the CPU flow: one thread per process on both sides, so a busy shared host does not swamp either with spinning

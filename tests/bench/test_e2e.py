@@ -158,6 +158,10 @@ def test_record_name_and_markdown() -> None:
     assert "| cpu | 10.0 | 4.0 | 3.0 | 80.0 | 3.0 | 3.0 | 100.0 | 66.1 | 33.9 |" in md
     assert "precision: real run 16-mixed, step bf16-mixed" in md and "- step benchmark: `python -m s`" in md
     assert "- cpu: 12.50, 0.90 s; the steady epochs without them: 822 img/s, 84.9 % of the step benchmark\n" in md
+    assert "primed the machine" not in md  # no prime ran (a CPU flow, --no-prime, or an older record)
+    result["meta"]["prime_s"] = 21.4
+    assert "Before the runs a throwaway process primed the machine in 21.4 s" in e2e.markdown(result)
+    del result["meta"]["prime_s"]
     row["summary"]["epoch_background_writes_s"] = [0.0, 1.375]
     assert ("84.9 % of the step benchmark; beside a background checkpoint write: 0.00, 1.38 s\n"
             in e2e.markdown(result))
@@ -698,3 +702,28 @@ def test_the_runs_cache_is_the_environments_then_the_overrides_then_the_shipped_
     assert e2e.run_cache_dir("imagenet", ["compile_cache=/b"]) == Path("/b")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "env"))
     assert e2e.run_cache_dir("imagenet", ["compile_cache=/b"]) == tmp_path / "env"  # the user's own setting wins
+
+
+def test_on_a_gpu_the_machine_is_primed_before_the_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The once-per-machine work (the fused search kernels' extension) goes to a throwaway process first, so the
+    first record of a fresh machine does not charge it to a run's helper; `--no-prime` skips it."""
+    import scfs.bench.compile as compile_bench
+
+    calls: list[str] = []
+    monkeypatch.setattr(e2e, "gpu_name", lambda: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(e2e, "build_data", lambda args: (tmp_path / "tree", "a tree"))
+    monkeypatch.setattr(e2e, "run_cache_dir", lambda recipe, overrides: tmp_path / "cache")
+    monkeypatch.setattr(e2e, "host_info", lambda device: None)
+    monkeypatch.setattr(compile_bench, "run_prime",
+                        lambda args: (calls.append(f"prime {args.recipe[0]} {args.device} {args.override}"), 3.2)[1])
+    monkeypatch.setattr(e2e, "run_logged", lambda cmd, log, timeout, env=None: (calls.append("run"), (1, 0.1))[1])
+    base = ["--photos", str(tmp_path), "--no-step", "--decode", "cpu", "--out", str(tmp_path / "r"),
+            "--override", "checkpoint.every_n_train_steps=25"]
+    assert e2e.main(base) == 1  # the stand-in run fails: the record still says what ran
+    assert calls == ["prime imagenet cuda ['checkpoint.every_n_train_steps=25']", "run"]
+    (record,) = (tmp_path / "r").glob("imagenet-e2e-h100-*.json")
+    assert json.loads(record.read_text())["meta"]["prime_s"] == 3.2
+    calls.clear()
+    record.unlink()
+    assert e2e.main([*base, "--no-prime"]) == 1
+    assert calls == ["run"]

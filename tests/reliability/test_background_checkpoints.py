@@ -63,12 +63,17 @@ def test_a_cpu_checkpoint_goes_to_torch_save_as_it_is() -> None:
 
 @pytest.mark.gpu
 def test_a_gpu_write_copies_beside_the_kernels_queued_after_it_not_behind_them(tmp_path, monkeypatch) -> None:
-    """The write reaches the disk while the default stream still runs the kernels queued after the save (training's
-    next steps), and holds the state at its step, in pinned host memory. `torch.save` of the device tensors would
-    copy them on the default stream, after those kernels."""
-    handed: list[dict] = []
+    """The snapshot reaches host memory while the default stream still runs the kernels queued after the save
+    (training's next steps), and the file holds the state at its step, from pinned host memory. `torch.save` of the
+    device tensors would copy them on the default stream, after those kernels."""
+    handed: list[tuple[dict, bool]] = []
     real = cio.atomic_torch_save
-    monkeypatch.setattr(cio, "atomic_torch_save", lambda obj, path: (handed.append(obj), real(obj, path)))
+
+    def write(obj, path):  # the copies have landed when the file write begins; the disk's time is left out
+        handed.append((obj, not torch.cuda.default_stream().query()))
+        real(obj, path)
+
+    monkeypatch.setattr(cio, "atomic_torch_save", write)
     io = BackgroundCheckpointIO()
     w = torch.randn(1 << 22, device="cuda")
     before = w.cpu()
@@ -76,11 +81,11 @@ def test_a_gpu_write_copies_beside_the_kernels_queued_after_it_not_behind_them(t
     torch.cuda._sleep(int(4e9))  # seconds of work on the default stream
     w.add_(1.0)  # the next optimizer step, in place, after it
     io.wait()
-    still_busy = not torch.cuda.current_stream().query()
     torch.cuda.synchronize()
     io.teardown()
-    assert still_busy, "the write waited for the kernels queued after the save"
-    moved = handed[0]["state_dict"]["w"]
+    (obj, busy), = handed
+    assert busy, "the copies off the GPU waited for the kernels queued after the save"
+    moved = obj["state_dict"]["w"]
     assert moved.device.type == "cpu" and moved.is_pinned()
     saved = safe_load(tmp_path / "last.ckpt")
     torch.testing.assert_close(saved["state_dict"]["w"], before, rtol=0, atol=0)

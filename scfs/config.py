@@ -280,6 +280,17 @@ def validate_config(cfg: DictConfig) -> None:
         _check(cfg, "data.n_val", _pos_int, "an integer > 0")
 
 
+def uses_cuda(accelerator: str) -> bool:
+    """Whether Lightning's `accelerator` setting trains on the GPU on this machine ("auto": when one is visible)."""
+    if accelerator in ("cuda", "gpu"):
+        return True
+    if accelerator != "auto":
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def check_accelerator(trainer: Any, key: str = "trainer", driver_first: bool = False) -> None:
     """`trainer.accelerator=gpu|cuda` on a machine where torch sees no (or too few) CUDA GPUs: one line naming the
     key and the fix, before data or model are built. Lightning says only "No supported gpu backend found!", from

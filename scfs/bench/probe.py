@@ -33,6 +33,7 @@ import lightning as L
 import torch
 
 from scfs.bench.records import provenance, record_stem, save_record, source_commit
+from scfs.config import uses_cuda
 from scfs.eval.linear import EpochOrder, FeatureProbe, GridSGD, LinearProbe, _trainer, feature_loader
 
 LR_GRID = [0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0]  # conf/eval/linear.yaml
@@ -59,11 +60,6 @@ class EpochClock(L.Callback):
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._sync(pl_module)
         self.seconds.append(time.perf_counter() - self._t0)
-
-
-def uses_cuda(accelerator: str) -> bool:
-    """Whether Lightning's `accelerator` setting puts the probe on the GPU."""
-    return accelerator in ("cuda", "gpu") or (accelerator == "auto" and torch.cuda.is_available())
 
 
 def case_grid(case: str) -> tuple[list[float], list[float], float]:

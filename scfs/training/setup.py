@@ -251,14 +251,11 @@ def trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
 
 def background_writes(cfg: DictConfig) -> bool:
     """Whether the run writes its checkpoints on a background thread (`checkpoint.background_writes`)."""
+    from scfs.config import uses_cuda
     from scfs.models.checkpoint_io import writes_in_background
 
-    accelerator = str(cfg.get("trainer", {}).get("accelerator", "cpu"))
-    if accelerator == "auto":
-        import torch
-
-        accelerator = "gpu" if torch.cuda.is_available() else "cpu"
-    return writes_in_background(cfg.get("checkpoint", {}).get("background_writes", "auto"), accelerator)
+    on_gpu = uses_cuda(str(cfg.get("trainer", {}).get("accelerator", "cpu")))
+    return writes_in_background(cfg.get("checkpoint", {}).get("background_writes", "auto"), "gpu" if on_gpu else "cpu")
 
 
 def make_trainer(cfg: DictConfig, run_dir: Path, logger: Any, callbacks: list[Any]):

@@ -109,7 +109,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -497,11 +497,11 @@ def prime(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_prime(args: argparse.Namespace) -> float:
-    """Run `--prime` in a fresh process (as a row runs); its wall seconds."""
-    cmd = [sys.executable, "-m", "scfs.bench.compile", "--prime", "--recipe", args.recipe[0], "--device",
-           args.device, *(["--tiny"] if args.tiny else [])]
-    for o in args.override or []:
+def run_prime(recipe: str, device: str, tiny: bool = False, overrides: Sequence[str] = ()) -> float:
+    """Run `--prime` for `recipe` in a fresh process (as a row runs); its wall seconds."""
+    cmd = [sys.executable, "-m", "scfs.bench.compile", "--prime", "--recipe", recipe, "--device", device,
+           *(["--tiny"] if tiny else [])]
+    for o in overrides:
         cmd += ["--override", o]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -584,7 +584,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                               "command": "python -m scfs.bench.compile " + " ".join(args.argv),
                               "commit": source_commit(), "host": host_info("cpu"), "rows": []}
     if args.prime:
-        result["prime_s"] = run_prime(args)
+        result["prime_s"] = run_prime(args.recipe[0], args.device, args.tiny, args.override or [])
         result["prime_builds_kernels"] = True
     stem = Path(args.out) / f"compile-{dt.date.today().isoformat()}" if not args.out.endswith("json") \
         else Path(args.out).with_suffix("")

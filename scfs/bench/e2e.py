@@ -79,7 +79,6 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from scfs.bench.host import host_info, host_phrase
@@ -873,8 +872,7 @@ def main(argv: list[str] | None = None) -> int:
 
         print("priming the machine (python -m scfs.bench.compile --prime)", flush=True)
         try:
-            meta["prime_s"] = run_prime(SimpleNamespace(recipe=[args.recipe], device="cuda", tiny=False,
-                                                        override=list(args.override)))
+            meta["prime_s"] = run_prime(args.recipe, "cuda", overrides=args.override)
         except RuntimeError as err:
             print(f"{prog}: error: {str(err).splitlines()[0]}; rerun with --no-prime to skip it", file=sys.stderr)
             return 2

@@ -503,7 +503,7 @@ def test_every_row_has_a_plan_and_its_name_says_its_settings(monkeypatch, tmp_pa
         return {"recipe": recipe, "setting": name, "first_s": 1.0}
 
     monkeypatch.setattr(bench, "run_row", fake_row)
-    monkeypatch.setattr(bench, "run_prime", lambda args: order.append("prime") or 2.0)
+    monkeypatch.setattr(bench, "run_prime", lambda *args, **kw: order.append("prime") or 2.0)
     monkeypatch.setattr(bench, "save_record", lambda *a, **k: None)
     monkeypatch.setattr(bench, "table_rows", lambda rows: rows)
     args = argparse.Namespace(device="cpu", tiny=True, first=1, steady=1, recipe=["cifar10"], rows=list(bench.ROWS),

@@ -715,7 +715,8 @@ def test_on_a_gpu_the_machine_is_primed_before_the_runs(tmp_path: Path, monkeypa
     monkeypatch.setattr(e2e, "run_cache_dir", lambda recipe, overrides: tmp_path / "cache")
     monkeypatch.setattr(e2e, "host_info", lambda device: None)
     monkeypatch.setattr(compile_bench, "run_prime",
-                        lambda args: (calls.append(f"prime {args.recipe[0]} {args.device} {args.override}"), 3.2)[1])
+                        lambda recipe, device, tiny=False, overrides=(): (
+                            calls.append(f"prime {recipe} {device} {list(overrides)}"), 3.2)[1])
     monkeypatch.setattr(e2e, "run_logged", lambda cmd, log, timeout, env=None: (calls.append("run"), (1, 0.1))[1])
     base = ["--photos", str(tmp_path), "--no-step", "--decode", "cpu", "--out", str(tmp_path / "r"),
             "--override", "checkpoint.every_n_train_steps=25"]

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from scfs.bench.records import provenance, record_stem, save_record, source_commit
-from scfs.models.checkpoint_io import AtomicCheckpointIO, BackgroundCheckpointIO, atomic_torch_save
+from scfs.models.checkpoint_io import AtomicCheckpointIO, BackgroundCheckpointIO, atomic_torch_save, device_snapshot
 
 MODES = ("none", "training thread", "background, default stream", "background, own stream")
 
@@ -55,9 +55,7 @@ class _DefaultStreamWriter:
         self.ended_at = 0.0
 
     def save(self, state: dict[str, Any], path: Path) -> None:
-        from lightning_utilities.core.apply_func import apply_to_collection
-
-        snapshot = apply_to_collection(state, torch.Tensor, lambda t: t.detach().clone())
+        snapshot = device_snapshot(state)
 
         def write() -> None:
             atomic_torch_save(snapshot, path)

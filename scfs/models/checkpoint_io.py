@@ -208,6 +208,12 @@ def writes_in_background(mode: Any, accelerator: str) -> bool:
     return bool(mode)
 
 
+def device_snapshot(checkpoint: Any) -> Any:
+    """`checkpoint` with every tensor copied where it lives: a point-in-time state the next optimizer step cannot
+    change."""
+    return apply_to_collection(checkpoint, torch.Tensor, lambda t: t.detach().clone())
+
+
 def snapshot_taken(checkpoint: Any) -> dict[torch.device, torch.cuda.Event]:
     """An event on each CUDA device's current stream of the caller, recorded after the work that made the
     checkpoint's tensors on that device (the snapshot's copies): what `host_copy` waits for, and no more."""
@@ -296,7 +302,7 @@ class BackgroundCheckpointIO(AsyncCheckpointIO):
             self.checkpoint_io.save_checkpoint(checkpoint, path)
             return
         self._ensure_setup()
-        snapshot = apply_to_collection(checkpoint, torch.Tensor, lambda t: t.detach().clone())
+        snapshot = device_snapshot(checkpoint)
         ready = snapshot_taken(snapshot)
         self._executor.submit(self._write, snapshot, path, ready)  # type: ignore[union-attr]
 

@@ -233,17 +233,18 @@ def host_copy(checkpoint: Any, ready: dict[torch.device, torch.cuda.Event]) -> A
     for d, event in ready.items():
         streams[d].wait_event(event)
 
-    pinned = [True]
+    pinned = True
 
     def to_host(t: torch.Tensor) -> torch.Tensor:
+        nonlocal pinned
         if not t.is_cuda:
             return t
         with torch.cuda.stream(streams[t.device]):
-            if pinned[0]:
+            if pinned:
                 try:
                     return torch.empty_like(t, device="cpu", pin_memory=True).copy_(t, non_blocking=True)
                 except RuntimeError as err:  # page-locked memory refused (a container's memlock limit, say)
-                    pinned[0] = False
+                    pinned = False
                     log.warning("checkpoint write: no pinned host memory for the copy off the GPU (%s); copying "
                                 "into pageable memory instead, still on the writer's own stream",
                                 str(err).splitlines()[0] if str(err) else type(err).__name__)

@@ -286,12 +286,14 @@ def test_epoch_timer_says_how_much_of_each_epoch_ran_beside_a_background_write()
             t.on_train_epoch_start(trainer, None)
             trainer.global_step += 1
             t.on_train_epoch_end(trainer, None)
-    assert t.report(images_per_step=8)["epoch_background_writes_s"] == [0.0, 1.5, 0.5]
+    report = t.report(images_per_step=8)
+    assert report["epoch_background_writes_s"] == [0.0, 1.5, 0.5] and report["checkpoint_writes"] == "background"
     trainer.strategy = SimpleNamespace(checkpoint_io=object())
     plain = EpochTimer()
     plain.on_train_epoch_start(trainer, None)
     plain.on_train_epoch_end(trainer, None)
-    assert "epoch_background_writes_s" not in plain.report(images_per_step=8)
+    report = plain.report(images_per_step=8)
+    assert "epoch_background_writes_s" not in report and report["checkpoint_writes"] == "training thread"
 
 
 def test_epoch_timer_times_each_epochs_opening():

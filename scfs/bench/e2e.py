@@ -454,11 +454,16 @@ def row_label(r: dict) -> str:
     return "on-device" if s.get("on_device") else f"decode={s['decode']}" if s.get("decode") else "recipe"
 
 
-def writes_where(settings: dict[str, Any]) -> str | None:
-    """Where the run wrote its checkpoints (`checkpoint.background_writes`; auto = in the background on a GPU), or
-    None when the run's config does not name it."""
+def writes_where(row: dict[str, Any]) -> str | None:
+    """Where the run wrote its checkpoints: the writer the run itself used (its summary's `checkpoint_writes`), else
+    read from its config (`checkpoint.background_writes`; auto = in the background on a GPU, which a config that
+    leaves the accelerator to Lightning cannot tell), or None when neither says."""
     from scfs.models.checkpoint_io import writes_in_background
 
+    used = (row.get("summary") or {}).get("checkpoint_writes")
+    if used is not None:
+        return f"written {'in the background' if used == 'background' else 'on the training thread'}"
+    settings = row.get("settings") or {}
     mode = settings.get("background_writes")
     if mode is None:
         return None
@@ -476,7 +481,7 @@ def epoch_cell(pe: dict[str, Any], part: str, row: dict[str, Any] | None = None)
     if part == "checkpoint" and pe.get("saves"):
         text += f", {pe['saves']} saves of {pe['per_save_s']:.3f} s"
         extra = [f"last.ckpt {row['checkpoint_mb']:,.0f} MB"] if row and row.get("checkpoint_mb") else []
-        where = writes_where((row or {}).get("settings") or {})
+        where = writes_where(row or {})
         extra += [where] if where else []
         text += f" ({'; '.join(extra)})" if extra else ""
     return text
@@ -916,7 +921,7 @@ def main(argv: list[str] | None = None) -> int:
                 row["summary"] = {k: s.get(k) for k in ("img_per_s", "first_epoch_s", "epoch_seconds", "steps",
                                                          "epochs", "seconds")}
                 row["summary"].update({k: s[k] for k in ("epoch_openings_s", "img_per_s_after_openings",
-                                                         "epoch_background_writes_s") if k in s})
+                                                         "epoch_background_writes_s", "checkpoint_writes") if k in s})
                 if any(k in s for k in COMPILE_KEYS):
                     row["compile"] = {k: s[k] for k in COMPILE_KEYS if k in s}
                 if args.profile:

@@ -104,6 +104,7 @@ class EpochTimer(L.Callback):
         self._t0: float | None = None
         self._opening: float | None = None
         self._step0 = 0
+        self._writer: str | None = None
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._t0, self._opening, self._step0 = time.perf_counter(), None, trainer.global_step
@@ -121,8 +122,10 @@ class EpochTimer(L.Callback):
         if self._opening is not None:
             epoch["opening_s"] = self._opening
         writer = getattr(getattr(trainer, "strategy", None), "checkpoint_io", None)
-        if callable(getattr(writer, "seconds_writing", None)):
+        background = callable(getattr(writer, "seconds_writing", None))
+        if background:
             epoch["background_write_s"] = writer.seconds_writing(self._t0, now)
+        self._writer = "background" if background else "training thread"
         self.epochs.append(epoch)
         self._t0 = None
 
@@ -130,8 +133,9 @@ class EpochTimer(L.Callback):
         """`epoch_seconds` (every timed epoch), `first_epoch_s`, and `img_per_s`: the median over the epochs after
         the first of images / second (None with fewer than two epochs). Once every epoch's opening was timed, also
         `epoch_openings_s` and `img_per_s_after_openings`: the same median with each epoch's opening taken out,
-        the rate a long epoch approaches. With background checkpoint writes, `epoch_background_writes_s`: the
-        seconds of each epoch that ran beside a write."""
+        the rate a long epoch approaches. `checkpoint_writes`: where the run's checkpoint writer wrote (`background`
+        or `training thread`, as resolved on the machine, not as configured); with background writes,
+        `epoch_background_writes_s`: the seconds of each epoch that ran beside a write."""
         import statistics
 
         out: dict[str, Any] = {"epoch_seconds": [round(e["seconds"], 2) for e in self.epochs]}
@@ -145,6 +149,8 @@ class EpochTimer(L.Callback):
             rest = [e["steps"] * images_per_step / (e["seconds"] - e["opening_s"]) for e in steady
                     if e["seconds"] > e["opening_s"]]
             out["img_per_s_after_openings"] = round(statistics.median(rest), 1) if rest else None
+        if self._writer is not None:
+            out["checkpoint_writes"] = self._writer
         if self.epochs and all("background_write_s" in e for e in self.epochs):
             out["epoch_background_writes_s"] = [round(e["background_write_s"], 3) for e in self.epochs]
         return out

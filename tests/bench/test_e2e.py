@@ -211,6 +211,7 @@ def test_whole_cli_on_the_cpu_writes_the_record(tmp_path: Path, monkeypatch: pyt
         assert r["compare"]["ratio"] > 0 and r["mismatch"] == []
         assert r["checkpoint_mb"] > 0 and r["settings"]["background_writes"] == "auto"
         assert r["settings"]["prefetch_across_epochs"] is True
+        assert r["summary"]["checkpoint_writes"] == "training thread"
     assert rec["step"]["img_per_s"] > 0 and rec["step"]["setting"] == "fp32"
     assert {p.name for p in (out / f"{js.stem}-logs").iterdir()} == {"run-cpu.log", "run-gpu.log", "step.log"}
     md = js.with_suffix(".md").read_text()
@@ -228,6 +229,11 @@ def test_the_saves_cell_says_the_files_size_and_where_it_was_written() -> None:
     sync = {"checkpoint_mb": 10.0, "settings": {"background_writes": False, "accelerator": "gpu"}}
     assert e2e.epoch_cell(pe, "checkpoint", sync).endswith("(last.ckpt 10 MB; written on the training thread)")
     assert e2e.epoch_cell(pe, "checkpoint", {"settings": {}}) == "0.900 s (3.0 %), 2 saves of 1.357 s"
+    # the writer the run resolved outranks a config that leaves the accelerator to Lightning
+    auto = {"settings": {"background_writes": "auto", "accelerator": "auto"}}
+    assert e2e.epoch_cell(pe, "checkpoint", auto).endswith("(written on the training thread)")
+    ran = {**auto, "summary": {"checkpoint_writes": "background"}}
+    assert e2e.epoch_cell(pe, "checkpoint", ran).endswith("(written in the background)")
     assert e2e.epoch_cell(pe, "checkpoint") == "0.900 s (3.0 %), 2 saves of 1.357 s"
 
 

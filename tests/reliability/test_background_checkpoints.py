@@ -200,5 +200,6 @@ def test_a_run_with_background_writes_ends_with_its_last_checkpoint_on_disk(tmp_
     assert safe_load(tmp_path / "checkpoints" / "last.ckpt")["global_step"] == summary["steps"]
     # the epoch clock saw the writes: a step save every step leaves no epoch without one beside it
     beside = summary["epoch_background_writes_s"]
+    assert summary["checkpoint_writes"] == "background"
     assert len(beside) == len(summary["epoch_seconds"]) and all(0 < s <= e for s, e in
                                                                 zip(beside, summary["epoch_seconds"], strict=True))

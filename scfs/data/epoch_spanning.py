@@ -114,6 +114,11 @@ class EpochSpanningLoader(DataLoader):
     def spanning(self) -> bool:
         return self._spanning
 
+    @property
+    def span_last_epoch(self) -> int | None:
+        """The last epoch the workers run on into (None = no end); what a copy of this loader spans to."""
+        return self._span_last_epoch
+
     def __iter__(self) -> Any:
         if not self._spanning:
             return super().__iter__()

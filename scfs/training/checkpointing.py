@@ -154,7 +154,7 @@ def make_resumable(loader: DataLoader) -> DataLoader:
         kw.update(batch_size=loader.batch_size, drop_last=loader.drop_last, sampler=loader.sampler)
     resumable = ResumableDataLoader(loader.dataset, **kw)
     if isinstance(loader, EpochSpanningLoader) and loader.spanning:
-        resumable.span_epochs(loader._span_last_epoch)
+        resumable.span_epochs(loader.span_last_epoch)
     return resumable
 
 

@@ -141,7 +141,7 @@ def test_which_loaders_can_span(tmp_path: Path) -> None:
     spanning = _loader(tmp_path)
     spanning.span_epochs(last_epoch=4)
     resumable = make_resumable(spanning)
-    assert resumable.spanning and resumable._span_last_epoch == 4
+    assert resumable.spanning and resumable.span_last_epoch == 4
 
 
 # ---- through Lightning, with the training set-up's resumable loader ------------------------------------------------
@@ -194,7 +194,7 @@ def _fit(root: Path, prefetch: bool, ckpt_path: Path | None = None,
 def test_through_lightning_the_run_sees_a_plain_loaders_batches(tmp_path: Path) -> None:
     spanning, _, trainer = _fit(tmp_path, prefetch=True)
     loader = trainer.train_dataloader
-    assert isinstance(loader, ResumableDataLoader) and loader.spanning and loader._span_last_epoch == 2
+    assert isinstance(loader, ResumableDataLoader) and loader.spanning and loader.span_last_epoch == 2
     assert loader.restarts == 1  # one stream over the three epochs
     assert loader._iterator is None  # Lightning's teardown stopped the workers
     plain, _, trainer = _fit(tmp_path, prefetch=False)

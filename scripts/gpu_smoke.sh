@@ -167,7 +167,7 @@ C="python -m scfs.train +experiment=cifar10"; E="compile=false"
 # longer limit of the other pytest rows; the backward warm-up's test alone takes 280 s, so the forward warm-up's
 # (88 s) runs in the first row
 slot; LIMIT=450 run pytest-gpu "python -m pytest -m gpu" \
-  "-q -p no:cacheprovider --durations=0 tests/method/test_compile_backend.py tests/data/test_batch_aug.py tests/method/test_compile.py tests/test_cuda_driver.py tests/method/test_cudnn_warmup.py tests/reliability/test_background_checkpoints.py -k 'not test_cudnn_warmup or forward_warmup'" &
+  "-q -p no:cacheprovider --durations=0 tests/method/test_compile_backend.py tests/data/test_batch_aug.py tests/method/test_compile.py tests/test_cuda_driver.py tests/method/test_cudnn_warmup.py tests/reliability/test_background_checkpoints.py tests/reliability/test_check_finite.py -k 'not test_cudnn_warmup or forward_warmup'" &
 slot; LIMIT=450 run pytest-gpu-tuning "python -m pytest -m gpu" \
   "-q -p no:cacheprovider --durations=0 tests/method/test_cudnn_warmup.py tests/method/test_autotune_budget.py -k 'not forward_warmup'" &
 # the child's and the helpers' cache entries are the run's: two or three cold compiles each, beside a loaded GPU

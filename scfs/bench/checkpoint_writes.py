@@ -1,5 +1,6 @@
 """What a checkpoint write costs the training loop: a stand-in step loop on the device, with one write of a
-checkpoint-sized state handed over at a fixed step, each way the project can write it.
+checkpoint-sized state handed over at a fixed step, each way the project can write it, and the finite check each
+save makes first.
 
     python -m scfs.bench.checkpoint_writes                  # one GPU: a 900 MB state (the ResNet-50 recipe's 914 MB)
     python -m scfs.bench.checkpoint_writes --device cpu --mb 8 --steps 20 --repeats 1    # a check of the bench itself
@@ -10,7 +11,10 @@ Rows, interleaved round by round so that a drift of the machine falls on all of 
 - `background, default stream`: a device snapshot written by `torch.save` on a background thread, which copies
   each tensor to the host with a blocking copy on the default stream, the one the loop's kernels run on;
 - `background, own stream`: `BackgroundCheckpointIO` as shipped (the snapshot goes to pinned host memory on a
-  stream of the writer's own before `torch.save` sees it).
+  stream of the writer's own before `torch.save` sees it);
+- `finite check, one by one` and `finite check, as shipped`: no write, only the NaN/Inf check every save makes on
+  the loop's thread before anything else: tensor by tensor (a host sync each on a GPU), and `check_finite`'s
+  fused screen (one sync per device). Their "write ended" is the check's end.
 
 The loop's step is `--matmuls` bf16 matmuls and one host sync (a logged loss); its time is taken with CUDA events
 from the first step's start to the last step's end (host clock on the CPU), so a write that holds the loop's thread,
@@ -34,8 +38,10 @@ import torch
 
 from scfs.bench.records import provenance, record_stem, save_record, source_commit
 from scfs.models.checkpoint_io import AtomicCheckpointIO, BackgroundCheckpointIO, atomic_torch_save, device_snapshot
+from scfs.reliability import check_finite, checked_tensors, non_finite_tensors
 
-MODES = ("none", "training thread", "background, default stream", "background, own stream")
+MODES = ("none", "training thread", "background, default stream", "background, own stream",
+         "finite check, one by one", "finite check, as shipped")
 
 
 def make_state(mb: float, tensors: int, device: torch.device, seed: int = 0) -> dict[str, Any]:
@@ -88,9 +94,29 @@ class _ProjectWriter:
             self.ended_at = float(self.io.write_spans[-1][1] or 0.0)
 
 
-WRITERS: dict[str, Callable[[], Any]] = {"training thread": lambda: _ProjectWriter(background=False),
-                                         "background, default stream": _DefaultStreamWriter,
-                                         "background, own stream": lambda: _ProjectWriter(background=True)}
+class _CheckOnly:
+    """No write: only the finite check a save makes on the loop's thread, `check(state)`."""
+
+    def __init__(self, check: Callable[[dict[str, Any]], list[str]]) -> None:
+        self.check = check
+        self.ended_at = 0.0
+
+    def save(self, state: dict[str, Any], path: Path) -> None:
+        if self.check(state):
+            raise FloatingPointError("the benchmark's state holds NaN or Inf")
+        self.ended_at = time.perf_counter()
+
+    def wait(self) -> None:
+        pass
+
+
+WRITERS: dict[str, Callable[[], Any]] = {
+    "training thread": lambda: _ProjectWriter(background=False),
+    "background, default stream": _DefaultStreamWriter,
+    "background, own stream": lambda: _ProjectWriter(background=True),
+    "finite check, one by one": lambda: _CheckOnly(lambda state: non_finite_tensors(checked_tensors(state))),
+    "finite check, as shipped": lambda: _CheckOnly(check_finite),
+}
 
 
 def run_loop(mode: str, state: dict[str, Any], path: Path, device: torch.device, steps: int, at: int,

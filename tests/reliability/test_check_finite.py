@@ -85,7 +85,7 @@ def _syncs(fn) -> tuple[object, int]:
             out = fn()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    return out, sum(1 for w in caught if "synchroniz" in str(w.message))
+    return out, sum(1 for w in caught if "called a synchronizing CUDA operation" in str(w.message))
 
 
 @pytest.mark.gpu

@@ -200,10 +200,12 @@ def scrub_files(folder: str | os.PathLike, values: list[Any], min_len: int = 4) 
 def check_finite(checkpoint: Any, limit: int = 8) -> list[str]:
     """Names (dotted paths) of the floating-point tensors holding NaN or Inf in a checkpoint's weights and
     optimizer state (the parts a resumed run would continue from; callback bookkeeping such as
-    ``kth_value=inf`` is legitimately infinite and not looked at), the first `limit` in the checkpoint's order.
+    ModelCheckpoint's ``kth_value=inf`` is legitimately infinite and not looked at), the first `limit` in the
+    checkpoint's order.
 
     Every save calls this on the training thread, so it waits for the GPU once per device, not once per tensor:
-    a tensor-by-tensor check of a ResNet-50 run's thousand-odd tensors costs a host sync each. A screen first
+    a tensor-by-tensor check costs a host sync for each of the ResNet-50 recipe's 900-odd tensors (weights,
+    EMA teacher, momentum). A screen first
     takes every tensor's L2 norm in one fused call per device and dtype (`torch._foreach_norm`, as
     `clip_grad_norm_` does); a norm is non-finite when a value is (NaN and Inf carry through a sum of squares)
     or when the sum overflows, so the flagged tensors alone are then checked value by value

@@ -204,12 +204,11 @@ def check_finite(checkpoint: Any, limit: int = 8) -> list[str]:
     checkpoint's order.
 
     Every save calls this on the training thread, so it waits for the GPU once per device, not once per tensor:
-    a tensor-by-tensor check costs a host sync for each of the ResNet-50 recipe's 900-odd tensors (weights,
-    EMA teacher, momentum). A screen first
-    takes every tensor's L2 norm in one fused call per device and dtype (`torch._foreach_norm`, as
-    `clip_grad_norm_` does); a norm is non-finite when a value is (NaN and Inf carry through a sum of squares)
-    or when the sum overflows, so the flagged tensors alone are then checked value by value
-    (`non_finite_tensors`), which keeps a large but finite tensor off the list."""
+    a tensor-by-tensor check costs a host sync for each of the ResNet-50 recipe's 900-odd tensors (weights, EMA
+    teacher, momentum). A screen first takes every tensor's L2 norm in one fused call per device and dtype
+    (`torch._foreach_norm`, as `clip_grad_norm_` does); a norm is non-finite when a value is (NaN and Inf carry
+    through a sum of squares) or when the sum overflows, so the flagged tensors alone are then checked value by
+    value (`non_finite_tensors`), which keeps a large but finite tensor off the list."""
     tensors = checked_tensors(checkpoint)
     flagged = _screen_non_finite(tensors)
     return non_finite_tensors([tensors[i] for i in flagged], limit)

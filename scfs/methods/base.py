@@ -35,6 +35,7 @@ from scfs.optim import (
     fill_momentum_buffers_,
     use_fused_optimizer,
 )
+from scfs.reliability import non_finite_norms
 
 # compile options of the loss graph per `compile_mode` (see `_compile`): the same mode without CUDA graphs
 LOSS_COMPILE: dict[str, dict[str, Any]] = {"reduce-overhead": {"mode": None},
@@ -363,13 +364,9 @@ class SelfDistillation(L.LightningModule):
         if self._trainer is not None and getattr(self.trainer.precision_plugin, "scaler", None) is not None:
             return
         named = [(n, p.grad) for n, p in self.student.named_parameters() if p.grad is not None]
-        if not named:
+        bad = [named[i][0] for i in non_finite_norms(named)]
+        if not bad:
             return
-        norms = torch.stack(torch._foreach_norm([g for _, g in named]))
-        finite = torch.isfinite(norms)
-        if bool(finite.all()):
-            return
-        bad = [named[i][0] for i in (~finite).nonzero().flatten().tolist()]
         raise FloatingPointError(
             f"non-finite gradient at step {self.global_step} (epoch {self.current_epoch}) in {len(bad)} "
             f"parameter(s): {', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}; the loss was finite. Stopped "

@@ -210,7 +210,7 @@ def check_finite(checkpoint: Any, limit: int = 8) -> list[str]:
     through a sum of squares) or when the sum overflows, so the flagged tensors alone are then checked value by
     value (`non_finite_tensors`), which keeps a large but finite tensor off the list."""
     tensors = checked_tensors(checkpoint)
-    flagged = _screen_non_finite(tensors)
+    flagged = non_finite_norms(tensors)
     return non_finite_tensors([tensors[i] for i in flagged], limit)
 
 
@@ -254,9 +254,10 @@ def checked_tensors(checkpoint: Any) -> list[tuple[str, Any]]:
     return found
 
 
-def _screen_non_finite(tensors: list[tuple[str, Any]]) -> list[int]:
-    """Indices into `tensors` whose L2 norm is not finite (a superset of those holding NaN or Inf), ascending:
-    one fused norm per device and dtype, one host read per device. Complex tensors are always passed on."""
+def non_finite_norms(tensors: list[tuple[str, Any]]) -> list[int]:
+    """Indices into the `(name, tensor)` pairs whose L2 norm is not finite (a superset of those holding NaN or Inf),
+    ascending: one fused norm per device and dtype, one host read per device. Complex tensors are always passed
+    on. `check_finite`'s screen, and the gradient check before each optimizer step."""
     import torch
 
     groups: dict[tuple[Any, Any], list[int]] = {}

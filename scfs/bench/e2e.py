@@ -456,8 +456,9 @@ def row_label(r: dict) -> str:
 
 def writes_where(row: dict[str, Any]) -> str | None:
     """Where the run wrote its checkpoints: the writer the run itself used (its summary's `checkpoint_writes`), else
-    read from its config (`checkpoint.background_writes`; auto = in the background on a GPU, which a config that
-    leaves the accelerator to Lightning cannot tell), or None when neither says."""
+    read from its config (`checkpoint.background_writes`; auto = in the background on a GPU), or None when neither
+    says. A config that leaves the accelerator to Lightning ran on the GPU: this benchmark's CPU flow sets
+    `trainer.accelerator=cpu` itself."""
     from scfs.models.checkpoint_io import writes_in_background
 
     used = (row.get("summary") or {}).get("checkpoint_writes")
@@ -467,7 +468,8 @@ def writes_where(row: dict[str, Any]) -> str | None:
     mode = settings.get("background_writes")
     if mode is None:
         return None
-    background = writes_in_background(mode, str(settings.get("accelerator")))
+    accelerator = str(settings.get("accelerator"))
+    background = writes_in_background(mode, "gpu" if accelerator in ("auto", "None") else accelerator)
     return "written in the background" if background else "written on the training thread"
 
 

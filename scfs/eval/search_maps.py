@@ -41,13 +41,18 @@ def resolve_backbones(model: nn.Module, query: str = "same") -> tuple[nn.Module,
 
 @contextlib.contextmanager
 def eval_mode(*modules: nn.Module) -> Iterator[None]:
-    """Eval mode and no grad for the duration, then every submodule's previous train/eval flag restored (the
-    training-end figure must not leave the teacher's BatchNorm in another mode)."""
+    """Eval mode, no grad and eager for the duration, then every submodule's previous train/eval flag restored (the
+    training-end figure must not leave the teacher's BatchNorm in another mode).
+
+    Eager even where training compiled the backbones in place (`compile=true`): BatchNorm in eval mode, no grad and
+    the figure's few images each fail the training graphs' guards, so a compiled pass would trace and lower new
+    graphs (CUDA graphs too, in a pool of their own) for one pass over a handful of images, which cost a CIFAR-10
+    run's end-of-training figure 53 s on an H100."""
     flags = [[(m, m.training) for m in mod.modules()] for mod in modules]
     try:
         for mod in modules:
             mod.eval()
-        with torch.no_grad():
+        with torch.no_grad(), torch.compiler.set_stance("force_eager"):
             yield
     finally:
         for fl in flags:

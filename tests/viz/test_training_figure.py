@@ -61,3 +61,38 @@ def test_figure_on_an_image_folder(tmp_path, decode):
                                   data_root=tmp_path / "data"))
     dm.setup()
     assert save_training_figure(model, dm, tmp_path / "run", None) == str(tmp_path / "run" / "searched_regions.png")
+
+
+def test_figure_of_a_compiled_model_compiles_nothing(shapes_root, tmp_path, monkeypatch):
+    """With the backbones and heads compiled in place (`compile=true`), the end-of-training figure's search pass
+    adds no compiled frame or graph (eval-mode BatchNorm, no grad and its few images would each miss the training
+    graphs' guards), its maps are the eager model's, and compilation is back on afterwards."""
+    import numpy as np
+    import torch
+    import torch._dynamo
+    from torch import nn
+    from torch._dynamo.utils import counters
+
+    import scfs.methods.base as base_mod
+    from scfs.eval.search_maps import compute_search_maps
+
+    compile_fn, compile_module = torch.compile, nn.Module.compile
+    monkeypatch.setattr(base_mod.torch, "compile", lambda fn, **kw: compile_fn(fn, **{**kw, "backend": "aot_eager"}))
+    monkeypatch.setattr(nn.Module, "compile", lambda self, **kw: compile_module(self, **{**kw, "backend": "aot_eager"}))
+    torch.manual_seed(0)
+    eager, dm = _model_and_dm(shapes_root)
+    torch.manual_seed(0)
+    compiled, _ = _model_and_dm(shapes_root, ["compile=true"])
+    assert compiled.compile_nets
+    torch._dynamo.reset()
+    counters.clear()
+    assert save_training_figure(compiled, dm, tmp_path, None) == str(tmp_path / "searched_regions.png")
+    images = np.random.default_rng(0).integers(0, 256, (3, 32, 32, 3), dtype=np.uint8)
+    got, want = (compute_search_maps(m, images, stages=m.stages, modes=("soft",), query="student")
+                 for m in (compiled, eager))
+    assert counters["frames"]["total"] == 0 and counters["stats"]["unique_graphs"] == 0
+    for s in compiled.stages:
+        np.testing.assert_array_equal(got.similarity[s], want.similarity[s])
+    torch.compile(lambda x: x + 1, backend="eager")(torch.ones(2))
+    assert counters["frames"]["total"] == 1  # the pass left the compiler's stance as it found it
+    torch._dynamo.reset()

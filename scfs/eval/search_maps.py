@@ -46,8 +46,8 @@ def eval_mode(*modules: nn.Module) -> Iterator[None]:
 
     Eager even where training compiled the backbones in place (`compile=true`): BatchNorm in eval mode, no grad and
     the figure's few images each fail the training graphs' guards, so a compiled pass would trace and lower new
-    graphs (CUDA graphs too, in a pool of their own) for one pass over a handful of images, which cost a CIFAR-10
-    run's end-of-training figure 53 s on an H100."""
+    graphs (CUDA graphs too, in a pool of their own) for one pass over a handful of images: a CIFAR-10 run's
+    end-of-training figure took 53 s on an H100 that way."""
     flags = [[(m, m.training) for m in mod.modules()] for mod in modules]
     try:
         for mod in modules:

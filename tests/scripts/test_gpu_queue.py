@@ -96,7 +96,7 @@ def test_start_refuses_a_queue_whose_jobs_name_inputs_the_tree_lacks(tmp_path):
                    capture_output=True, text=True, timeout=60)  # the started queue ends before tmp_path goes
 
 
-@pytest.mark.parametrize("queue", ["speed", "compile", "vit"])
+@pytest.mark.parametrize("queue", ["speed", "compile", "vit", "smoke"])
 def test_the_shipped_queues_parse_and_fit_two_windows(queue):
     """Every line of a shipped queue is `<name> <seconds> <command>`, the command one of the project's modules or
     scripts (a compile job's rows the benchmark's), and the whole queue asks for at most two windows of 25
@@ -106,7 +106,11 @@ def test_the_shipped_queues_parse_and_fit_two_windows(queue):
     names = [ln.split()[0] for ln in lines]
     secs = [int(ln.split()[1]) for ln in lines]
     assert len(set(names)) == len(names)
-    assert all(any(run in ln.split(maxsplit=2)[2] for run in ("python -m scfs.", "python scripts/")) for ln in lines)
+    runs = ("python -m scfs.", "python scripts/", "bash scripts/")
+    assert all(any(run in ln.split(maxsplit=2)[2] for run in runs) for ln in lines)
+    for ln in lines:  # a script a job names is in the tree
+        for word in ln.replace(";", " ").split():
+            assert not word.startswith("scripts/") or (REPO / word).is_file(), ln
     assert all(s <= 25 * 60 for s in secs) and sum(secs) <= 2 * 25 * 60
     from scfs.bench.compile import ROWS
 

@@ -2,7 +2,7 @@
 checkpoint-sized state handed over at a fixed step, each way the project can write it, and the finite check each
 save makes first.
 
-    python -m scfs.bench.checkpoint_writes                  # one GPU: a 900 MB state (the ResNet-50 recipe's 914 MB)
+    python -m scfs.bench.checkpoint_writes                  # one GPU: a 900 MB state in 902 tensors (the recipe's)
     python -m scfs.bench.checkpoint_writes --device cpu --mb 8 --steps 20 --repeats 1    # a check of the bench itself
 
 Rows, interleaved round by round so that a drift of the machine falls on all of them alike:
@@ -200,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--mb", type=float, default=900.0, help="the state's size in MB")
-    p.add_argument("--tensors", type=int, default=320, help="how many tensors hold it")
+    p.add_argument("--tensors", type=int, default=902,
+                   help="how many tensors hold it (the ResNet-50 recipe's checkpoint: 902 float tensors)")
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--at", type=int, default=5, help="the step whose start hands the write over")
     p.add_argument("--matmuls", type=int, default=12)

@@ -44,6 +44,16 @@ def assert_compiled_build_refused(overrides: list[str], match: str) -> None:
     assert "\n" not in str(err.value)
 
 
+def compile_with_backend(monkeypatch: Any, backend: str) -> None:
+    """Make the method's `torch.compile` calls and every in-place `nn.Module.compile` use `backend` for the test's
+    duration (`aot_eager`: the graphs traced as inductor would take them, without generating kernels: seconds)."""
+    from torch import nn
+
+    compile_fn, compile_module = torch.compile, nn.Module.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compile_fn(fn, **{**kw, "backend": backend}))
+    monkeypatch.setattr(nn.Module, "compile", lambda self, **kw: compile_module(self, **{**kw, "backend": backend}))
+
+
 def assert_same_tensors(a: Any, b: Any, name: str) -> None:
     """Every tensor in the nested dicts / lists `a` and `b` equal bit for bit (rtol=0, atol=0), same structure."""
     if isinstance(a, torch.Tensor):

@@ -462,14 +462,15 @@ def writes_where(row: dict[str, Any]) -> str | None:
     from scfs.models.checkpoint_io import writes_in_background
 
     used = (row.get("summary") or {}).get("checkpoint_writes")
-    if used is not None:
-        return f"written {'in the background' if used == 'background' else 'on the training thread'}"
     settings = row.get("settings") or {}
-    mode = settings.get("background_writes")
-    if mode is None:
+    if used is not None:
+        background = used == "background"
+    elif settings.get("background_writes") is not None:
+        accelerator = str(settings.get("accelerator"))
+        background = writes_in_background(settings["background_writes"],
+                                          "gpu" if accelerator in ("auto", "None") else accelerator)
+    else:
         return None
-    accelerator = str(settings.get("accelerator"))
-    background = writes_in_background(mode, "gpu" if accelerator in ("auto", "None") else accelerator)
     return "written in the background" if background else "written on the training thread"
 
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch._dynamo
-from helpers import compose_cfg
-from torch import nn
+from helpers import compile_with_backend, compose_cfg
 from torch._dynamo.utils import counters
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -40,11 +39,7 @@ def test_knn_pass_of_a_compiled_model_compiles_nothing(scope, monkeypatch):
     """After a compiled training step, the kNN pass (BN in eval mode, the evaluation batch size and a partial last
     batch: each a guard miss of the training graphs) adds no compiled frame or graph; its features are the eager
     model's; and compilation is back on afterwards."""
-    import scfs.methods.base as base_mod
-
-    compile_fn, compile_module = torch.compile, nn.Module.compile
-    monkeypatch.setattr(base_mod.torch, "compile", lambda fn, **kw: compile_fn(fn, **{**kw, "backend": "aot_eager"}))
-    monkeypatch.setattr(nn.Module, "compile", lambda self, **kw: compile_module(self, **{**kw, "backend": "aot_eager"}))
+    compile_with_backend(monkeypatch, "aot_eager")
     eager = _build([])
     torch._dynamo.reset()
     compiled = _build(["compile=true", f"compile_scope={scope}"])

@@ -3,7 +3,7 @@
 import logging
 
 import pytest
-from helpers import compose_cfg
+from helpers import compile_with_backend, compose_cfg
 
 from scfs.train import build
 from scfs.viz import save_training_figure
@@ -70,15 +70,11 @@ def test_figure_of_a_compiled_model_compiles_nothing(shapes_root, tmp_path, monk
     import numpy as np
     import torch
     import torch._dynamo
-    from torch import nn
     from torch._dynamo.utils import counters
 
-    import scfs.methods.base as base_mod
     from scfs.eval.search_maps import compute_search_maps
 
-    compile_fn, compile_module = torch.compile, nn.Module.compile
-    monkeypatch.setattr(base_mod.torch, "compile", lambda fn, **kw: compile_fn(fn, **{**kw, "backend": "aot_eager"}))
-    monkeypatch.setattr(nn.Module, "compile", lambda self, **kw: compile_module(self, **{**kw, "backend": "aot_eager"}))
+    compile_with_backend(monkeypatch, "aot_eager")
     torch.manual_seed(0)
     eager, dm = _model_and_dm(shapes_root)
     torch.manual_seed(0)

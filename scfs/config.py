@@ -142,6 +142,8 @@ def validate_config(cfg: DictConfig) -> None:
     _check(cfg, "method.stage_norm", lambda v: v in ("batchnorm", "groupnorm1"), "batchnorm or groupnorm1",
            required=False)
     _check(cfg, "method.stage_pooled_bn", lambda v: isinstance(v, bool), "true or false", required=False)
+    _check(cfg, "method.stage_branch_channels", lambda v: v is None or _pos_int(v),
+           "null (a quarter of each stage's channels) or an integer > 0 (channels)", required=False)
     _check(cfg, "optim.name", lambda v: v in OPTIMIZERS, f"one of {', '.join(OPTIMIZERS)}")
     _check(cfg, "optim.lr", _pos, "a learning rate > 0")
     _check(cfg, "optim.weight_decay", lambda v: v >= 0, "a number >= 0", required=False)

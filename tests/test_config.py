@@ -86,6 +86,8 @@ BAD = [
     ("compile_artifacts=''", "compile_artifacts"),
     ("method.stage_norm=layernorm", "method.stage_norm"),
     ("method.stage_pooled_bn=maybe", "method.stage_pooled_bn"),
+    ("method.stage_branch_channels=0", "method.stage_branch_channels"),
+    ("method.stage_branch_channels=wide", "method.stage_branch_channels"),
 ]
 
 

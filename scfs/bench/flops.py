@@ -18,6 +18,7 @@ into the backbone's and the rest. Each part is counted on its own calls of the r
 alone on the same views, and the heads are the difference.
 
     python -m scfs.bench.flops [--recipe imagenet cifar10 imagenet_vit] [--out benchmarks/results]
+    python -m scfs.bench.flops --recipe imagenet --override ++method.stage_branch_channels=256 --tag published-width
     python -m scfs.bench.flops --tiny --out /tmp/x      # seconds, for the test
 """
 
@@ -94,15 +95,17 @@ def step_flops(cfg: Any) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from scfs.bench.compile import compose
+    from scfs.config import validate_config
 
     result: dict[str, Any] = {"date": dt.date.today().isoformat(), "commit": source_commit(),
                               "command": "python -m scfs.bench.flops " + " ".join(args.argv), "tiny": args.tiny,
-                              "recipes": {}}
+                              "overrides": list(args.override or []), "recipes": {}}
     for recipe in args.recipe:
         rows = {}
         for method in METHODS:
             extra = [f"method={method}", f"batch_size={args.batch}", "search.backend=reference"]
-            cfg = compose(recipe, "cpu", args.tiny, "model", False, extra)
+            cfg = compose(recipe, "cpu", args.tiny, "model", False, extra + list(args.override or []))
+            validate_config(cfg)
             rows[method] = step_flops(cfg)
             print(f"{recipe} {method}: {rows[method]['total'] / 1e9:.2f} GFLOP per image", flush=True)
         rows["ratio"] = rows["scfs"]["total"] / rows["dino"]["total"]
@@ -115,7 +118,9 @@ def markdown(result: dict[str, Any]) -> str:
              f"{provenance(result.get('commit'), result['command'])} Matmul and convolution FLOPs per image "
              "(`torch.utils.flop_counter.FlopCounterMode`, forward and backward, float32 on the CPU; elementwise and "
              "normalisation ops are not counted), on each recipe's modules and view sizes. The ratio is the floor "
-             "under the SCFS / DINO step-time ratio of a compute-bound step.", ""]
+             "under the SCFS / DINO step-time ratio of a compute-bound step."
+             + (f" Overrides on every row: `{' '.join(result['overrides'])}`." if result.get("overrides") else ""),
+             ""]
     for recipe, rows in result["recipes"].items():
         s, d = rows["scfs"], rows["dino"]
         title = "the CPU default" if recipe == "default" else f"`+experiment={recipe}`"
@@ -141,11 +146,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="images per step (FLOPs are given per image; a few batch-independent products, the "
                         "closed-form BatchNorm's weight x moments, shrink per image as it grows)")
     p.add_argument("--tiny", action="store_true", help="the compile benchmark's tiny network (the CPU test)")
+    p.add_argument("--override", action="append", metavar="KEY=VALUE",
+                   help="Hydra override applied to both methods' configs (repeatable), e.g. "
+                        "++method.stage_branch_channels=256 (++ for a key only SCFS's config has)")
+    p.add_argument("--tag", default=None, help="appended to the record's name (a run with overrides)")
     p.add_argument("--out", default="benchmarks/results")
     args = p.parse_args(argv)
     args.argv = argv
     result = run(args)
-    name = f"flops-{result['date']}" + (f"-{result['commit']}" if result["commit"] else "")
+    name = (f"flops-{result['date']}" + (f"-{args.tag}" if args.tag else "")
+            + (f"-{result['commit']}" if result["commit"] else ""))
     print(save_record(result, Path(args.out) / name, markdown))
     return 0
 

@@ -98,6 +98,7 @@ def build_network(
                 out_dim=method_cfg["stage_out_dim"],
                 hidden_dim=method_cfg["stage_hidden_dim"],
                 bottleneck_dim=method_cfg["stage_bottleneck_dim"],
+                branch_channels=method_cfg.get("stage_branch_channels"),
                 final_relu=method_cfg.get("stage_final_relu", False),
                 norm=method_cfg.get("stage_norm", "batchnorm"),
                 pooled_bn=method_cfg.get("stage_pooled_bn", True),

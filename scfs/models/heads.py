@@ -191,6 +191,7 @@ class StageHead(nn.Module):
         bottleneck_dim: int = 256,
         nlayers: int = 3,
         reduction: int = 4,
+        branch_channels: int | None = None,
         final_relu: bool = False,
         use_bn: bool = False,
         bottleneck_bn: bool = False,
@@ -199,7 +200,9 @@ class StageHead(nn.Module):
         pooled_bn: bool = True,
     ) -> None:
         super().__init__()
-        mid = max(channels // reduction, 8)
+        # the residual branch's width: a quarter of the stage's channels by default; the published head uses 256
+        # at every stage (`branch_channels=256`), which makes layer2's 3x3 conv over the searched maps 4x the work
+        mid = branch_channels if branch_channels is not None else max(channels // reduction, 8)
         if norm not in STAGE_NORMS:
             raise ValueError(f"StageHead norm={norm!r}: allowed are {', '.join(STAGE_NORMS)}")
         make = STAGE_NORMS[norm]

@@ -50,3 +50,24 @@ def test_the_record_names_the_ratio_and_every_part(tmp_path: Path) -> None:
     assert rows["ratio"] == pytest.approx(rows["scfs"]["total"] / rows["dino"]["total"]) and rows["ratio"] > 1
     md = next(tmp_path.glob("flops-*.md")).read_text()
     assert all(f"| {p} |" in md for p in PARTS) and "SCFS / DINO work ratio" in md
+
+
+def test_an_override_reaches_both_methods_and_names_the_record(tmp_path: Path) -> None:
+    """`--override` changes the configs the work is counted on (a wider stage-head branch: more SCFS work, DINO's
+    unchanged), the record says so and `--tag` names it; a bad override is the config's one-line error."""
+    from scfs.config import ConfigError
+
+    assert main(["--tiny", "--recipe", "default", "--out", str(tmp_path / "base")]) == 0
+    assert main(["--tiny", "--recipe", "default", "--override", "++method.stage_branch_channels=64", "--tag", "wide",
+                 "--out", str(tmp_path / "wide")]) == 0
+    base = json.loads(next((tmp_path / "base").glob("flops-*.json")).read_text())["recipes"]["default"]
+    js = next((tmp_path / "wide").glob("flops-*-wide*.json"))
+    rec = json.loads(js.read_text())
+    wide = rec["recipes"]["default"]
+    assert rec["overrides"] == ["++method.stage_branch_channels=64"]
+    assert "Overrides on every row: `++method.stage_branch_channels=64`" in js.with_suffix(".md").read_text()
+    assert wide["dino"]["total"] == base["dino"]["total"]
+    assert wide["scfs"]["total"] > base["scfs"]["total"] and wide["ratio"] > base["ratio"]
+    with pytest.raises(ConfigError, match="stage_branch_channels"):
+        main(["--tiny", "--recipe", "default", "--override", "++method.stage_branch_channels=0",
+              "--out", str(tmp_path / "bad")])

@@ -57,6 +57,24 @@ def test_stage_head_commuted_search_gradients_equal_materialised(channels_last):
             torch.testing.assert_close(p.grad, slow_params[name].grad, rtol=1e-8, atol=1e-10, msg=name)
 
 
+
+@pytest.mark.parametrize("branch_channels", [None, 6, 24])
+def test_stage_head_branch_width_and_its_commuted_search(branch_channels):
+    """`branch_channels` sets the residual branch's width (None: a quarter of the map's channels), and the commuted
+    searched path stays exact at any width, narrower or wider than the default."""
+    torch.manual_seed(5)
+    head = StageHead(16, out_dim=20, hidden_dim=16, bottleneck_dim=8, branch_channels=branch_channels).double()
+    mid = 8 if branch_channels is None else branch_channels  # max(16 // 4, 8)
+    assert (head.conv1.out_channels, head.conv2.in_channels, head.conv2.out_channels, head.conv3.in_channels,
+            head.conv3.out_channels) == (mid, mid, mid, mid, 16)
+    torch.nn.init.normal_(head.bn3.weight)
+    feats = torch.randn(3, 16, 5, 7, dtype=torch.float64)
+    queries = torch.randn(4, 3, 16, dtype=torch.float64)
+    fast, out = head.forward_searched(feats, queries, backend="reference")
+    slow = head(feature_search(feats, queries, backend="reference").features)
+    assert out.features.shape == (12, mid, 5, 7)
+    torch.testing.assert_close(fast, slow, rtol=1e-9, atol=1e-9)
+
 def test_stage_head_final_relu_path_materialises():
     torch.manual_seed(0)
     head = StageHead(16, out_dim=20, hidden_dim=16, bottleneck_dim=8, final_relu=True).double().eval()
@@ -247,3 +265,23 @@ def test_stacked_dino_heads_under_bf16_autocast_and_fallback():
     uneven = [torch.randn(6, 8), torch.randn(5, 16)]
     with pytest.raises(RuntimeError):  # the per-head fallback: logits of 6 and 5 rows cannot be stacked
         stacked_dino_heads(heads, uneven)
+
+
+@pytest.mark.parametrize("width", [None, 12])
+def test_the_config_sets_every_stage_heads_branch_width(width):
+    """`method.stage_branch_channels` reaches every stage head of the built network, student and teacher alike;
+    null keeps a quarter of each stage's channels."""
+    from omegaconf import OmegaConf
+
+    from scfs.config import validate_config
+    from scfs.methods.networks import build_network
+    from tests.helpers import compose_cfg
+
+    cfg = compose_cfg(["method=scfs"] + ([] if width is None else [f"method.stage_branch_channels={width}"]))
+    validate_config(cfg)
+    stages = tuple(cfg.search.stages)
+    net = build_network(OmegaConf.to_container(cfg.backbone), OmegaConf.to_container(cfg.method), stages)
+    widths = {s: h.conv2.out_channels for s, h in net["stage_heads"].items()}
+    channels = {s: h.conv1.in_channels for s, h in net["stage_heads"].items()}
+    assert set(widths) == set(stages)
+    assert widths == {s: (max(c // 4, 8) if width is None else width) for s, c in channels.items()}

@@ -96,7 +96,7 @@ def test_start_refuses_a_queue_whose_jobs_name_inputs_the_tree_lacks(tmp_path):
                    capture_output=True, text=True, timeout=60)  # the started queue ends before tmp_path goes
 
 
-@pytest.mark.parametrize("queue", ["speed", "compile", "vit", "smoke"])
+@pytest.mark.parametrize("queue", ["speed", "compile", "vit", "smoke", "heads"])
 def test_the_shipped_queues_parse_and_fit_two_windows(queue):
     """Every line of a shipped queue is `<name> <seconds> <command>`, the command one of the project's modules or
     scripts (a compile job's rows the benchmark's), and the whole queue asks for at most two windows of 25

@@ -57,7 +57,6 @@ def test_stage_head_commuted_search_gradients_equal_materialised(channels_last):
             torch.testing.assert_close(p.grad, slow_params[name].grad, rtol=1e-8, atol=1e-10, msg=name)
 
 
-
 @pytest.mark.parametrize("branch_channels", [None, 6, 24])
 def test_stage_head_branch_width_and_its_commuted_search(branch_channels):
     """`branch_channels` sets the residual branch's width (None: a quarter of the map's channels), and the commuted
@@ -74,6 +73,7 @@ def test_stage_head_branch_width_and_its_commuted_search(branch_channels):
     slow = head(feature_search(feats, queries, backend="reference").features)
     assert out.features.shape == (12, mid, 5, 7)
     torch.testing.assert_close(fast, slow, rtol=1e-9, atol=1e-9)
+
 
 def test_stage_head_final_relu_path_materialises():
     torch.manual_seed(0)
@@ -269,7 +269,7 @@ def test_stacked_dino_heads_under_bf16_autocast_and_fallback():
 
 @pytest.mark.parametrize("width", [None, 12])
 def test_the_config_sets_every_stage_heads_branch_width(width):
-    """`method.stage_branch_channels` reaches every stage head of the built network, student and teacher alike;
+    """`method.stage_branch_channels` reaches every stage head of the built network (the teacher is its copy);
     null keeps a quarter of each stage's channels."""
     from omegaconf import OmegaConf
 

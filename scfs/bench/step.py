@@ -124,14 +124,22 @@ def suite_rows(suite: str, quick: bool, tiny: bool, batches: list[int] | None,
     return rows
 
 
-def variants(vary: str | None) -> list[str]:
-    """`KEY=A,B` -> ["KEY=A", "KEY=B"]; no `--vary` -> one unnamed variant."""
+def variants(vary: str | list[str] | None) -> list[str]:
+    """`KEY=A,B` -> ["KEY=A", "KEY=B"]; several keys, each with as many values, are zipped into one variant per
+    position (`K1=A,B` and `K2=C,D` -> ["K1=A K2=C", "K1=B K2=D"]), so that a variant can change two keys at once;
+    no `--vary` -> one unnamed variant."""
     if not vary:
         return [""]
-    key, _, values = vary.partition("=")
-    if not key or not values:
-        raise SystemExit(f"--vary {vary!r}: expected KEY=A,B (e.g. optim.fused=true,false)")
-    return [f"{key}={v}" for v in values.split(",")]
+    columns = []
+    for item in [vary] if isinstance(vary, str) else vary:
+        key, _, values = item.partition("=")
+        if not key or not values:
+            raise SystemExit(f"--vary {item!r}: expected KEY=A,B (e.g. optim.fused=true,false)")
+        columns.append([f"{key}={v}" for v in values.split(",")])
+    if len({len(c) for c in columns}) > 1:
+        raise SystemExit(f"--vary {' '.join(vary)!r}: every key needs as many values (they are zipped: the n-th "
+                         "values of all keys make the n-th variant)")
+    return [" ".join(parts) for parts in zip(*columns, strict=True)]
 
 
 def compose(suite: str, method: str, batch: int, setting: str, args: argparse.Namespace, variant: str = "") -> Any:
@@ -156,7 +164,7 @@ def compose(suite: str, method: str, batch: int, setting: str, args: argparse.Na
         ov += TINY_VIT if suite == "vit" else TINY
     if args.data == "real":
         ov += [f"data.root={args.data_root}"]
-    ov += list(args.override or []) + ([variant] if variant else [])
+    ov += list(args.override or []) + variant.split()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return hcompose(config_name="config", overrides=ov)
 
@@ -741,8 +749,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="also profile N steps after the warm-up: op / kernel-launch counts and top ops per row")
     ap.add_argument("--method", action="append", choices=("scfs", "dino"), help="only these methods (repeatable)")
-    ap.add_argument("--vary", default=None, metavar="KEY=A,B",
-                    help="run every row once per value of one config key, side by side (e.g. optim.fused=true,false)")
+    ap.add_argument("--vary", action="append", metavar="KEY=A,B",
+                    help="run every row once per value of a config key, side by side (e.g. optim.fused=true,false); "
+                         "repeated, the keys' values are zipped into variants")
     ap.add_argument("--override", action="append", metavar="KEY=VALUE",
                     help="Hydra override applied to every row, e.g. method.stage_pooled_bn=false (repeatable)")
     ap.add_argument("--no-ceiling", dest="ceiling", action="store_false",

@@ -147,6 +147,35 @@ def test_method_filter_and_overrides_reach_the_rows(tmp_path: Path) -> None:
               "method.stage_pooled_bn=maybe", "--out", str(tmp_path / "bad")])
 
 
+
+def test_vary_zips_keys_into_variants_each_row_gets_both(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Repeated --vary keys are zipped (the n-th values make the n-th variant), every row runs once per variant
+    with both keys in its config and in its label; keys with unequal numbers of values are one clear line."""
+    import scfs.bench.step as step
+
+    assert step.variants(None) == [""]
+    assert step.variants("optim.fused=true,false") == ["optim.fused=true", "optim.fused=false"]
+    assert step.variants(["a.b=1,2", "c=x,y"]) == ["a.b=1 c=x", "a.b=2 c=y"]
+    with pytest.raises(SystemExit, match="as many values"):
+        step.variants(["a.b=1,2", "c=x"])
+    seen = []
+    measure = step.measure
+
+    def spy(cfg, *a, **kw):
+        seen.append((cfg.method.stage_branch_channels, cfg.method.stage_final_relu))
+        return measure(cfg, *a, **kw)
+
+    monkeypatch.setattr(step, "measure", spy)
+    torch.set_num_threads(1)
+    assert step.main(["--device", "cpu", "--tiny", "--warmup", "1", "--steps", "1", "--method", "scfs", "--strict",
+                      "--setting", "fp32", "--vary", "method.stage_branch_channels=null,12",
+                      "--vary", "method.stage_final_relu=false,true", "--no-ceiling", "--out", str(tmp_path)]) == 0
+    assert seen == [(None, False), (12, True)]
+    (js,) = tmp_path.glob("step-cpu-*-tiny.json")
+    labels = [r["setting"] for r in json.loads(js.read_text())["rows"]]
+    assert labels == ["fp32 method.stage_branch_channels=null method.stage_final_relu=false",
+                      "fp32 method.stage_branch_channels=12 method.stage_final_relu=true"]
+
 def test_each_row_compiles_afresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Rows share modules' forward code objects: without a dynamo reset per row, a second batch size in one process
     filled the per-code-object graph limit and its last stage head ran eager (H200, 2026-11-30)."""

@@ -124,12 +124,13 @@ def suite_rows(suite: str, quick: bool, tiny: bool, batches: list[int] | None,
     return rows
 
 
-def variants(vary: str | list[str] | None) -> list[str]:
-    """`KEY=A,B` -> ["KEY=A", "KEY=B"]; several keys, each with as many values, are zipped into one variant per
-    position (`K1=A,B` and `K2=C,D` -> ["K1=A K2=C", "K1=B K2=D"]), so that a variant can change two keys at once;
-    no `--vary` -> one unnamed variant."""
+def variants(vary: str | list[str] | None) -> list[tuple[str, ...]]:
+    """A variant is the overrides of one side-by-side run: `KEY=A,B` -> [("KEY=A",), ("KEY=B",)]; several keys,
+    each with as many values, are zipped into one variant per position (`K1=A,B` and `K2=C,D` ->
+    [("K1=A", "K2=C"), ("K1=B", "K2=D")]), so that a variant can change two keys at once; no `--vary` -> one
+    variant without overrides."""
     if not vary:
-        return [""]
+        return [()]
     columns = []
     for item in [vary] if isinstance(vary, str) else vary:
         key, _, values = item.partition("=")
@@ -139,10 +140,11 @@ def variants(vary: str | list[str] | None) -> list[str]:
     if len({len(c) for c in columns}) > 1:
         raise SystemExit(f"--vary {' '.join(vary)!r}: every key needs as many values (they are zipped: the n-th "
                          "values of all keys make the n-th variant)")
-    return [" ".join(parts) for parts in zip(*columns, strict=True)]
+    return list(zip(*columns, strict=True))
 
 
-def compose(suite: str, method: str, batch: int, setting: str, args: argparse.Namespace, variant: str = "") -> Any:
+def compose(suite: str, method: str, batch: int, setting: str, args: argparse.Namespace,
+            variant: tuple[str, ...] = ()) -> Any:
     from hydra import compose as hcompose
     from hydra import initialize_config_dir
 
@@ -164,7 +166,7 @@ def compose(suite: str, method: str, batch: int, setting: str, args: argparse.Na
         ov += TINY_VIT if suite == "vit" else TINY
     if args.data == "real":
         ov += [f"data.root={args.data_root}"]
-    ov += list(args.override or []) + variant.split()
+    ov += list(args.override or []) + list(variant)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return hcompose(config_name="config", overrides=ov)
 
@@ -681,7 +683,7 @@ def run(args: argparse.Namespace) -> dict:
         result["published_same_call"] = same_call_published(args, rows_todo)
     ceilings: dict[tuple, dict[str, Any]] = {}
     for (method, b, setting), variant in itertools.product(rows_todo, variants(args.vary)):
-        row: dict[str, Any] = {"method": method, "B": b, "setting": setting + (f" {variant}" if variant else "")}
+        row: dict[str, Any] = {"method": method, "B": b, "setting": " ".join((setting, *variant))}
         # each row compiles afresh: the rows share modules' forward code objects, so two batch sizes in one process
         # would fill dynamo's per-code-object graph limit and the later row's last stage head would run eager
         # (dynamo then logs 'hit config.recompile_limit' on the second batch size)

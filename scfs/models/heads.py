@@ -190,7 +190,6 @@ class StageHead(nn.Module):
         hidden_dim: int = 2048,
         bottleneck_dim: int = 256,
         nlayers: int = 3,
-        reduction: int = 4,
         branch_channels: int | None = None,
         final_relu: bool = False,
         use_bn: bool = False,
@@ -202,7 +201,7 @@ class StageHead(nn.Module):
         super().__init__()
         # the residual branch's width: a quarter of the stage's channels by default; the published head uses 256
         # at every stage (`branch_channels=256`), which makes layer2's 3x3 conv over the searched maps 4x the work
-        mid = branch_channels if branch_channels is not None else max(channels // reduction, 8)
+        mid = branch_channels if branch_channels is not None else max(channels // 4, 8)
         if norm not in STAGE_NORMS:
             raise ValueError(f"StageHead norm={norm!r}: allowed are {', '.join(STAGE_NORMS)}")
         make = STAGE_NORMS[norm]

@@ -19,7 +19,12 @@ alone on the same views, and the heads are the difference.
 
     python -m scfs.bench.flops [--recipe imagenet cifar10 imagenet_vit] [--out benchmarks/results]
     python -m scfs.bench.flops --recipe imagenet --override ++method.stage_branch_channels=256 --tag published-width
+    python -m scfs.bench.flops --recipe imagenet --published-tree PATH   # and the published step's work beside it
     python -m scfs.bench.flops --tiny --out /tmp/x      # seconds, for the test
+
+With `--published-tree` (a checkout of github.com/skyoux/scfs, as `scfs.bench.published` takes it) the record adds
+the published step's work at the same batch, counted the same way on its own modules (ResNet-50 and its recipe's
+views; `--tiny`: the published benchmark's tiny shapes): how much of a time ratio against it is less work.
 """
 
 from __future__ import annotations
@@ -110,6 +115,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             print(f"{recipe} {method}: {rows[method]['total'] / 1e9:.2f} GFLOP per image", flush=True)
         rows["ratio"] = rows["scfs"]["total"] / rows["dino"]["total"]
         result["recipes"][recipe] = rows
+    if args.published_tree:
+        from scfs.bench.published import flops_subprocess
+
+        result["published"] = flops_subprocess(args.published_tree, args.batch, args.tiny)
+        if "error" in result["published"]:
+            raise SystemExit(f"scfs.bench.flops: {result['published']['error']}")
+        print(f"published step: SCFS / DINO {result['published']['ratio']:.3f}", flush=True)
     return result
 
 
@@ -134,6 +146,24 @@ def markdown(result: dict[str, Any]) -> str:
             lines.append(f"| {part} | {a:.2f} | {c:.2f} | {a - c:+.2f} | {share} |")
         lines += [f"| **step** | **{s['total'] / 1e9:.2f}** | **{d['total'] / 1e9:.2f}** | "
                   f"**{extra / 1e9:+.2f}** | |", "", f"SCFS / DINO work ratio: **{rows['ratio']:.3f}**.", ""]
+    pub = result.get("published")
+    if pub:
+        s, d = pub["rows"]["scfs"], pub["rows"]["dino"]
+        lines += [f"## The published step (checkout {pub['source']}), B={pub['batch']}"
+                  + (", the tiny shapes" if pub.get("tiny") else ""), "",
+                  "Its own modules and loop (`scfs.bench.published`), counted the same way; the forward is the "
+                  "student's, the teacher's with its search, and the losses.", "",
+                  "| part | SCFS GFLOP | DINO GFLOP | SCFS − DINO |", "|---|---|---|---|"]
+        for part in ("forward", "backward"):
+            lines.append(f"| {part} | {s[part] / 1e9:.2f} | {d[part] / 1e9:.2f} | {(s[part] - d[part]) / 1e9:+.2f} |")
+        lines += [f"| **step** | **{s['total'] / 1e9:.2f}** | **{d['total'] / 1e9:.2f}** | "
+                  f"**{(s['total'] - d['total']) / 1e9:+.2f}** |", "",
+                  f"Published SCFS / DINO work ratio: **{pub['ratio']:.3f}**."]
+        for recipe, rows in result["recipes"].items():
+            lines.append(f"This project's SCFS step (`{recipe}` above) does **{rows['scfs']['total'] / s['total']:.3f}"
+                         f"** times the published SCFS step's work per image, its DINO step "
+                         f"{rows['dino']['total'] / d['total']:.3f} times the published DINO step's.")
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -149,10 +179,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--override", action="append", metavar="KEY=VALUE",
                    help="Hydra override applied to both methods' configs (repeatable), e.g. "
                         "++method.stage_branch_channels=256 (++ for a key only SCFS's config has)")
+    p.add_argument("--published-tree", type=Path, default=None,
+                   help="a checkout of github.com/skyoux/scfs: count the published step's work beside ours")
     p.add_argument("--tag", default=None, help="appended to the record's name (a run with overrides)")
     p.add_argument("--out", default="benchmarks/results")
     args = p.parse_args(argv)
     args.argv = argv
+    if args.published_tree:
+        from scfs.bench.published import tree_problem
+
+        problem = tree_problem(args.published_tree)
+        if problem:  # before the minutes of counting this project's steps
+            print(f"scfs.bench.flops: --published-tree {problem}", file=sys.stderr)
+            return 2
     result = run(args)
     name = (f"flops-{result['date']}" + (f"-{args.tag}" if args.tag else "")
             + (f"-{result['commit']}" if result["commit"] else ""))

@@ -28,6 +28,7 @@ The checkout needs `torchextractor` and `kornia` importable (`pip install torche
     python -m scfs.bench.published --tree PATH [--batch 32 --batch 64] [--setting bf16_cl] [--json OUT]
     python -m scfs.bench.step ... --published-tree PATH     # the same rows first, then ours, in one record
     python -m scfs.bench.published --tree PATH --no-syncs   # diagnostic: without the loop's host syncs
+    python -m scfs.bench.published --tree PATH --flops --batch 32   # its work per image, on the CPU
 """
 
 from __future__ import annotations
@@ -242,6 +243,7 @@ def make_step(parts: dict[str, Any], pu: ModuleType, method: str, views: list[An
         optimizer.param_groups[0]["lr"]
         return loss.detach()
 
+    step.forward = forward  # type: ignore[attr-defined]  # the forward alone, for counting its work (count_flops)
     return step
 
 
@@ -275,6 +277,41 @@ def measure(pm: ModuleType, pu: ModuleType, method: str, batch: int, setting: st
     if dev.type == "cuda":
         torch.cuda.empty_cache()
     return row
+
+
+def count_flops(pm: ModuleType, pu: ModuleType, method: str, batch: int, shapes: dict[str, Any]) -> dict[str, Any]:
+    """The work of one published step per image, in float32 on the CPU: matmul and convolution FLOPs
+    (`torch.utils.flop_counter.FlopCounterMode`, as `scfs.bench.flops` counts ours) of the forward (student,
+    teacher with its search, losses) and of the whole step; the backward is their difference (clipping, the
+    optimizer and the EMA are elementwise and add none)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.manual_seed(0)
+    parts = build(pm, pu, method, torch.device("cpu"), False, shapes)
+    views = [torch.randn(batch, 3, s, s)
+             for s in [shapes["global_size"]] * 2 + [shapes["local_size"]] * shapes["n_local"]]
+    step = make_step(parts, pu, method, views, "fp32", 1)
+    counts = []
+    for fn in (step.forward, lambda: step(0)):  # type: ignore[attr-defined]
+        with FlopCounterMode(display=False) as counter:
+            fn()
+        counts.append(int(counter.get_total_flops()))
+    fwd, whole = counts
+    return {"method": method, "B": batch, "forward": fwd / batch, "backward": (whole - fwd) / batch,
+            "total": whole / batch}
+
+
+def run_flops(tree: Path, batch: int, tiny: bool = False) -> dict[str, Any]:
+    """`count_flops` of both methods at `batch`, their ratio and the checkout's identity."""
+    import torch
+
+    pm, pu = load_tree(tree)
+    init_process_group(torch.device("cpu"))
+    shapes = dict(RECIPE, **(TINY if tiny else {}))
+    rows = {m: count_flops(pm, pu, m, batch, shapes) for m in METHODS}
+    return {"source": tree_identity(tree), "tiny": tiny, "batch": batch, "rows": rows,
+            "ratio": rows["scfs"]["total"] / rows["dino"]["total"]}
 
 
 def init_process_group(dev: Any) -> None:
@@ -339,6 +376,20 @@ def run_subprocess(tree: Path, batches: Sequence[int], settings: Sequence[str], 
         return json.loads(out.read_text())
 
 
+def flops_subprocess(tree: Path, batch: int, tiny: bool = False) -> dict[str, Any]:
+    """`run_flops` in a child process (as `run_subprocess`), or {"error": ...} with the line that says why."""
+    from scfs.bench.records import run_logged, why_it_failed
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out, log = Path(tmp) / "flops.json", Path(tmp) / "flops.log"
+        cmd = [sys.executable, "-m", "scfs.bench.published", "--tree", str(tree), "--flops", "--device", "cpu",
+               "--batch", str(batch), "--json", str(out), *(["--tiny"] if tiny else [])]
+        rc, _ = run_logged(cmd, log, timeout=None)
+        if rc != 0 or not out.is_file():
+            return {"error": f"the published step's work was not counted (exit status {rc}): {why_it_failed(log)}"}
+        return json.loads(out.read_text())
+
+
 def table(result: dict[str, Any]) -> str:
     """Markdown table of the published rows."""
     lines = ["| method | B | setting | step ms | img/s | p10–p90 ms | peak GiB | warm-up s |",
@@ -370,10 +421,25 @@ def main(argv: list[str] | None = None) -> int:
                     help="diagnostic: leave out the loop's host synchronisations (clip_gradients' .item() per "
                          "parameter, the finiteness check, the logged .item()s, the synchronize); not the "
                          "published step")
+    ap.add_argument("--flops", action="store_true",
+                    help="count the step's work instead of timing it: FLOPs per image of both methods at the first "
+                         "--batch, float32 on the CPU (what `python -m scfs.bench.flops --published-tree` runs)")
     ap.add_argument("--json", type=Path, default=None, help="write the rows there")
     ap.add_argument("--out", type=Path, default=None,
                     help="write a record there: published-<gpu>-<date>-<commit>[-nosyncs].{json,md}")
     args = ap.parse_args(argv)
+    if args.flops:
+        try:
+            result = run_flops(args.tree, (args.batch or [32])[0], args.tiny)
+        except PublishedTreeError as err:
+            print(f"scfs.bench.published: {err}", file=sys.stderr)
+            return 2
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=1))
+        print(f"published step, B={result['batch']}: " + ", ".join(
+            f"{m} {r['total'] / 1e9:.2f} GFLOP per image" for m, r in result["rows"].items())
+            + f"; SCFS / DINO {result['ratio']:.3f}")
+        return 0
     if args.device == "cuda":
         import torch
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torchvision
 
 from scfs.bench import published
 from scfs.bench.step import main as step_main
@@ -387,3 +388,44 @@ def test_the_real_published_step_runs_on_the_cpu() -> None:
     res = _run_child(tree)
     assert "error" not in res, res
     assert [r["method"] for r in res["rows"]] == ["scfs", "dino"] and all(r["step_ms"] > 0 for r in res["rows"])
+
+
+def test_the_published_work_is_its_networks_forward_and_the_backward_beside_it(standin: Path) -> None:
+    """`--flops` on a stand-in checkout: DINO's forward is exactly its networks' convolutions and matmuls per image
+    (counted here on torchvision's ResNet-18 and the stand-in head's two Linears; its loss has none), the step is
+    forward + backward, and SCFS's stage heads and search add work."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    res = published.flops_subprocess(standin, 2, tiny=True)
+    assert "error" not in res, res
+    s, d = res["rows"]["scfs"], res["rows"]["dino"]
+    shapes, b = dict(published.RECIPE, **published.TINY), 2
+    bb = torchvision.models.resnet18()
+    bb.fc = torch.nn.Identity()
+    g, loc = torch.randn(2 * b, 3, 64, 64), torch.randn(2 * b, 3, 32, 32)
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        bb(g), bb(loc), bb(g)  # the student's two resolutions and the teacher's global views
+    head = 2 * (512 * 16 + 16 * shapes["out_dim"])  # per view: the stand-in DINOHead's two Linears
+    views = 2 + shapes["n_local"] + 2  # the student's global and local views, the teacher's global ones
+    assert d["forward"] == (counter.get_total_flops() + head * views * b) / b
+    for r in (s, d):
+        assert r["forward"] > 0 and r["backward"] > 0 and r["total"] == r["forward"] + r["backward"]
+    assert s["total"] > d["total"] and res["ratio"] == pytest.approx(s["total"] / d["total"])
+    assert res["source"].startswith("sha256:") and res["batch"] == 2
+
+
+def test_the_flops_record_sets_the_published_work_beside_ours(standin: Path, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture) -> None:
+    from scfs.bench.flops import main as flops_main
+
+    assert flops_main(["--tiny", "--recipe", "default", "--batch", "2", "--published-tree", str(standin),
+                       "--out", str(tmp_path)]) == 0
+    rec = json.loads(next(tmp_path.glob("flops-*.json")).read_text())
+    assert rec["published"]["ratio"] > 1 and rec["published"]["batch"] == 2
+    md = next(tmp_path.glob("flops-*.md")).read_text()
+    assert "## The published step" in md and "Published SCFS / DINO work ratio" in md
+    assert "times the published SCFS step's work per image" in md
+    # a folder that is not a checkout is refused before any counting, with the fix
+    assert flops_main(["--tiny", "--recipe", "default", "--published-tree", str(tmp_path / "nowhere"),
+                       "--out", str(tmp_path / "x")]) == 2
+    assert "no models/scfs.py" in capsys.readouterr().err and not (tmp_path / "x").exists()

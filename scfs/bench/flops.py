@@ -159,10 +159,12 @@ def markdown(result: dict[str, Any]) -> str:
         lines += [f"| **step** | **{s['total'] / 1e9:.2f}** | **{d['total'] / 1e9:.2f}** | "
                   f"**{(s['total'] - d['total']) / 1e9:+.2f}** |", "",
                   f"Published SCFS / DINO work ratio: **{pub['ratio']:.3f}**."]
-        for recipe, rows in result["recipes"].items():
-            lines.append(f"This project's SCFS step (`{recipe}` above) does **{rows['scfs']['total'] / s['total']:.3f}"
+        # the published step is the ResNet-50 recipe's: only that recipe's full-size step compares with it
+        mine = result["recipes"].get("imagenet")
+        if mine and not pub.get("tiny"):
+            lines.append(f"This project's SCFS step (`imagenet` above) does **{mine['scfs']['total'] / s['total']:.3f}"
                          f"** times the published SCFS step's work per image, its DINO step "
-                         f"{rows['dino']['total'] / d['total']:.3f} times the published DINO step's.")
+                         f"{mine['dino']['total'] / d['total']:.3f} times the published DINO step's.")
         lines.append("")
     return "\n".join(lines)
 

@@ -124,7 +124,7 @@ def suite_rows(suite: str, quick: bool, tiny: bool, batches: list[int] | None,
     return rows
 
 
-def variants(vary: str | list[str] | None) -> list[tuple[str, ...]]:
+def variants(vary: list[str] | None) -> list[tuple[str, ...]]:
     """A variant is the overrides of one side-by-side run: `KEY=A,B` -> [("KEY=A",), ("KEY=B",)]; several keys,
     each with as many values, are zipped into one variant per position (`K1=A,B` and `K2=C,D` ->
     [("K1=A", "K2=C"), ("K1=B", "K2=D")]), so that a variant can change two keys at once; no `--vary` -> one
@@ -132,7 +132,7 @@ def variants(vary: str | list[str] | None) -> list[tuple[str, ...]]:
     if not vary:
         return [()]
     columns = []
-    for item in [vary] if isinstance(vary, str) else vary:
+    for item in vary:
         key, _, values = item.partition("=")
         if not key or not values:
             raise SystemExit(f"--vary {item!r}: expected KEY=A,B (e.g. optim.fused=true,false)")

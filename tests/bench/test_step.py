@@ -154,7 +154,7 @@ def test_vary_zips_keys_into_variants_each_row_gets_both(tmp_path: Path, monkeyp
     import scfs.bench.step as step
 
     assert step.variants(None) == [()]
-    assert step.variants("optim.fused=true,false") == [("optim.fused=true",), ("optim.fused=false",)]
+    assert step.variants(["optim.fused=true,false"]) == [("optim.fused=true",), ("optim.fused=false",)]
     assert step.variants(["a.b=1,2", "c=x,y"]) == [("a.b=1", "c=x"), ("a.b=2", "c=y")]
     with pytest.raises(SystemExit, match="as many values"):
         step.variants(["a.b=1,2", "c=x"])

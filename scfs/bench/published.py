@@ -358,36 +358,34 @@ def run(tree: Path, batches: Sequence[int], settings: Sequence[str], methods: Se
             "steps": steps, "tiny": tiny, "syncs": syncs, "rows": rows}
 
 
-def run_subprocess(tree: Path, batches: Sequence[int], settings: Sequence[str], device: str, warmup: int,
-                   steps: int, tiny: bool = False) -> dict[str, Any]:
-    """`run` in a child process (the checkout's `models` and `utils` packages and its process group stay out of
-    the caller's); its result, or {"error": ...} with the line it printed that says why."""
+def _in_child(args: list[str], what: str) -> dict[str, Any]:
+    """`python -m scfs.bench.published ARGS --json OUT` in a child process (the checkout's `models` and `utils`
+    packages and its process group stay out of the caller's); its JSON, or {"error": ...} naming `what` failed,
+    with the line the child printed that says why."""
     from scfs.bench.records import run_logged, why_it_failed
 
     with tempfile.TemporaryDirectory() as tmp:
         out, log = Path(tmp) / "published.json", Path(tmp) / "published.log"
-        cmd = [sys.executable, "-m", "scfs.bench.published", "--tree", str(tree), "--device", device,
-               "--warmup", str(warmup), "--steps", str(steps), "--json", str(out),
-               *[a for b in batches for a in ("--batch", str(b))],
-               *[a for s in settings for a in ("--setting", s)], *(["--tiny"] if tiny else [])]
-        rc, _ = run_logged(cmd, log, timeout=None)
+        rc, _ = run_logged([sys.executable, "-m", "scfs.bench.published", *args, "--json", str(out)], log,
+                           timeout=None)
         if rc != 0 or not out.is_file():
-            return {"error": f"the published step did not run (exit status {rc}): {why_it_failed(log)}"}
+            return {"error": f"{what} (exit status {rc}): {why_it_failed(log)}"}
         return json.loads(out.read_text())
+
+
+def run_subprocess(tree: Path, batches: Sequence[int], settings: Sequence[str], device: str, warmup: int,
+                   steps: int, tiny: bool = False) -> dict[str, Any]:
+    """`run` in a child process; its result, or {"error": ...} with the line it printed that says why."""
+    return _in_child(["--tree", str(tree), "--device", device, "--warmup", str(warmup), "--steps", str(steps),
+                      *[a for b in batches for a in ("--batch", str(b))],
+                      *[a for s in settings for a in ("--setting", s)], *(["--tiny"] if tiny else [])],
+                     "the published step did not run")
 
 
 def flops_subprocess(tree: Path, batch: int, tiny: bool = False) -> dict[str, Any]:
-    """`run_flops` in a child process (as `run_subprocess`), or {"error": ...} with the line that says why."""
-    from scfs.bench.records import run_logged, why_it_failed
-
-    with tempfile.TemporaryDirectory() as tmp:
-        out, log = Path(tmp) / "flops.json", Path(tmp) / "flops.log"
-        cmd = [sys.executable, "-m", "scfs.bench.published", "--tree", str(tree), "--flops", "--device", "cpu",
-               "--batch", str(batch), "--json", str(out), *(["--tiny"] if tiny else [])]
-        rc, _ = run_logged(cmd, log, timeout=None)
-        if rc != 0 or not out.is_file():
-            return {"error": f"the published step's work was not counted (exit status {rc}): {why_it_failed(log)}"}
-        return json.loads(out.read_text())
+    """`run_flops` in a child process, or {"error": ...} with the line that says why."""
+    return _in_child(["--tree", str(tree), "--flops", "--device", "cpu", "--batch", str(batch),
+                      *(["--tiny"] if tiny else [])], "the published step's work was not counted")
 
 
 def table(result: dict[str, Any]) -> str:

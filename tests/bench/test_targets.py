@@ -126,10 +126,11 @@ def test_a_first_compile_names_its_hosts_python_yardstick(records: Path) -> None
 
 def test_step_targets_only_from_same_call_rows(records: Path) -> None:
     ts = tg.targets(records)
-    speed64 = _find(ts, "2.0x", "B=64")
+    speed64 = _find(ts, "default path >=", "B=64")
     assert speed64.current()[0][1] == pytest.approx(1e3 * 64 / 64.0 / 450.0)
     assert speed64.verdict() == "**met**"
-    assert _find(ts, "2.0x", "B=32").verdict() == "not measured"  # the B=32 row had no published step beside it
+    # the B=32 row had no published step beside it
+    assert _find(ts, "default path >=", "B=32").verdict() == "not measured"
     ratio = _find(ts, "SCFS / DINO", "B=64")
     assert ratio.current()[0][1] == pytest.approx(64.0 / 50.0)
     assert ratio.verdict() == "**missed** by 0.18"
@@ -242,3 +243,44 @@ def test_the_commands_first_step_with_the_short_run_choices_is_a_row_of_its_own(
     assert quick.verdict() == "**mixed**: met by 1 of 2, the others missed by 14.1 s"
     shipped = _find(ts, "the training command's own first step", "as shipped")
     assert [v for _, v, _ in shipped.measured] == [61.0]
+
+
+def test_a_variant_counts_where_its_values_are_what_the_target_names(tmp_path: Path) -> None:
+    """`--vary` rows: one whose values are the recipe's shipped ones is the default path; the published step's stage
+    head (width 256, ReLU after the sum) is a target of its own; any other variant, or a record-level `--override`
+    the recipe does not ship, is neither."""
+    d = tmp_path / "results"
+    d.mkdir()
+    same_call = {"rows": []}
+    shipped = "bf16_cl_graphs method.stage_branch_channels=null method.stage_final_relu=false"
+    wide = "bf16_cl_graphs method.stage_branch_channels=256 method.stage_final_relu=false"
+    published = "bf16_cl_graphs method.stage_branch_channels=256 method.stage_final_relu=true"
+    _write(d, "step-h100-2026-02-01-heads.json", {
+        "meta": {"suite": "resnet50", "date": "2026-02-01", "overrides": []}, "published_same_call": same_call,
+        "rows": [_step_row("scfs", shipped, 64, 70.0, 400.0), _step_row("scfs", wide, 64, 75.0, 400.0),
+                 _step_row("scfs", published, 64, 80.0, 400.0), _step_row("dino", "bf16_cl_graphs", 64, 56.0, 550.0)]})
+    _write(d, "step-h100-2026-02-01-other-cache.json", {
+        "meta": {"suite": "resnet50", "date": "2026-02-01", "overrides": ["compile_cache=/tmp/x"]},
+        "published_same_call": same_call, "rows": [_step_row("scfs", "bf16_cl_graphs", 64, 1.0, 400.0)]})
+    ts = tg.targets(d)
+    default = _find(ts, "default path >=", "B=64")
+    assert [(v, n) for _, v, n in default.current()] == [
+        (pytest.approx(1e3 * 64 / 70.0 / 400.0), "step-h100-2026-02-01-heads.json")]
+    head = _find(ts, "published step's stage head", "B=64")
+    assert [v for _, v, _ in head.current()] == [pytest.approx(1e3 * 64 / 80.0 / 400.0)]
+    assert head.verdict() == "**met**" and _find(ts, "published step's stage head", "B=32").verdict() == \
+        "not measured"
+    assert [v for _, v, _ in _find(ts, "SCFS / DINO", "B=64").current()] == [pytest.approx(70.0 / 56.0)]
+
+
+def test_a_rows_changes_are_its_variant_and_its_records_overrides() -> None:
+    rec = tg.Record("r.json", "2026-02-01", {"meta": {"overrides": ["++method.stage_pooled_bn=false"]}})
+    base, changed = tg.row_changes(rec, {"setting": "bf16_cl_graphs method.stage_branch_channels=null x={}"})
+    assert base == "bf16_cl_graphs"
+    assert changed == {"method.stage_branch_channels": None, "x": {}, "method.stage_pooled_bn": False}
+    assert tg.runs_as("scfs", {"method.stage_branch_channels": None, "compile": True})
+    assert not tg.runs_as("scfs", {"method.stage_pooled_bn": False})
+    assert not tg.runs_as("scfs", {"no.such.key": 1})
+    assert tg.runs_as("scfs", {"method.stage_branch_channels": 256, "method.stage_final_relu": True},
+                      tg.PUBLISHED_HEAD)
+    assert not tg.runs_as("scfs", {"method.stage_branch_channels": 256}, tg.PUBLISHED_HEAD)  # no ReLU: not it

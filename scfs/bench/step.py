@@ -35,6 +35,7 @@ Writes benchmarks/results/step-<gpu>-<date>[-cifar|-vit].{json,md}. Usage:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import itertools
 import json
@@ -141,6 +142,17 @@ def variants(vary: list[str] | None) -> list[tuple[str, ...]]:
         raise SystemExit(f"--vary {' '.join(vary)!r}: every key needs as many values (they are zipped: the n-th "
                          "values of all keys make the n-th variant)")
     return list(zip(*columns, strict=True))
+
+
+def applicable(cfg: Any, variant: tuple[str, ...]) -> tuple[str, ...]:
+    """The overrides of `variant` that a method's config `cfg` (composed without them) has a key for, and those that
+    add one (`+key=` / `++key=`): DINO has no stage heads, so a variant of `method.stage_*` keys runs DINO as it is,
+    once, beside every SCFS variant (the SCFS / DINO ratio in the same call), instead of failing on a missing key."""
+    from omegaconf import OmegaConf
+
+    absent = object()
+    return tuple(item for item in variant if item.startswith("+")
+                 or OmegaConf.select(cfg, item.partition("=")[0], default=absent) is not absent)
 
 
 def compose(suite: str, method: str, batch: int, setting: str, args: argparse.Namespace,
@@ -682,7 +694,14 @@ def run(args: argparse.Namespace) -> dict:
     if args.published_tree is not None and rank == 0:
         result["published_same_call"] = same_call_published(args, rows_todo)
     ceilings: dict[tuple, dict[str, Any]] = {}
+    done: set[tuple] = set()
     for (method, b, setting), variant in itertools.product(rows_todo, variants(args.vary)):
+        if variant:
+            with contextlib.suppress(Exception):  # a config that does not compose: the row's own compose records it
+                variant = applicable(compose(suite, method, b, setting, args), variant)
+        if (method, b, setting, variant) in done:  # the method has none of the variant's keys: it ran already
+            continue
+        done.add((method, b, setting, variant))
         row: dict[str, Any] = {"method": method, "B": b, "setting": " ".join((setting, *variant))}
         # each row compiles afresh: the rows share modules' forward code objects, so two batch sizes in one process
         # would fill dynamo's per-code-object graph limit and the later row's last stage head would run eager
@@ -753,7 +772,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--method", action="append", choices=("scfs", "dino"), help="only these methods (repeatable)")
     ap.add_argument("--vary", action="append", metavar="KEY=A,B",
                     help="run every row once per value of a config key, side by side (e.g. optim.fused=true,false); "
-                         "repeated, the keys' values are zipped into variants")
+                         "repeated, the keys' values are zipped into variants; a method whose config lacks a key "
+                         "runs without it, once (DINO beside SCFS variants of method.stage_*)")
     ap.add_argument("--override", action="append", metavar="KEY=VALUE",
                     help="Hydra override applied to every row, e.g. method.stage_pooled_bn=false (repeatable)")
     ap.add_argument("--no-ceiling", dest="ceiling", action="store_false",

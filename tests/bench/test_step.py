@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -175,6 +176,30 @@ def test_vary_zips_keys_into_variants_each_row_gets_both(tmp_path: Path, monkeyp
     labels = [r["setting"] for r in json.loads(js.read_text())["rows"]]
     assert labels == ["fp32 method.stage_branch_channels=null method.stage_final_relu=false",
                       "fp32 method.stage_branch_channels=12 method.stage_final_relu=true"]
+
+def test_a_method_without_a_variants_keys_runs_once_as_it_is(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """DINO has no stage heads: beside SCFS variants of `method.stage_*` it runs once, without those keys, so that the
+    SCFS / DINO ratio comes from the same call; a key both configs have still varies both."""
+    import scfs.bench.step as step
+
+    seen = []
+    monkeypatch.setattr(step, "measure", lambda cfg, *a, **kw: seen.append(
+        (cfg.method.name, cfg.method.get("stage_pooled_bn"), cfg.optim.fused)) or {"step_ms": 1.0, "img_per_s": 1.0})
+    assert step.main(["--device", "cpu", "--tiny", "--method", "scfs", "--method", "dino", "--strict",
+                      "--setting", "fp32", "--vary", "method.stage_pooled_bn=true,false", "--vary",
+                      "optim.fused=false,false", "--no-ceiling", "--out", str(tmp_path)]) == 0
+    assert seen == [("scfs", True, False), ("scfs", False, False), ("dino", None, False)]
+    (js,) = tmp_path.glob("step-cpu-*-tiny.json")
+    assert [(r["method"], r["setting"]) for r in json.loads(js.read_text())["rows"]] == [
+        ("scfs", "fp32 method.stage_pooled_bn=true optim.fused=false"),
+        ("scfs", "fp32 method.stage_pooled_bn=false optim.fused=false"),
+        ("dino", "fp32 optim.fused=false")]
+    cfg = step.compose("resnet50", "dino", 2, "fp32", argparse.Namespace(data="synthetic", device="cpu", devices=1,
+                                                                         tiny=True, override=None))
+    assert step.applicable(cfg, ("method.stage_final_relu=true", "++method.x=1", "optim.fused=true")) == (
+        "++method.x=1", "optim.fused=true")
+
 
 def test_each_row_compiles_afresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Rows share modules' forward code objects: without a dynamo reset per row, a second batch size in one process

@@ -131,10 +131,11 @@ def test_step_targets_only_from_same_call_rows(records: Path) -> None:
     assert speed64.verdict() == "**met**"
     # the B=32 row had no published step beside it
     assert _find(ts, "default path >=", "B=32").verdict() == "not measured"
-    ratio = _find(ts, "SCFS / DINO", "B=64")
+    ratio = _find(ts, "SCFS / DINO step time <=", "B=64")
     assert ratio.current()[0][1] == pytest.approx(64.0 / 50.0)
     assert ratio.verdict() == "**missed** by 0.18"
-    assert _find(ts, "SCFS / DINO", "B=32").verdict() == "not measured"  # no SCFS row in the DINO row's record
+    # no SCFS row in the DINO row's record
+    assert _find(ts, "SCFS / DINO step time <=", "B=32").verdict() == "not measured"
     eager = _find(ts, "eager", "B=64")
     assert eager.current()[0][1] == pytest.approx(640.0 / 700.0) and eager.verdict() == "**missed** by 0.09x"
     assert _find(ts, "backbone-bound").verdict() == "reported"
@@ -266,11 +267,13 @@ def test_a_variant_counts_where_its_values_are_what_the_target_names(tmp_path: P
     default = _find(ts, "default path >=", "B=64")
     assert [(v, n) for _, v, n in default.current()] == [
         (pytest.approx(1e3 * 64 / 70.0 / 400.0), "step-h100-2026-02-01-heads.json")]
-    head = _find(ts, "published step's stage head", "B=64")
+    head = _find(ts, "2.0x", "stage head", "B=64")
     assert [v for _, v, _ in head.current()] == [pytest.approx(1e3 * 64 / 80.0 / 400.0)]
-    assert head.verdict() == "**met**" and _find(ts, "published step's stage head", "B=32").verdict() == \
+    assert head.verdict() == "**met**" and _find(ts, "2.0x", "stage head", "B=32").verdict() == \
         "not measured"
-    assert [v for _, v, _ in _find(ts, "SCFS / DINO", "B=64").current()] == [pytest.approx(70.0 / 56.0)]
+    assert [v for _, v, _ in _find(ts, "SCFS / DINO step time <=", "B=64").current()] == [pytest.approx(70.0 / 56.0)]
+    with_head = _find(ts, "SCFS / DINO", "stage head", "B=64")
+    assert [v for _, v, _ in with_head.current()] == [pytest.approx(80.0 / 56.0)] and with_head.verdict() == "reported"
 
 
 def test_a_rows_changes_are_its_variant_and_its_records_overrides() -> None:

@@ -177,6 +177,7 @@ def test_vary_zips_keys_into_variants_each_row_gets_both(tmp_path: Path, monkeyp
     assert labels == ["fp32 method.stage_branch_channels=null method.stage_final_relu=false",
                       "fp32 method.stage_branch_channels=12 method.stage_final_relu=true"]
 
+
 def test_a_method_without_a_variants_keys_runs_once_as_it_is(tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """DINO has no stage heads: beside SCFS variants of `method.stage_*` it runs once, without those keys, so that the

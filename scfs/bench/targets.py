@@ -141,7 +141,8 @@ def shipped_config(method: str) -> Any:
     from scfs.names import CONF_DIR
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=["+experiment=imagenet", f"method={method}"])
+        return compose(config_name="config", overrides=["+experiment=imagenet", f"method={method}"],
+                       return_hydra_config=True)
 
 
 def runs_as(method: str, changed: dict[str, Any], want: dict[str, Any] | None = None) -> bool:
@@ -153,6 +154,9 @@ def runs_as(method: str, changed: dict[str, Any], want: dict[str, Any] | None = 
     cfg = shipped_config(method)
 
     def value(key: str) -> Any:
+        choices = cfg.hydra.runtime.choices  # a config group (`search=none`) is named by the choice, not its node
+        if key in choices:
+            return choices[key]
         found = OmegaConf.select(cfg, key, default=_ABSENT)
         return OmegaConf.to_container(found) if OmegaConf.is_config(found) else found
 

@@ -284,6 +284,7 @@ def test_a_rows_changes_are_its_variant_and_its_records_overrides() -> None:
     assert tg.runs_as("scfs", {"method.stage_branch_channels": None, "compile": True})
     assert not tg.runs_as("scfs", {"method.stage_pooled_bn": False})
     assert not tg.runs_as("scfs", {"no.such.key": 1})
+    assert tg.runs_as("scfs", {"search": "soft"}) and not tg.runs_as("scfs", {"search": "none"})  # a config group
     assert tg.runs_as("scfs", {"method.stage_branch_channels": 256, "method.stage_final_relu": True},
                       tg.PUBLISHED_HEAD)
     assert not tg.runs_as("scfs", {"method.stage_branch_channels": 256}, tg.PUBLISHED_HEAD)  # no ReLU: not it

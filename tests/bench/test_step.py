@@ -186,16 +186,19 @@ def test_a_method_without_a_variants_keys_runs_once_as_it_is(tmp_path: Path,
 
     seen = []
     monkeypatch.setattr(step, "measure", lambda cfg, *a, **kw: seen.append(
-        (cfg.method.name, cfg.method.get("stage_pooled_bn"), cfg.optim.fused)) or {"step_ms": 1.0, "img_per_s": 1.0})
+        (cfg.method.name, cfg.method.get("stage_pooled_bn"), cfg.optim.fused)) or {"step_ms": 10.0 + len(seen)})
     assert step.main(["--device", "cpu", "--tiny", "--method", "scfs", "--method", "dino", "--strict",
                       "--setting", "fp32", "--vary", "method.stage_pooled_bn=true,false", "--vary",
                       "optim.fused=false,false", "--no-ceiling", "--out", str(tmp_path)]) == 0
     assert seen == [("scfs", True, False), ("scfs", False, False), ("dino", None, False)]
     (js,) = tmp_path.glob("step-cpu-*-tiny.json")
-    assert [(r["method"], r["setting"]) for r in json.loads(js.read_text())["rows"]] == [
+    rows = json.loads(js.read_text())["rows"]
+    assert [(r["method"], r["setting"]) for r in rows] == [
         ("scfs", "fp32 method.stage_pooled_bn=true optim.fused=false"),
         ("scfs", "fp32 method.stage_pooled_bn=false optim.fused=false"),
         ("dino", "fp32 optim.fused=false")]
+    # each SCFS variant against the one DINO row (steps of 11, 12 and 13 ms)
+    assert [r.get("ratio_scfs_dino") for r in rows] == [pytest.approx(11 / 13), pytest.approx(12 / 13), None]
     cfg = step.compose("resnet50", "dino", 2, "fp32", argparse.Namespace(data="synthetic", device="cpu", devices=1,
                                                                          tiny=True, override=None))
     assert step.applicable(cfg, ("method.stage_final_relu=true", "++method.x=1", "optim.fused=true")) == (

@@ -288,3 +288,18 @@ def test_a_rows_changes_are_its_variant_and_its_records_overrides() -> None:
     assert tg.runs_as("scfs", {"method.stage_branch_channels": 256, "method.stage_final_relu": True},
                       tg.PUBLISHED_HEAD)
     assert not tg.runs_as("scfs", {"method.stage_branch_channels": 256}, tg.PUBLISHED_HEAD)  # no ReLU: not it
+
+
+def test_a_compile_record_with_overrides_counts_only_in_a_row_of_its_own(tmp_path: Path) -> None:
+    d = tmp_path / "results"
+    d.mkdir()
+    _write(d, "compile-h100-2026-03-01-a.json", _compile("2026-03-01", [("imagenet", "parallel-backward-cudnn-warmup",
+                                                                         70.0)]))
+    changed = _compile("2026-03-01", [("imagenet", "parallel-backward-cudnn-warmup", 58.0)])
+    changed["command"] = "python -m scfs.bench.compile --recipe imagenet --override method.stage_pooled_bn=false"
+    _write(d, "compile-h100-2026-03-01-b.json", changed)
+    ts = tg.targets(d)
+    shipped = _find(ts, "ResNet-50", "first compile, empty cache, as shipped (both helpers")
+    assert [v for _, v, _ in shipped.current()] == [70.0] and shipped.verdict() == "**missed** by 10.0 s"
+    own = _find(ts, "ResNet-50", "as shipped but `method.stage_pooled_bn=false`")
+    assert [v for _, v, _ in own.current()] == [58.0] and own.verdict() == "**met**"

@@ -703,10 +703,13 @@ def run(args: argparse.Namespace) -> dict:
         result["published_same_call"] = same_call_published(args, rows_todo)
     ceilings: dict[tuple, dict[str, Any]] = {}
     done: set[tuple] = set()
+    plain: dict[tuple, Any] = {}  # each row's config without its variant, composed once for all its variants
     for (method, b, setting), variant in itertools.product(rows_todo, variants(args.vary)):
         if variant:
             with contextlib.suppress(Exception):  # a config that does not compose: the row's own compose records it
-                variant = applicable(compose(suite, method, b, setting, args), variant)
+                if (method, b, setting) not in plain:
+                    plain[method, b, setting] = compose(suite, method, b, setting, args)
+                variant = applicable(plain[method, b, setting], variant)
         if (method, b, setting, variant) in done:  # the method has none of the variant's keys: it ran already
             continue
         done.add((method, b, setting, variant))
